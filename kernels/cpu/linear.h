@@ -1,0 +1,32 @@
+// CPU kernels of the frozen Q4_0 linear and the f32 GEMMs LoRA needs. Same contracts as the Vulkan kernels
+// (kernels/vulkan/linear_kernels.h). Shapes: T tokens, W[n_out, n_in] in Q4_0 blocks, rows contiguous.
+// Every function checks shapes and span sizes and throws q4t::ShapeError on a mismatch.
+#pragma once
+#include <cstdint>
+#include <span>
+
+namespace q4t::cpu {
+
+// y[n_out] = W · x[n_in]
+void q4_0_gemv(std::span<float> y, std::span<const uint8_t> w, std::span<const float> x, int64_t n_out,
+               int64_t n_in);
+// Y[T, n_out] = X[T, n_in] · Wᵀ   (T = 1 is the GEMV)
+void q4_0_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T,
+               int64_t n_out, int64_t n_in);
+// dX[T, n_in] (+)= dY[T, n_out][:, j_start:j_end] · W[j_start:j_end, :]
+// accumulate = false overwrites dX, true adds into it (vocab-tiled backward).
+void q4_0_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T,
+             int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
+
+// f32 GEMMs, row-major, C (+)= op(A) · op(B):
+// C[M, N] (+)= A[M, K] · B[N, K]ᵀ      (h = x·Aᵀ)
+void gemm_nt(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
+             int64_t K, bool accumulate);
+// C[M, N] (+)= A[M, K] · B[K, N]       (dx = dh·A)
+void gemm_nn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
+             int64_t K, bool accumulate);
+// C[M, N] (+)= A[K, M]ᵀ · B[K, N]      (dA = dhᵀ·x)
+void gemm_tn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
+             int64_t K, bool accumulate);
+
+}  // namespace q4t::cpu

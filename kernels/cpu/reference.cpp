@@ -1,0 +1,91 @@
+#include "kernels/cpu/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/quant/q4_0.h"
+
+namespace q4t::ref {
+
+namespace {
+// Row r of W as doubles (exact). The bytes are copied into real blocks first: w carries no alignment.
+std::vector<double> dequantized_row(const uint8_t* w, int64_t r, int64_t n_in) {
+  std::vector<quant::BlockQ4_0> blocks(size_t(n_in / kQ4_0BlockElems));
+  std::memcpy(blocks.data(), w + r * q4_0_row_bytes(n_in), blocks.size() * sizeof(quant::BlockQ4_0));
+  std::vector<double> row(static_cast<size_t>(n_in));
+  quant::dequantize_row_q4_0(row.data(), blocks.data(), n_in);
+  return row;
+}
+
+// C[M, N] = base + sum_k A(m, k) * B(k, n), with A(m, k) = A[m*am + k*ak] and B(k, n) = B[k*bk + n*bn], so
+// one loop serves every transposition.
+std::vector<double> gemm(const float* A, int64_t am, int64_t ak, const float* B, int64_t bk, int64_t bn,
+                         const float* C_in, int64_t M, int64_t N, int64_t K) {
+  std::vector<double> C(size_t(M * N), 0.0);
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t n = 0; n < N; n++) {
+      double s = C_in ? double(C_in[m * N + n]) : 0.0;
+      for (int64_t k = 0; k < K; k++) s += double(A[m * am + k * ak]) * double(B[k * bk + n * bn]);
+      C[m * N + n] = s;
+    }
+  return C;
+}
+}  // namespace
+
+std::vector<double> q4_0_gemm(const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in) {
+  std::vector<double> Y(size_t(T * n_out));
+  for (int64_t o = 0; o < n_out; o++) {
+    const std::vector<double> row = dequantized_row(w, o, n_in);
+    for (int64_t t = 0; t < T; t++) {
+      double s = 0;
+      for (int64_t i = 0; i < n_in; i++) s += double(X[t * n_in + i]) * row[i];
+      Y[t * n_out + o] = s;
+    }
+  }
+  return Y;
+}
+
+std::vector<double> q4_0_dx(const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
+                            int64_t n_in, int64_t j_start, int64_t j_end) {
+  std::vector<double> dX(size_t(T * n_in), 0.0);
+  if (dX_in)
+    for (size_t i = 0; i < dX.size(); i++) dX[i] = dX_in[i];
+  for (int64_t j = j_start; j < j_end; j++) {
+    const std::vector<double> row = dequantized_row(w, j, n_in);
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t i = 0; i < n_in; i++) dX[t * n_in + i] += double(dY[t * n_out + j]) * row[i];
+  }
+  return dX;
+}
+
+// A[M, K] · B[N, K]ᵀ
+std::vector<double> gemm_nt(const float* A, const float* B, const float* C_in, int64_t M, int64_t N,
+                            int64_t K) {
+  return gemm(A, K, 1, B, 1, K, C_in, M, N, K);
+}
+
+// A[M, K] · B[K, N]
+std::vector<double> gemm_nn(const float* A, const float* B, const float* C_in, int64_t M, int64_t N,
+                            int64_t K) {
+  return gemm(A, K, 1, B, N, 1, C_in, M, N, K);
+}
+
+// A[K, M]ᵀ · B[K, N]
+std::vector<double> gemm_tn(const float* A, const float* B, const float* C_in, int64_t M, int64_t N,
+                            int64_t K) {
+  return gemm(A, 1, M, B, N, 1, C_in, M, N, K);
+}
+
+double max_rel_error(const float* got, const std::vector<double>& want) {
+  double max_err = 0, max_want = 0;
+  for (size_t i = 0; i < want.size(); i++) {
+    // A NaN or inf in the output is an infinite error (std::max would silently skip a NaN).
+    if (!std::isfinite(got[i])) return INFINITY;
+    max_err = std::max(max_err, std::abs(double(got[i]) - want[i]));
+    max_want = std::max(max_want, std::abs(want[i]));
+  }
+  return max_err / std::max(max_want, 1e-30);
+}
+
+}  // namespace q4t::ref

@@ -1,0 +1,10 @@
+// Push constants shared by every tiled GEMM (kernels/vulkan/linear_kernels.cpp: GemmPush).
+layout(push_constant) uniform Push {
+  uint M;
+  uint N;
+  uint k_begin;  // K range [k_begin, k_end): the dx kernels use it for the output-row tile j_start..j_end
+  uint k_end;
+  uint lda;      // row stride of A as stored
+  uint ldb;      // row stride of B as stored (f32 B only)
+  uint accumulate;
+} p;

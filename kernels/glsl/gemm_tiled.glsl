@@ -1,0 +1,52 @@
+// Shared-memory tiled GEMM body: C[M, N] = (accumulate ? C : 0) + Σ_{k in [k_begin, k_end)} A[m, k] · B[k, n].
+//
+// The including .comp declares buffer C (float c[]) and the push block `p` (see GemmPush below), then defines
+//   void load_tile_a(uint m0, uint k0);  // fills As[k * BM + m] = A[m0 + m, k0 + k], zero outside
+//   void load_tile_b(uint n0, uint k0);  // fills Bs[k * BN + n] = B[k0 + k, n0 + n], zero outside
+// so one body serves the f32 GEMMs in every transposition and the fused-dequant Q4_0 GEMMs (B decoded from
+// blocks straight into shared memory; no dequantised copy of W exists outside a BK x BN tile).
+// 256 invocations (16 x 16), each computing a TM x TN micro-tile strided by 16, so shared reads are broadcast
+// (As) or consecutive (Bs). BM and BN (64 or 128) are specialization constants: large tiles for large
+// matrices, small ones so that few-token calls do not waste most of a tile.
+layout(constant_id = 0) const uint BM = 64;
+layout(constant_id = 1) const uint BN = 64;
+const uint BK = 32u, TM = BM / 16u, TN = BN / 16u;
+
+shared float As[BK * BM];
+shared float Bs[BK * BN];
+
+void load_tile_a(uint m0, uint k0);
+void load_tile_b(uint n0, uint k0);
+
+void main() {
+  const uint tx = gl_LocalInvocationID.x % 16u, ty = gl_LocalInvocationID.x / 16u;
+  const uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
+  float acc[TM][TN];
+  for (uint i = 0u; i < TM; ++i)
+    for (uint j = 0u; j < TN; ++j) acc[i][j] = 0.0;
+
+  for (uint k0 = p.k_begin; k0 < p.k_end; k0 += BK) {
+    load_tile_a(m0, k0);
+    load_tile_b(n0, k0);
+    barrier();
+    for (uint kk = 0u; kk < BK; ++kk) {
+      float a[TM], b[TN];
+      for (uint i = 0u; i < TM; ++i) a[i] = As[kk * BM + ty + 16u * i];
+      for (uint j = 0u; j < TN; ++j) b[j] = Bs[kk * BN + tx + 16u * j];
+      for (uint i = 0u; i < TM; ++i)
+        for (uint j = 0u; j < TN; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
+    }
+    barrier();
+  }
+
+  for (uint i = 0u; i < TM; ++i) {
+    const uint m = m0 + ty + 16u * i;
+    if (m >= p.M) continue;
+    for (uint j = 0u; j < TN; ++j) {
+      const uint n = n0 + tx + 16u * j;
+      if (n >= p.N) continue;
+      const uint idx = m * p.N + n;
+      c[idx] = (p.accumulate != 0u ? c[idx] : 0.0) + acc[i][j];
+    }
+  }
+}

@@ -1,0 +1,121 @@
+#include "kernels/host_kernels.h"
+
+#include "kernels/cpu/linear.h"
+#include "kernels/shapes.h"
+#include "kernels/vulkan/linear_kernels.h"
+
+namespace q4t {
+
+namespace {
+
+class CpuHostKernels final : public HostKernels {
+ public:
+  std::string device_name() const override { return "cpu"; }
+  void q4_0_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T, int64_t n_out,
+                 int64_t n_in) override {
+    cpu::q4_0_gemm(Y, w, X, T, n_out, n_in);
+  }
+  void q4_0_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T, int64_t n_out,
+               int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) override {
+    cpu::q4_0_dx(dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate);
+  }
+  void gemm_nt(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
+               int64_t K, bool accumulate) override {
+    cpu::gemm_nt(C, A, B, M, N, K, accumulate);
+  }
+  void gemm_nn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
+               int64_t K, bool accumulate) override {
+    cpu::gemm_nn(C, A, B, M, N, K, accumulate);
+  }
+  void gemm_tn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
+               int64_t K, bool accumulate) override {
+    cpu::gemm_tn(C, A, B, M, N, K, accumulate);
+  }
+};
+
+class VulkanHostKernels final : public HostKernels {
+ public:
+  explicit VulkanHostKernels(vk::Device& dev) : dev_(dev), kernels_(dev) {}
+  std::string device_name() const override { return dev_.name(); }
+
+  void q4_0_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T, int64_t n_out,
+                 int64_t n_in) override {
+    check_q4_0_linear("q4_0_gemm", n_out, n_in, T);
+    check_size("q4_0_gemm", "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
+    check_size("q4_0_gemm", "X", X.size(), size_t(T * n_in), "floats");
+    check_size("q4_0_gemm", "Y", Y.size(), size_t(T * n_out), "floats");
+    vk::Buffer bw = upload(w), bx = upload(X), by(dev_, Y.size_bytes());
+    run([&](vk::Sequence& s) { kernels_.q4_0_gemm(s, by, bw, bx, T, n_out, n_in); });
+    by.download(Y.data(), Y.size_bytes());
+  }
+
+  void q4_0_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T, int64_t n_out,
+               int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) override {
+    check_q4_0_linear("q4_0_dx", n_out, n_in, T);
+    check_j_range("q4_0_dx", j_start, j_end, n_out);
+    check_size("q4_0_dx", "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
+    check_size("q4_0_dx", "dY", dY.size(), size_t(T * n_out), "floats");
+    check_size("q4_0_dx", "dX", dX.size(), size_t(T * n_in), "floats");
+    vk::Buffer bw = upload(w), bdy = upload(dY), bdx = upload(std::span<const float>(dX));
+    const size_t scratch_bytes = vk::LinearKernels::q4_0_dx_scratch_bytes(T, j_end - j_start, n_in);
+    vk::Buffer scratch(dev_, std::max<size_t>(scratch_bytes, 4));
+    run([&](vk::Sequence& s) {
+      kernels_.q4_0_dx(s, bdx, bw, bdy, &scratch, T, n_out, n_in, j_start, j_end, accumulate);
+    });
+    bdx.download(dX.data(), dX.size_bytes());
+  }
+
+  void gemm_nt(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
+               int64_t K, bool accumulate) override {
+    f32_gemm(&vk::LinearKernels::gemm_nt, C, A, B, M, N, K, accumulate);
+  }
+  void gemm_nn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
+               int64_t K, bool accumulate) override {
+    f32_gemm(&vk::LinearKernels::gemm_nn, C, A, B, M, N, K, accumulate);
+  }
+  void gemm_tn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
+               int64_t K, bool accumulate) override {
+    f32_gemm(&vk::LinearKernels::gemm_tn, C, A, B, M, N, K, accumulate);
+  }
+
+ private:
+  using GemmFn = void (vk::LinearKernels::*)(vk::Sequence&, const vk::Buffer&, const vk::Buffer&,
+                                             const vk::Buffer&, int64_t, int64_t, int64_t, bool);
+
+  template <class T>
+  vk::Buffer upload(std::span<const T> v) {
+    vk::Buffer b(dev_, v.size_bytes());
+    b.upload(v.data(), v.size_bytes());
+    return b;
+  }
+  template <class F>
+  void run(F&& record) {
+    vk::Sequence s(dev_);
+    s.begin();
+    record(s);
+    s.end();
+    s.run();
+  }
+  void f32_gemm(GemmFn fn, std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M,
+                int64_t N, int64_t K, bool accumulate) {
+    check_gemm("gemm", M, N, K);
+    check_size("gemm", "A", A.size(), size_t(M * K), "floats");
+    check_size("gemm", "B", B.size(), size_t(K * N), "floats");
+    check_size("gemm", "C", C.size(), size_t(M * N), "floats");
+    vk::Buffer ba = upload(A), bb = upload(B), bc = upload(std::span<const float>(C));
+    run([&](vk::Sequence& s) { (kernels_.*fn)(s, bc, ba, bb, M, N, K, accumulate); });
+    bc.download(C.data(), C.size_bytes());
+  }
+
+  vk::Device& dev_;
+  vk::LinearKernels kernels_;
+};
+
+}  // namespace
+
+std::unique_ptr<HostKernels> make_cpu_host_kernels() { return std::make_unique<CpuHostKernels>(); }
+std::unique_ptr<HostKernels> make_vulkan_host_kernels(vk::Device& dev) {
+  return std::make_unique<VulkanHostKernels>(dev);
+}
+
+}  // namespace q4t

@@ -1,0 +1,33 @@
+// Shape and size checks shared by the CPU and Vulkan kernels, so every path rejects bad input with the
+// same message.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace q4t {
+
+// Thrown for shapes a kernel cannot run (n_in not a multiple of 32, empty dims) and mismatched buffer sizes.
+struct ShapeError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// Q4_0: 32 weights per block, 18 bytes per block (f16 d; u8 qs[16]).
+inline constexpr int64_t kQ4_0BlockElems = 32;
+inline constexpr int64_t kQ4_0BlockBytes = 18;
+
+inline int64_t q4_0_row_bytes(int64_t n_in) { return n_in / kQ4_0BlockElems * kQ4_0BlockBytes; }
+
+// Checks a frozen Q4_0 linear W[n_out, n_in] applied to T tokens.
+void check_q4_0_linear(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
+// Checks 0 <= j_start < j_end <= n_out for the dx output-row range.
+void check_j_range(const char* kernel, int64_t j_start, int64_t j_end, int64_t n_out);
+// Checks M, N, K > 0 for an f32 GEMM.
+void check_gemm(const char* kernel, int64_t M, int64_t N, int64_t K);
+// Checks a buffer holds exactly `want` bytes (or elements): "<kernel>: <what> has 10 bytes, expected 12".
+void check_size(const char* kernel, const char* what, size_t have, size_t want, const char* unit = "bytes");
+// Like check_size but a larger buffer is accepted (device buffers are often reused for smaller shapes).
+void check_min_size(const char* kernel, const char* what, size_t have, size_t want, const char* unit = "bytes");
+
+}  // namespace q4t

@@ -1,0 +1,146 @@
+#include "kernels/vulkan/buffer.h"
+
+#include <cstring>
+#include <string>
+
+namespace q4t::vk {
+
+namespace {
+
+struct RawBuffer {
+  VkBuffer buffer = VK_NULL_HANDLE;
+  VkDeviceMemory memory = VK_NULL_HANDLE;
+};
+
+VkBuffer make_buffer(Device& dev, size_t bytes, VkBufferUsageFlags usage) {
+  VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  bi.size = bytes;
+  bi.usage = usage;
+  bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  VkBuffer b;
+  check(vkCreateBuffer(dev.handle(), &bi, nullptr, &b), "vkCreateBuffer");
+  return b;
+}
+
+// A host-visible, coherent staging buffer, freed at scope exit.
+struct Staging {
+  Device& dev;
+  RawBuffer raw;
+  void* ptr = nullptr;
+  Staging(Device& d, size_t bytes) : dev(d) {
+    raw.buffer = make_buffer(dev, bytes, VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT);
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(dev.handle(), raw.buffer, &req);
+    VkPhysicalDeviceMemoryProperties mp;
+    vkGetPhysicalDeviceMemoryProperties(dev.physical(), &mp);
+    const VkMemoryPropertyFlags want = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    int type = -1;
+    for (uint32_t i = 0; i < mp.memoryTypeCount && type < 0; ++i)
+      if ((req.memoryTypeBits & (1u << i)) && (mp.memoryTypes[i].propertyFlags & want) == want) type = int(i);
+    if (type < 0) throw DeviceError(dev.name() + ": no host-visible memory for staging");
+    VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+    ai.allocationSize = req.size;
+    ai.memoryTypeIndex = uint32_t(type);
+    check(vkAllocateMemory(dev.handle(), &ai, nullptr, &raw.memory), "vkAllocateMemory (staging)");
+    check(vkBindBufferMemory(dev.handle(), raw.buffer, raw.memory, 0), "vkBindBufferMemory");
+    check(vkMapMemory(dev.handle(), raw.memory, 0, VK_WHOLE_SIZE, 0, &ptr), "vkMapMemory");
+  }
+  ~Staging() {
+    vkDestroyBuffer(dev.handle(), raw.buffer, nullptr);
+    vkFreeMemory(dev.handle(), raw.memory, nullptr);
+  }
+};
+
+}  // namespace
+
+Buffer::Buffer(Device& dev, size_t bytes) : dev_(&dev), size_(bytes) {
+  alloc_size_ = std::max<size_t>(4, (bytes + 3) / 4 * 4);
+  buffer_ = make_buffer(dev, alloc_size_,
+                        VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                            VK_BUFFER_USAGE_TRANSFER_DST_BIT);
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(dev.handle(), buffer_, &req);
+  bool host_visible = false;
+  VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  ai.allocationSize = req.size;
+  ai.memoryTypeIndex = dev.pick_memory_type(req.memoryTypeBits, &host_visible);
+  VkResult r = vkAllocateMemory(dev.handle(), &ai, nullptr, &memory_);
+  if (r != VK_SUCCESS) {
+    vkDestroyBuffer(dev.handle(), buffer_, nullptr);
+    throw DeviceError(dev.name() + ": cannot allocate " + std::to_string(bytes) + " bytes of device memory (" +
+                      (r == VK_ERROR_OUT_OF_DEVICE_MEMORY ? "out of device memory" : "vkAllocateMemory failed") +
+                      ")");
+  }
+  check(vkBindBufferMemory(dev.handle(), buffer_, memory_, 0), "vkBindBufferMemory");
+  if (host_visible) check(vkMapMemory(dev.handle(), memory_, 0, VK_WHOLE_SIZE, 0, &mapped_), "vkMapMemory");
+  dev.note_alloc(int64_t(alloc_size_));
+  if (alloc_size_ != bytes) {
+    const uint32_t zero = 0;
+    upload(&zero, alloc_size_ - bytes, bytes);
+  }
+}
+
+Buffer::Buffer(Buffer&& o) noexcept
+    : dev_(o.dev_), size_(o.size_), alloc_size_(o.alloc_size_), buffer_(o.buffer_), memory_(o.memory_),
+      mapped_(o.mapped_) {
+  o.buffer_ = VK_NULL_HANDLE;
+  o.memory_ = VK_NULL_HANDLE;
+  o.mapped_ = nullptr;
+}
+
+Buffer::~Buffer() {
+  if (!buffer_) return;
+  vkDestroyBuffer(dev_->handle(), buffer_, nullptr);
+  vkFreeMemory(dev_->handle(), memory_, nullptr);
+  dev_->note_alloc(-int64_t(alloc_size_));
+}
+
+void Buffer::check_range(const char* what, size_t bytes, size_t offset) const {
+  if (offset > alloc_size_ || bytes > alloc_size_ - offset)
+    throw std::out_of_range(std::string("Buffer::") + what + ": " + std::to_string(bytes) + " bytes at offset " +
+                            std::to_string(offset) + " exceed the buffer's " + std::to_string(alloc_size_) +
+                            " bytes");
+}
+
+void Buffer::copy_via_staging(void* host, size_t bytes, size_t offset, bool to_device) const {
+  Staging st(*dev_, bytes);
+  if (to_device) std::memcpy(st.ptr, host, bytes);
+  dev_->run_once([&](VkCommandBuffer cb) {
+    VkBufferCopy c{};
+    c.size = bytes;
+    if (to_device) {
+      c.dstOffset = offset;
+      vkCmdCopyBuffer(cb, st.raw.buffer, buffer_, 1, &c);
+    } else {
+      c.srcOffset = offset;
+      vkCmdCopyBuffer(cb, buffer_, st.raw.buffer, 1, &c);
+    }
+  });
+  if (!to_device) std::memcpy(host, st.ptr, bytes);
+}
+
+void Buffer::upload(const void* src, size_t bytes, size_t offset) {
+  check_range("upload", bytes, offset);
+  if (bytes == 0) return;
+  if (mapped_) {
+    std::memcpy(static_cast<char*>(mapped_) + offset, src, bytes);
+    return;
+  }
+  copy_via_staging(const_cast<void*>(src), bytes, offset, true);
+}
+
+void Buffer::download(void* dst, size_t bytes, size_t offset) const {
+  check_range("download", bytes, offset);
+  if (bytes == 0) return;
+  if (mapped_) {
+    std::memcpy(dst, static_cast<const char*>(mapped_) + offset, bytes);
+    return;
+  }
+  copy_via_staging(dst, bytes, offset, false);
+}
+
+void Buffer::fill_zero() {
+  dev_->run_once([&](VkCommandBuffer cb) { vkCmdFillBuffer(cb, buffer_, 0, VK_WHOLE_SIZE, 0); });
+}
+
+}  // namespace q4t::vk

@@ -1,0 +1,57 @@
+// A device-local storage buffer. Upload/download go through a host-visible staging buffer, or straight through
+// a persistent mapping when the device memory is host-visible (lavapipe, unified-memory GPUs).
+#pragma once
+#include <vulkan/vulkan.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kernels/vulkan/device.h"
+
+namespace q4t::vk {
+
+class Buffer {
+ public:
+  // bytes is rounded up to a multiple of 4 (shaders read 32-bit words); the tail is zeroed.
+  Buffer(Device& dev, size_t bytes);
+  ~Buffer();
+  Buffer(Buffer&& o) noexcept;
+  Buffer& operator=(Buffer&&) = delete;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  VkBuffer handle() const { return buffer_; }
+  // Bytes requested at construction (before rounding).
+  size_t size() const { return size_; }
+  Device& device() const { return *dev_; }
+
+  void upload(const void* src, size_t bytes, size_t offset = 0);
+  void download(void* dst, size_t bytes, size_t offset = 0) const;
+  void fill_zero();
+
+  template <class T>
+  void upload(std::span<const T> v) { upload(v.data(), v.size_bytes()); }
+  template <class T>
+  void upload(const std::vector<T>& v) { upload(v.data(), v.size() * sizeof(T)); }
+  template <class T>
+  std::vector<T> download_as(size_t count) const {
+    std::vector<T> v(count);
+    download(v.data(), count * sizeof(T));
+    return v;
+  }
+
+ private:
+  void check_range(const char* what, size_t bytes, size_t offset) const;
+  void copy_via_staging(void* host, size_t bytes, size_t offset, bool to_device) const;
+
+  Device* dev_;
+  size_t size_ = 0;
+  size_t alloc_size_ = 0;
+  VkBuffer buffer_ = VK_NULL_HANDLE;
+  VkDeviceMemory memory_ = VK_NULL_HANDLE;
+  void* mapped_ = nullptr;
+};
+
+}  // namespace q4t::vk

@@ -1,0 +1,280 @@
+#include "kernels/vulkan/device.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace q4t::vk {
+
+namespace {
+
+const char* result_name(VkResult r) {
+  switch (r) {
+    case VK_SUCCESS: return "VK_SUCCESS";
+    case VK_ERROR_OUT_OF_HOST_MEMORY: return "VK_ERROR_OUT_OF_HOST_MEMORY";
+    case VK_ERROR_OUT_OF_DEVICE_MEMORY: return "VK_ERROR_OUT_OF_DEVICE_MEMORY";
+    case VK_ERROR_INITIALIZATION_FAILED: return "VK_ERROR_INITIALIZATION_FAILED";
+    case VK_ERROR_DEVICE_LOST: return "VK_ERROR_DEVICE_LOST";
+    case VK_ERROR_LAYER_NOT_PRESENT: return "VK_ERROR_LAYER_NOT_PRESENT";
+    case VK_ERROR_EXTENSION_NOT_PRESENT: return "VK_ERROR_EXTENSION_NOT_PRESENT";
+    case VK_ERROR_FEATURE_NOT_PRESENT: return "VK_ERROR_FEATURE_NOT_PRESENT";
+    case VK_ERROR_INCOMPATIBLE_DRIVER: return "VK_ERROR_INCOMPATIBLE_DRIVER";
+    case VK_ERROR_TOO_MANY_OBJECTS: return "VK_ERROR_TOO_MANY_OBJECTS";
+    case VK_ERROR_OUT_OF_POOL_MEMORY: return "VK_ERROR_OUT_OF_POOL_MEMORY";
+    case VK_TIMEOUT: return "VK_TIMEOUT";
+    default: return "VkResult error";
+  }
+}
+
+const char* type_name(VkPhysicalDeviceType t) {
+  switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return "discrete";
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return "integrated";
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return "virtual";
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return "cpu";
+    default: return "other";
+  }
+}
+
+// Lower is better: the order in which a device is picked when none is named.
+int type_rank(VkPhysicalDeviceType t) {
+  switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 0;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 1;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return 3;
+    default: return 4;
+  }
+}
+
+const char* kNoDevice =
+    "no Vulkan device found (looked for Vulkan drivers through the loader: VK_DRIVER_FILES / "
+    "/usr/share/vulkan/icd.d); install your GPU's Vulkan driver, or mesa-vulkan-drivers for the CPU device "
+    "lavapipe, or use --device cpu";
+
+bool layer_available(const char* name) {
+  uint32_t n = 0;
+  vkEnumerateInstanceLayerProperties(&n, nullptr);
+  std::vector<VkLayerProperties> layers(n);
+  vkEnumerateInstanceLayerProperties(&n, layers.data());
+  return std::any_of(layers.begin(), layers.end(),
+                     [&](const VkLayerProperties& l) { return std::strcmp(l.layerName, name) == 0; });
+}
+
+VkInstance create_instance(bool validation) {
+  VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
+  app.pApplicationName = "q4tune";
+  app.apiVersion = VK_API_VERSION_1_1;
+  VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+  ci.pApplicationInfo = &app;
+  const char* layer = "VK_LAYER_KHRONOS_validation";
+  const char* ext = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
+  if (validation) {
+    ci.enabledLayerCount = 1;
+    ci.ppEnabledLayerNames = &layer;
+    ci.enabledExtensionCount = 1;
+    ci.ppEnabledExtensionNames = &ext;
+  }
+  VkInstance inst = VK_NULL_HANDLE;
+  VkResult r = vkCreateInstance(&ci, nullptr, &inst);
+  if (r == VK_ERROR_INCOMPATIBLE_DRIVER) throw DeviceError(kNoDevice);
+  check(r, "vkCreateInstance");
+  return inst;
+}
+
+std::vector<VkPhysicalDevice> physical_devices(VkInstance inst) {
+  uint32_t n = 0;
+  check(vkEnumeratePhysicalDevices(inst, &n, nullptr), "vkEnumeratePhysicalDevices");
+  std::vector<VkPhysicalDevice> devs(n);
+  check(vkEnumeratePhysicalDevices(inst, &n, devs.data()), "vkEnumeratePhysicalDevices");
+  return devs;
+}
+
+}  // namespace
+
+void check(VkResult r, const char* what) {
+  if (r != VK_SUCCESS)
+    throw DeviceError(std::string(what) + " failed: " + result_name(r) + " (" + std::to_string(int(r)) + ")");
+}
+
+DeviceSpec DeviceSpec::parse(const std::string& s) {
+  DeviceSpec d;
+  if (s == "auto") return d;
+  if (s == "cpu") { d.kind = Kind::Cpu; return d; }
+  if (s == "vulkan") { d.kind = Kind::Vulkan; return d; }
+  if (s.rfind("vulkan:", 0) == 0) {
+    const std::string n = s.substr(7);
+    if (!n.empty() && n.size() < 6 && std::all_of(n.begin(), n.end(), ::isdigit)) {
+      d.kind = Kind::Vulkan;
+      d.index = std::stoi(n);
+      return d;
+    }
+  }
+  throw DeviceError("--device: '" + s + "' is not one of auto, cpu, vulkan, vulkan:N");
+}
+
+VkBool32 VKAPI_PTR debug_callback(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                  VkDebugUtilsMessageTypeFlagsEXT, const VkDebugUtilsMessengerCallbackDataEXT* data,
+                                  void* user) {
+  auto* dev = static_cast<Device*>(user);
+  if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
+    std::lock_guard<std::mutex> lock(dev->messages_mutex_);
+    dev->messages_.emplace_back(data->pMessage ? data->pMessage : "(no message)");
+  }
+  return VK_FALSE;
+}
+
+std::vector<PhysicalDeviceInfo> Device::list() {
+  VkInstance inst = create_instance(false);
+  std::vector<PhysicalDeviceInfo> out;
+  const auto devs = physical_devices(inst);
+  for (uint32_t i = 0; i < devs.size(); ++i) {
+    VkPhysicalDeviceProperties p;
+    vkGetPhysicalDeviceProperties(devs[i], &p);
+    out.push_back({i, p.deviceName, type_name(p.deviceType), p.apiVersion});
+  }
+  vkDestroyInstance(inst, nullptr);
+  return out;
+}
+
+std::unique_ptr<Device> Device::open(const Options& opt) {
+  std::unique_ptr<Device> d(new Device());
+  d->validation_ = opt.validation && layer_available("VK_LAYER_KHRONOS_validation");
+  d->instance_ = create_instance(d->validation_);
+  if (d->validation_) {
+    auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
+        vkGetInstanceProcAddr(d->instance_, "vkCreateDebugUtilsMessengerEXT"));
+    VkDebugUtilsMessengerCreateInfoEXT mi{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
+    mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+    mi.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                     VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+    mi.pfnUserCallback = debug_callback;
+    mi.pUserData = d.get();
+    if (create) check(create(d->instance_, &mi, nullptr, &d->messenger_), "vkCreateDebugUtilsMessengerEXT");
+  }
+
+  const auto devs = physical_devices(d->instance_);
+  if (devs.empty()) throw DeviceError(kNoDevice);
+  if (opt.index >= 0) {
+    if (opt.index >= int(devs.size()))
+      throw DeviceError("--device vulkan:" + std::to_string(opt.index) + ": only " + std::to_string(devs.size()) +
+                        " Vulkan device(s) present (see `q4tune devices`)");
+    d->physical_ = devs[opt.index];
+  } else {
+    int best = 99;
+    for (VkPhysicalDevice pd : devs) {
+      VkPhysicalDeviceProperties p;
+      vkGetPhysicalDeviceProperties(pd, &p);
+      if (type_rank(p.deviceType) < best) { best = type_rank(p.deviceType); d->physical_ = pd; }
+    }
+  }
+  vkGetPhysicalDeviceProperties(d->physical_, &d->props_);
+  vkGetPhysicalDeviceMemoryProperties(d->physical_, &d->mem_props_);
+  d->name_ = d->props_.deviceName;
+  if (VK_API_VERSION_MINOR(d->props_.apiVersion) < 1 && VK_API_VERSION_MAJOR(d->props_.apiVersion) == 1)
+    throw DeviceError(d->name_ + ": Vulkan 1.1 is required (device reports 1.0)");
+
+  VkPhysicalDeviceSubgroupProperties sg{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  p2.pNext = &sg;
+  vkGetPhysicalDeviceProperties2(d->physical_, &p2);
+  d->subgroup_size_ = sg.subgroupSize;
+  const VkSubgroupFeatureFlags need = VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_ARITHMETIC_BIT;
+  if ((sg.supportedOperations & need) != need || !(sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT))
+    throw DeviceError(d->name_ + ": compute shaders lack subgroup arithmetic, which q4tune's kernels need");
+
+  uint32_t nq = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(d->physical_, &nq, nullptr);
+  std::vector<VkQueueFamilyProperties> qf(nq);
+  vkGetPhysicalDeviceQueueFamilyProperties(d->physical_, &nq, qf.data());
+  bool found = false;
+  for (uint32_t i = 0; i < nq && !found; ++i)
+    if (qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) { d->queue_family_ = i; found = true; }
+  if (!found) throw DeviceError(d->name_ + ": no compute queue");
+  d->timestamps_ = qf[d->queue_family_].timestampValidBits > 0 && d->props_.limits.timestampPeriod > 0;
+
+  float prio = 1.0f;
+  VkDeviceQueueCreateInfo qci{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+  qci.queueFamilyIndex = d->queue_family_;
+  qci.queueCount = 1;
+  qci.pQueuePriorities = &prio;
+  VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+  dci.queueCreateInfoCount = 1;
+  dci.pQueueCreateInfos = &qci;
+  check(vkCreateDevice(d->physical_, &dci, nullptr, &d->device_), "vkCreateDevice");
+  vkGetDeviceQueue(d->device_, d->queue_family_, 0, &d->queue_);
+
+  VkCommandPoolCreateInfo pci{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+  pci.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+  pci.queueFamilyIndex = d->queue_family_;
+  check(vkCreateCommandPool(d->device_, &pci, nullptr, &d->command_pool_), "vkCreateCommandPool");
+  VkPipelineCacheCreateInfo cci{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+  check(vkCreatePipelineCache(d->device_, &cci, nullptr, &d->pipeline_cache_), "vkCreatePipelineCache");
+  return d;
+}
+
+Device::~Device() {
+  if (device_) {
+    vkDeviceWaitIdle(device_);
+    vkDestroyPipelineCache(device_, pipeline_cache_, nullptr);
+    vkDestroyCommandPool(device_, command_pool_, nullptr);
+    vkDestroyDevice(device_, nullptr);
+  }
+  if (messenger_) {
+    auto destroy = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(
+        vkGetInstanceProcAddr(instance_, "vkDestroyDebugUtilsMessengerEXT"));
+    if (destroy) destroy(instance_, messenger_, nullptr);
+  }
+  if (instance_) vkDestroyInstance(instance_, nullptr);
+}
+
+std::vector<std::string> Device::validation_messages() const {
+  std::lock_guard<std::mutex> lock(messages_mutex_);
+  return messages_;
+}
+
+uint32_t Device::pick_memory_type(uint32_t type_bits, bool* host_visible) const {
+  int fallback = -1;
+  for (uint32_t i = 0; i < mem_props_.memoryTypeCount; ++i) {
+    if (!(type_bits & (1u << i))) continue;
+    const VkMemoryPropertyFlags f = mem_props_.memoryTypes[i].propertyFlags;
+    if (!(f & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)) continue;
+    if (!(f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)) { *host_visible = false; return i; }
+    const VkMemoryPropertyFlags mapped = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    if (fallback < 0 && (f & mapped) == mapped) fallback = int(i);
+  }
+  if (fallback < 0) throw DeviceError(name_ + ": no device-local memory type for a storage buffer");
+  *host_visible = true;
+  return uint32_t(fallback);
+}
+
+void Device::run_once(const std::function<void(VkCommandBuffer)>& fn) {
+  VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  ai.commandPool = command_pool_;
+  ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  ai.commandBufferCount = 1;
+  VkCommandBuffer cb;
+  check(vkAllocateCommandBuffers(device_, &ai, &cb), "vkAllocateCommandBuffers");
+  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+  bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+  vkBeginCommandBuffer(cb, &bi);
+  fn(cb);
+  vkEndCommandBuffer(cb);
+  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  si.commandBufferCount = 1;
+  si.pCommandBuffers = &cb;
+  VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+  VkFence fence;
+  check(vkCreateFence(device_, &fci, nullptr, &fence), "vkCreateFence");
+  VkResult r = vkQueueSubmit(queue_, 1, &si, fence);
+  if (r == VK_SUCCESS) r = vkWaitForFences(device_, 1, &fence, VK_TRUE, UINT64_MAX);
+  vkDestroyFence(device_, fence, nullptr);
+  vkFreeCommandBuffers(device_, command_pool_, 1, &cb);
+  check(r, "one-time submit");
+}
+
+void Device::note_alloc(int64_t bytes) {
+  bytes_now_ += bytes;
+  bytes_peak_ = std::max(bytes_peak_, bytes_now_);
+}
+
+}  // namespace q4t::vk

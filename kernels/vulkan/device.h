@@ -1,0 +1,101 @@
+// Vulkan instance + one logical device with a compute queue. One owner (std::unique_ptr<Device>); buffers,
+// pipelines and sequences borrow it and must not outlive it.
+#pragma once
+#include <vulkan/vulkan.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace q4t::vk {
+
+// No usable device, a failed Vulkan call, or a bad --device string.
+struct DeviceError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Throws DeviceError naming the call and the VkResult.
+void check(VkResult r, const char* what);
+
+// What --device asks for: "cpu", "vulkan" (the best Vulkan device), "vulkan:N" (device N of `q4tune devices`),
+// or "auto" (the best Vulkan device, falling back to the CPU when there is none).
+struct DeviceSpec {
+  enum class Kind { Auto, Cpu, Vulkan } kind = Kind::Auto;
+  int index = -1;  // -1: best available
+  static DeviceSpec parse(const std::string& s);  // throws DeviceError
+};
+
+struct PhysicalDeviceInfo {
+  uint32_t index;
+  std::string name;
+  std::string type;  // "discrete", "integrated", "virtual", "cpu", "other"
+  uint32_t api_version;
+};
+
+class Device {
+ public:
+  struct Options {
+    int index = -1;           // -1: discrete GPU first, then integrated, virtual, CPU (lavapipe)
+    bool validation = false;  // enable VK_LAYER_KHRONOS_validation when it is installed
+  };
+  static std::unique_ptr<Device> open(const Options& opt);
+  // Every Vulkan physical device on this machine, in Vulkan's order (the N of vulkan:N).
+  static std::vector<PhysicalDeviceInfo> list();
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  VkDevice handle() const { return device_; }
+  VkPhysicalDevice physical() const { return physical_; }
+  VkQueue queue() const { return queue_; }
+  uint32_t queue_family() const { return queue_family_; }
+  VkPipelineCache pipeline_cache() const { return pipeline_cache_; }
+  const std::string& name() const { return name_; }
+  const VkPhysicalDeviceProperties& properties() const { return props_; }
+  uint32_t subgroup_size() const { return subgroup_size_; }
+  bool timestamps_supported() const { return timestamps_; }
+  double timestamp_period_ns() const { return props_.limits.timestampPeriod; }
+  bool validation_enabled() const { return validation_; }
+  // Validation-layer errors and warnings seen so far (tests assert there are none).
+  std::vector<std::string> validation_messages() const;
+
+  // Memory type for a buffer: device-local, preferring one that is not host-visible; sets *host_visible.
+  uint32_t pick_memory_type(uint32_t type_bits, bool* host_visible) const;
+  // Records with fn into a one-time command buffer, submits it and waits.
+  void run_once(const std::function<void(VkCommandBuffer)>& fn);
+
+  // Accounting of device memory allocated through Buffer (bytes now and peak since open / reset).
+  void note_alloc(int64_t bytes);
+  int64_t bytes_allocated() const { return bytes_now_; }
+  int64_t peak_bytes_allocated() const { return bytes_peak_; }
+  void reset_peak() { bytes_peak_ = bytes_now_; }
+
+ private:
+  Device() = default;
+  friend VkBool32 VKAPI_PTR debug_callback(VkDebugUtilsMessageSeverityFlagBitsEXT,
+                                           VkDebugUtilsMessageTypeFlagsEXT,
+                                           const VkDebugUtilsMessengerCallbackDataEXT*, void*);
+  VkInstance instance_ = VK_NULL_HANDLE;
+  VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;
+  VkPhysicalDevice physical_ = VK_NULL_HANDLE;
+  VkDevice device_ = VK_NULL_HANDLE;
+  VkQueue queue_ = VK_NULL_HANDLE;
+  uint32_t queue_family_ = 0;
+  VkCommandPool command_pool_ = VK_NULL_HANDLE;
+  VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
+  VkPhysicalDeviceProperties props_{};
+  VkPhysicalDeviceMemoryProperties mem_props_{};
+  std::string name_;
+  uint32_t subgroup_size_ = 0;
+  bool timestamps_ = false;
+  bool validation_ = false;
+  mutable std::mutex messages_mutex_;
+  std::vector<std::string> messages_;
+  int64_t bytes_now_ = 0, bytes_peak_ = 0;
+};
+
+}  // namespace q4t::vk

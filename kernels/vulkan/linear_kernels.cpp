@@ -1,0 +1,168 @@
+#include "kernels/vulkan/linear_kernels.h"
+
+#include <algorithm>
+
+#include "kernels/shapes.h"
+
+namespace q4t::vk {
+
+namespace {
+
+// Must match kernels/glsl/gemm_push.glsl.
+struct GemmPush {
+  uint32_t M, N, k_begin, k_end, lda, ldb, accumulate;
+};
+
+// GEMM tile edge (BM = BN, specialization constants of gemm_tiled.glsl). 64: with 128 the 8x8 micro-tile's
+// accumulators spill on NVIDIA (measured 1.7 vs 13 TFLOPS on an H100).
+constexpr uint32_t kGemmTile = 64;
+constexpr uint32_t kGemvWorkgroup = 256;
+constexpr uint32_t kGemvRows = 2;
+constexpr uint32_t kDxQuarters = 64;  // quarters of block columns per dx workgroup (x)
+constexpr uint32_t kDxRowSlots = 8;   // row slots per dx workgroup (y)
+// Rows per chunk of the one-token dx: enough chunks to fill a large GPU, few enough that the partial sums
+// (n_chunks x n_in floats, written and read once) stay a small fraction of the weight bytes.
+constexpr int64_t kDxTargetGroups = 1024;
+constexpr int64_t kDxMinRowsPerChunk = 128;
+
+uint32_t ceil_div(int64_t a, int64_t b) { return uint32_t((a + b - 1) / b); }
+
+// A 1-D count of workgroups spread over x and y so that neither exceeds 65535 (the guaranteed limit).
+std::array<uint32_t, 3> groups_1d(int64_t n_groups) {
+  if (n_groups <= 65535) return {uint32_t(n_groups), 1, 1};
+  return {65535, ceil_div(n_groups, 65535), 1};
+}
+
+void check_fits_u32(const char* kernel, const char* what, int64_t elems) {
+  if (elems > int64_t(UINT32_MAX / 4))
+    throw ShapeError(std::string(kernel) + ": " + what + " of " + std::to_string(elems) +
+                     " elements exceeds the 4 GiB a kernel can address");
+}
+
+int64_t dx_rows_per_chunk(int64_t n_rows, int64_t n_in) {
+  const int64_t col_groups = (n_in / 8 + kDxQuarters - 1) / kDxQuarters;
+  const int64_t want_chunks = std::max<int64_t>(1, kDxTargetGroups / col_groups);
+  return std::max(kDxMinRowsPerChunk, (n_rows + want_chunks - 1) / want_chunks);
+}
+
+}  // namespace
+
+LinearKernels::LinearKernels(Device& dev) : dev_(dev) {}
+
+const Pipeline& LinearKernels::pipeline(const std::string& shader, uint32_t n_buffers, uint32_t push_bytes,
+                                        const std::vector<uint32_t>& spec) {
+  std::string key = shader;
+  for (uint32_t v : spec) key += ":" + std::to_string(v);
+  auto& slot = pipelines_[key];
+  if (!slot) slot = std::make_unique<Pipeline>(dev_, shader, n_buffers, push_bytes, spec);
+  return *slot;
+}
+
+void LinearKernels::q4_0_gemv(Sequence& s, const Buffer& y, const Buffer& w, const Buffer& x, int64_t n_out,
+                              int64_t n_in) {
+  const char* k = "q4_0_gemv";
+  check_q4_0_linear(k, n_out, n_in, 1);
+  check_min_size(k, "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
+  check_min_size(k, "x", x.size(), size_t(n_in) * 4);
+  check_min_size(k, "y", y.size(), size_t(n_out) * 4);
+  struct { uint32_t n_out, n_in; } push{uint32_t(n_out), uint32_t(n_in)};
+  const uint32_t wg = kGemvWorkgroup, rows = kGemvRows;
+  const auto& p = pipeline("q4_0_gemv", 3, sizeof(push), {wg, rows});
+  s.dispatch(p, {&y, &w, &x}, push, {ceil_div(n_out, rows), 1, 1});
+}
+
+void LinearKernels::q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
+                              int64_t n_out, int64_t n_in) {
+  const char* k = "q4_0_gemm";
+  check_q4_0_linear(k, n_out, n_in, T);
+  if (T == 1) return q4_0_gemv(s, Y, w, X, n_out, n_in);
+  check_fits_u32(k, "X", T * n_in);
+  check_fits_u32(k, "Y", T * n_out);
+  check_min_size(k, "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
+  check_min_size(k, "X", X.size(), size_t(T * n_in) * 4);
+  check_min_size(k, "Y", Y.size(), size_t(T * n_out) * 4);
+  GemmPush push{uint32_t(T), uint32_t(n_out), 0, uint32_t(n_in), uint32_t(n_in), 0, 0};
+  const uint32_t bm = kGemmTile, bn = kGemmTile;
+  const auto& p = pipeline("q4_0_gemm", 3, sizeof(push), {bm, bn});
+  s.dispatch(p, {&Y, &X, &w}, push, {ceil_div(n_out, bn), ceil_div(T, bm), 1});
+}
+
+size_t LinearKernels::q4_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in) {
+  if (T != 1 || n_rows <= 0 || n_in <= 0) return 0;
+  const int64_t n_chunks = (n_rows + dx_rows_per_chunk(n_rows, n_in) - 1) / dx_rows_per_chunk(n_rows, n_in);
+  return size_t(n_chunks * n_in) * 4;
+}
+
+void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch,
+                            int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
+                            bool accumulate) {
+  const char* k = "q4_0_dx";
+  check_q4_0_linear(k, n_out, n_in, T);
+  check_j_range(k, j_start, j_end, n_out);
+  check_fits_u32(k, "dY", T * n_out);
+  check_fits_u32(k, "dX", T * n_in);
+  check_min_size(k, "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
+  check_min_size(k, "dY", dY.size(), size_t(T * n_out) * 4);
+  check_min_size(k, "dX", dX.size(), size_t(T * n_in) * 4);
+  if (T > 1) {
+    GemmPush push{uint32_t(T), uint32_t(n_in), uint32_t(j_start), uint32_t(j_end), uint32_t(n_out), 0,
+                  accumulate ? 1u : 0u};
+    const uint32_t bm = kGemmTile, bn = kGemmTile;
+    const auto& p = pipeline("q4_0_dx_gemm", 3, sizeof(push), {bm, bn});
+    s.dispatch(p, {&dX, &dY, &w}, push, {ceil_div(n_in, bn), ceil_div(T, bm), 1});
+    return;
+  }
+  const int64_t n_rows = j_end - j_start;
+  const int64_t rows_per_chunk = dx_rows_per_chunk(n_rows, n_in);
+  const int64_t n_chunks = (n_rows + rows_per_chunk - 1) / rows_per_chunk;
+  const size_t need = q4_0_dx_scratch_bytes(T, n_rows, n_in);
+  if (!scratch) throw ShapeError(std::string(k) + ": the one-token path needs a scratch buffer of " +
+                                 std::to_string(need) + " bytes");
+  check_min_size(k, "scratch", scratch->size(), need);
+  struct { uint32_t n_in, j_start, j_end, rows_per_chunk; } split{uint32_t(n_in), uint32_t(j_start),
+                                                                   uint32_t(j_end), uint32_t(rows_per_chunk)};
+  const auto& p1 = pipeline("q4_0_dx_split", 3, sizeof(split), {kDxRowSlots});
+  s.dispatch(p1, {scratch, &w, &dY}, split, {ceil_div(n_in / 8, kDxQuarters), uint32_t(n_chunks), 1});
+  struct { uint32_t n, n_chunks, accumulate; } red{uint32_t(n_in), uint32_t(n_chunks), accumulate ? 1u : 0u};
+  const auto& p2 = pipeline("q4_0_dx_reduce", 2, sizeof(red));
+  s.dispatch(p2, {&dX, scratch}, red, groups_1d(ceil_div(n_in, 256)));
+}
+
+void LinearKernels::f32_gemm(const char* shader, Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B,
+                             int64_t M, int64_t N, int64_t K, uint32_t lda, uint32_t ldb, bool accumulate) {
+  check_gemm(shader, M, N, K);
+  check_fits_u32(shader, "A", M * K);
+  check_fits_u32(shader, "B", K * N);
+  check_fits_u32(shader, "C", M * N);
+  check_min_size(shader, "A", A.size(), size_t(M * K) * 4);
+  check_min_size(shader, "B", B.size(), size_t(K * N) * 4);
+  check_min_size(shader, "C", C.size(), size_t(M * N) * 4);
+  GemmPush push{uint32_t(M), uint32_t(N), 0, uint32_t(K), lda, ldb, accumulate ? 1u : 0u};
+  const uint32_t bm = kGemmTile, bn = kGemmTile;
+  const auto& p = pipeline(shader, 3, sizeof(push), {bm, bn});
+  s.dispatch(p, {&C, &A, &B}, push, {ceil_div(N, bn), ceil_div(M, bm), 1});
+}
+
+void LinearKernels::gemm_nt(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N,
+                            int64_t K, bool accumulate) {
+  f32_gemm("f32_gemm_nt", s, C, A, B, M, N, K, uint32_t(K), uint32_t(K), accumulate);
+}
+void LinearKernels::gemm_nn(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N,
+                            int64_t K, bool accumulate) {
+  f32_gemm("f32_gemm_nn", s, C, A, B, M, N, K, uint32_t(K), uint32_t(N), accumulate);
+}
+void LinearKernels::gemm_tn(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N,
+                            int64_t K, bool accumulate) {
+  f32_gemm("f32_gemm_tn", s, C, A, B, M, N, K, uint32_t(M), uint32_t(N), accumulate);
+}
+
+void LinearKernels::copy(Sequence& s, const Buffer& dst, const Buffer& src, size_t bytes) {
+  if (bytes % 16 != 0) throw ShapeError("copy: " + std::to_string(bytes) + " bytes is not a multiple of 16");
+  check_min_size("copy", "src", src.size(), bytes);
+  check_min_size("copy", "dst", dst.size(), bytes);
+  struct { uint32_t n_vec4; } push{uint32_t(bytes / 16)};
+  const auto& p = pipeline("copy", 2, sizeof(push));
+  s.dispatch(p, {&dst, &src}, push, groups_1d(ceil_div(int64_t(bytes / 16), 256)));
+}
+
+}  // namespace q4t::vk

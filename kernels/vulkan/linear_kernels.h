@@ -1,0 +1,53 @@
+// Host side of the Vulkan linear kernels: checks shapes and buffer sizes, then records dispatches into a
+// Sequence. Same contracts as kernels/cpu/linear.h. Pipelines are built on first use and kept.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "kernels/vulkan/buffer.h"
+#include "kernels/vulkan/pipeline.h"
+#include "kernels/vulkan/sequence.h"
+
+namespace q4t::vk {
+
+class LinearKernels {
+ public:
+  explicit LinearKernels(Device& dev);
+
+  // y[n_out] = W · x[n_in]
+  void q4_0_gemv(Sequence& s, const Buffer& y, const Buffer& w, const Buffer& x, int64_t n_out, int64_t n_in);
+  // Y[T, n_out] = X[T, n_in] · Wᵀ; T = 1 runs the GEMV.
+  void q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
+                 int64_t n_in);
+  // dX[T, n_in] (+)= dY[T, n_out][:, j_start:j_end] · W[j_start:j_end, :]. The one-token path needs `scratch`
+  // of at least q4_0_dx_scratch_bytes(T, j_end - j_start, n_in) bytes (it may be null when that is 0).
+  void q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
+               int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
+  static size_t q4_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
+
+  // f32 GEMMs, row-major: nt: C[M,N] (+)= A[M,K]·B[N,K]ᵀ; nn: A[M,K]·B[K,N]; tn: A[K,M]ᵀ·B[K,N].
+  void gemm_nt(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N, int64_t K,
+               bool accumulate);
+  void gemm_nn(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N, int64_t K,
+               bool accumulate);
+  void gemm_tn(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N, int64_t K,
+               bool accumulate);
+
+  // dst[0:bytes) = src[0:bytes), bytes a multiple of 16: the bandwidth roofline of the benchmarks.
+  void copy(Sequence& s, const Buffer& dst, const Buffer& src, size_t bytes);
+
+  Device& device() const { return dev_; }
+
+ private:
+  const Pipeline& pipeline(const std::string& shader, uint32_t n_buffers, uint32_t push_bytes,
+                           const std::vector<uint32_t>& spec = {});
+  void f32_gemm(const char* shader, Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M,
+                int64_t N, int64_t K, uint32_t lda, uint32_t ldb, bool accumulate);
+
+  Device& dev_;
+  std::map<std::string, std::unique_ptr<Pipeline>> pipelines_;
+};
+
+}  // namespace q4t::vk

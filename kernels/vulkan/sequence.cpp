@@ -1,0 +1,164 @@
+#include "kernels/vulkan/sequence.h"
+
+#include <string>
+
+namespace q4t::vk {
+
+namespace {
+constexpr uint32_t kSetsPerPool = 256;
+constexpr uint32_t kMaxBuffersPerSet = 8;
+}  // namespace
+
+Sequence::Sequence(Device& dev, uint32_t max_timestamps) : dev_(dev), max_timestamps_(max_timestamps) {
+  VkCommandPoolCreateInfo pci{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+  pci.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+  pci.queueFamilyIndex = dev.queue_family();
+  check(vkCreateCommandPool(dev.handle(), &pci, nullptr, &cmd_pool_), "vkCreateCommandPool");
+  VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  ai.commandPool = cmd_pool_;
+  ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  ai.commandBufferCount = 1;
+  check(vkAllocateCommandBuffers(dev.handle(), &ai, &cb_), "vkAllocateCommandBuffers");
+  VkFenceCreateInfo fci{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+  check(vkCreateFence(dev.handle(), &fci, nullptr, &fence_), "vkCreateFence");
+  if (max_timestamps_ > 0) {
+    if (!dev.timestamps_supported()) throw DeviceError(dev.name() + ": timestamp queries are not supported");
+    VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+    qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
+    qi.queryCount = max_timestamps_;
+    check(vkCreateQueryPool(dev.handle(), &qi, nullptr, &queries_), "vkCreateQueryPool");
+  }
+}
+
+Sequence::~Sequence() {
+  if (pending_) vkWaitForFences(dev_.handle(), 1, &fence_, VK_TRUE, UINT64_MAX);
+  for (VkDescriptorPool p : pools_) vkDestroyDescriptorPool(dev_.handle(), p, nullptr);
+  if (queries_) vkDestroyQueryPool(dev_.handle(), queries_, nullptr);
+  vkDestroyFence(dev_.handle(), fence_, nullptr);
+  vkDestroyCommandPool(dev_.handle(), cmd_pool_, nullptr);
+}
+
+void Sequence::begin() {
+  if (pending_) wait();
+  for (VkDescriptorPool p : pools_) vkResetDescriptorPool(dev_.handle(), p, 0);
+  pool_in_use_ = 0;
+  n_timestamps_ = 0;
+  n_dispatches_ = 0;
+  vkResetCommandBuffer(cb_, 0);
+  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+  check(vkBeginCommandBuffer(cb_, &bi), "vkBeginCommandBuffer");
+  if (queries_) vkCmdResetQueryPool(cb_, queries_, 0, max_timestamps_);
+  recording_ = true;
+}
+
+VkDescriptorSet Sequence::allocate_set(VkDescriptorSetLayout layout) {
+  for (;;) {
+    if (pool_in_use_ == pools_.size()) {
+      VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kSetsPerPool * kMaxBuffersPerSet};
+      VkDescriptorPoolCreateInfo ci{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
+      ci.maxSets = kSetsPerPool;
+      ci.poolSizeCount = 1;
+      ci.pPoolSizes = &size;
+      VkDescriptorPool pool;
+      check(vkCreateDescriptorPool(dev_.handle(), &ci, nullptr, &pool), "vkCreateDescriptorPool");
+      pools_.push_back(pool);
+    }
+    VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
+    ai.descriptorPool = pools_[pool_in_use_];
+    ai.descriptorSetCount = 1;
+    ai.pSetLayouts = &layout;
+    VkDescriptorSet set;
+    VkResult r = vkAllocateDescriptorSets(dev_.handle(), &ai, &set);
+    if (r == VK_SUCCESS) return set;
+    if (r != VK_ERROR_OUT_OF_POOL_MEMORY && r != VK_ERROR_FRAGMENTED_POOL) check(r, "vkAllocateDescriptorSets");
+    ++pool_in_use_;
+  }
+}
+
+void Sequence::dispatch(const Pipeline& p, std::initializer_list<const Buffer*> buffers, const void* push,
+                        uint32_t push_bytes, std::array<uint32_t, 3> groups) {
+  if (!recording_) throw std::logic_error("Sequence::dispatch outside begin()/end()");
+  if (buffers.size() != p.n_buffers() || buffers.size() > kMaxBuffersPerSet)
+    throw std::logic_error(p.name() + ": " + std::to_string(buffers.size()) + " buffers bound, pipeline has " +
+                           std::to_string(p.n_buffers()));
+  if (push_bytes != p.push_bytes())
+    throw std::logic_error(p.name() + ": push constants of " + std::to_string(push_bytes) + " bytes, pipeline has " +
+                           std::to_string(p.push_bytes()));
+  const auto& lim = dev_.properties().limits.maxComputeWorkGroupCount;
+  for (int i = 0; i < 3; ++i)
+    if (groups[i] == 0 || groups[i] > lim[i])
+      throw std::logic_error(p.name() + ": workgroup count " + std::to_string(groups[i]) + " outside [1, " +
+                             std::to_string(lim[i]) + "]");
+
+  VkDescriptorSet set = allocate_set(p.set_layout());
+  std::vector<VkDescriptorBufferInfo> infos;
+  std::vector<VkWriteDescriptorSet> writes;
+  infos.reserve(buffers.size());
+  for (const Buffer* b : buffers) infos.push_back({b->handle(), 0, VK_WHOLE_SIZE});
+  for (uint32_t i = 0; i < infos.size(); ++i) {
+    VkWriteDescriptorSet w{VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+    w.dstSet = set;
+    w.dstBinding = i;
+    w.descriptorCount = 1;
+    w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    w.pBufferInfo = &infos[i];
+    writes.push_back(w);
+  }
+  vkUpdateDescriptorSets(dev_.handle(), uint32_t(writes.size()), writes.data(), 0, nullptr);
+
+  if (n_dispatches_ > 0) {
+    VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_SHADER_READ_BIT;
+    mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
+    vkCmdPipelineBarrier(cb_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0,
+                         nullptr, 0, nullptr);
+  }
+  vkCmdBindPipeline(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, p.handle());
+  vkCmdBindDescriptorSets(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout(), 0, 1, &set, 0, nullptr);
+  if (push_bytes) vkCmdPushConstants(cb_, p.layout(), VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
+  vkCmdDispatch(cb_, groups[0], groups[1], groups[2]);
+  ++n_dispatches_;
+}
+
+uint32_t Sequence::timestamp() {
+  if (!recording_) throw std::logic_error("Sequence::timestamp outside begin()/end()");
+  if (n_timestamps_ >= max_timestamps_)
+    throw std::logic_error("Sequence: more than " + std::to_string(max_timestamps_) + " timestamps");
+  vkCmdWriteTimestamp(cb_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, n_timestamps_);
+  return n_timestamps_++;
+}
+
+void Sequence::end() {
+  if (!recording_) throw std::logic_error("Sequence::end without begin()");
+  check(vkEndCommandBuffer(cb_), "vkEndCommandBuffer");
+  recording_ = false;
+}
+
+void Sequence::submit() {
+  if (recording_) throw std::logic_error("Sequence::submit while still recording");
+  if (pending_) wait();
+  check(vkResetFences(dev_.handle(), 1, &fence_), "vkResetFences");
+  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  si.commandBufferCount = 1;
+  si.pCommandBuffers = &cb_;
+  check(vkQueueSubmit(dev_.queue(), 1, &si, fence_), "vkQueueSubmit");
+  pending_ = true;
+}
+
+void Sequence::wait() {
+  if (!pending_) return;
+  pending_ = false;
+  check(vkWaitForFences(dev_.handle(), 1, &fence_, VK_TRUE, UINT64_MAX), "vkWaitForFences");
+}
+
+double Sequence::elapsed_ns(uint32_t a, uint32_t b) const {
+  if (a >= n_timestamps_ || b >= n_timestamps_) throw std::logic_error("Sequence::elapsed_ns: no such timestamp");
+  uint64_t t[2];
+  vkGetQueryPoolResults(dev_.handle(), queries_, a, 1, sizeof(uint64_t), &t[0], sizeof(uint64_t),
+                        VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+  vkGetQueryPoolResults(dev_.handle(), queries_, b, 1, sizeof(uint64_t), &t[1], sizeof(uint64_t),
+                        VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+  return double(t[1] - t[0]) * dev_.timestamp_period_ns();
+}
+
+}  // namespace q4t::vk

@@ -1,0 +1,57 @@
+// A recorded command sequence: dispatches (each behind a compute->compute barrier, so a dispatch sees the
+// writes of the ones before it) and timestamps. Record once with begin()/dispatch()/end(), then run() it as
+// many times as needed; a training step is the same sequence every step.
+#pragma once
+#include <vulkan/vulkan.h>
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "kernels/vulkan/buffer.h"
+#include "kernels/vulkan/pipeline.h"
+
+namespace q4t::vk {
+
+class Sequence {
+ public:
+  explicit Sequence(Device& dev, uint32_t max_timestamps = 0);
+  ~Sequence();
+  Sequence(const Sequence&) = delete;
+  Sequence& operator=(const Sequence&) = delete;
+
+  void begin();  // drops what was recorded before
+  void dispatch(const Pipeline& p, std::initializer_list<const Buffer*> buffers, const void* push,
+                uint32_t push_bytes, std::array<uint32_t, 3> groups);
+  template <class Push>
+  void dispatch(const Pipeline& p, std::initializer_list<const Buffer*> buffers, const Push& push,
+                std::array<uint32_t, 3> groups) {
+    dispatch(p, buffers, &push, sizeof(Push), groups);
+  }
+  // Writes a timestamp after all previous work; returns its slot.
+  uint32_t timestamp();
+  void end();
+
+  void submit();
+  void wait();
+  void run() { submit(); wait(); }
+  // Nanoseconds between timestamp slots a and b of the last run.
+  double elapsed_ns(uint32_t a, uint32_t b) const;
+  uint32_t dispatch_count() const { return n_dispatches_; }
+
+ private:
+  VkDescriptorSet allocate_set(VkDescriptorSetLayout layout);
+
+  Device& dev_;
+  VkCommandPool cmd_pool_ = VK_NULL_HANDLE;  // own pool: sequences may be recorded from different threads
+  VkCommandBuffer cb_ = VK_NULL_HANDLE;
+  VkFence fence_ = VK_NULL_HANDLE;
+  VkQueryPool queries_ = VK_NULL_HANDLE;
+  uint32_t max_timestamps_, n_timestamps_ = 0, n_dispatches_ = 0;
+  std::vector<VkDescriptorPool> pools_;
+  size_t pool_in_use_ = 0;
+  bool recording_ = false, pending_ = false;
+};
+
+}  // namespace q4t::vk

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# q4tune's one entry point for a fresh Debian machine:
+#   ./run.sh demo   install what is missing, build (Release), run the main job on the embedded default
+#   ./run.sh test   install what is missing, build, run the whole test suite (what CI runs)
+# Packages come from Debian only; apt-get runs only when something is missing.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PACKAGES=(cmake g++ make libvulkan-dev glslang-tools mesa-vulkan-drivers vulkan-validationlayers
+          libeigen3-dev libcli11-dev libgtest-dev nlohmann-json3-dev)
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-$(nproc)}
+
+install_missing() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "== installing: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+build() {
+  echo "== building in $BUILD_DIR"
+  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release > /dev/null
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+}
+
+case "${1:-}" in
+  demo)
+    install_missing
+    build
+    "$BUILD_DIR"/q4tune selftest
+    ;;
+  test)
+    install_missing
+    build
+    cd "$BUILD_DIR"
+    ctest --output-on-failure -j "$JOBS"
+    ;;
+  *)
+    echo "usage: ./run.sh demo | test" >&2
+    exit 2
+    ;;
+esac

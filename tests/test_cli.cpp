@@ -1,0 +1,111 @@
+// The q4tune binary as a user runs it: exit codes, one-line errors, selftest and the bench's JSON.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct CmdResult {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+CmdResult run(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + " " + std::string(Q4TUNE_BIN) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+int count_lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
+
+TEST(Cli, SelftestPassesOnTheCpu) {
+  const CmdResult r = run("selftest --device cpu");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("q4_0_gemv"), std::string::npos);
+  EXPECT_NE(r.out.find("selftest passed"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
+}
+
+TEST(Cli, SelftestPassesOnVulkan) {
+  const CmdResult r = run("selftest --device vulkan");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("selftest passed"), std::string::npos) << r.out;
+}
+
+TEST(Cli, ABadDeviceStringIsOneClearError) {
+  const CmdResult r = run("selftest --device gpu0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(count_lines(r.out), 1) << r.out;
+  EXPECT_NE(r.out.find("'gpu0' is not one of auto, cpu, vulkan, vulkan:N"), std::string::npos) << r.out;
+}
+
+TEST(Cli, AMissingVulkanDeviceIsOneClearError) {
+  const CmdResult r = run("selftest --device vulkan:57");
+  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(count_lines(r.out), 1) << r.out;
+  EXPECT_NE(r.out.find("vulkan:57"), std::string::npos) << r.out;
+}
+
+TEST(Cli, NoVulkanDriverAtAllIsOneClearError) {
+  // Point the loader at a driver list that does not exist: what a machine without any Vulkan driver sees.
+  const CmdResult r = run("selftest --device vulkan", "VK_DRIVER_FILES=/nonexistent.json VK_ICD_FILENAMES=/nonexistent.json");
+  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(count_lines(r.out), 1) << r.out;
+  EXPECT_NE(r.out.find("no Vulkan device found"), std::string::npos) << r.out;
+}
+
+TEST(Cli, AutoFallsBackToTheCpuWithoutAVulkanDriver) {
+  const CmdResult r = run("selftest", "VK_DRIVER_FILES=/nonexistent.json VK_ICD_FILENAMES=/nonexistent.json");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("selftest on cpu"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BenchRejectsUnknownKernelsAndBadShapes) {
+  CmdResult r = run("bench --device cpu --kernels q4_0_gemv,q9");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("unknown kernel 'q9'"), std::string::npos) << r.out;
+  r = run("bench --device cpu --shapes 64x48");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("n_in = 48 is not a multiple of 32"), std::string::npos) << r.out;
+  r = run("bench --device cpu --shapes 64by64");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("'64by64' is not N_OUTxN_IN"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BenchWritesOneJsonObjectPerCase) {
+  const auto path = std::filesystem::temp_directory_path() / "q4tune_test_bench.json";
+  std::filesystem::remove(path);
+  const CmdResult r = run("bench --device cpu --shapes 64x96,7x32 --kernels q4_0_gemv,q4_0_dx --seconds 0.01 --json " +
+                    path.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream f(path);
+  const auto j = nlohmann::json::parse(f);
+  ASSERT_TRUE(j.is_array());
+  ASSERT_EQ(j.size(), 1u + 2u * 3u);  // the copy roofline, then per shape gemv + dx at T=1 and T=512
+  EXPECT_EQ(j[0]["kernel"], "copy");
+  for (const auto& row : j) {
+    for (const char* key : {"kernel", "n_out", "n_in", "T", "us", "gbps", "tflops", "roofline_frac", "device"})
+      EXPECT_TRUE(row.contains(key)) << key << " missing in " << row.dump();
+    EXPECT_GT(row["us"].get<double>(), 0.0);
+    EXPECT_EQ(row["device"], "cpu");
+  }
+  EXPECT_EQ(j[1]["kernel"], "q4_0_gemv");
+  EXPECT_EQ(j[1]["n_out"], 64);
+  EXPECT_EQ(j[1]["n_in"], 96);
+  EXPECT_GT(j[1]["gbps"].get<double>(), 0.0);
+  EXPECT_GT(j[3]["tflops"].get<double>(), 0.0);  // dx at T=512 is a GEMM
+  std::filesystem::remove(path);
+}
+
+}  // namespace

@@ -1,0 +1,302 @@
+// CPU kernels of the frozen Q4_0 linear and the LoRA f32 GEMMs against the double-precision reference, on
+// awkward shapes, with every instruction set this CPU can run, and with different thread counts.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <atomic>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/q4_0_rows.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/cpu/threads.h"
+#include "kernels/quant/q4_0.h"
+#include "kernels/shapes.h"
+
+namespace q4t::cpu {
+namespace {
+
+// Bound on ref::max_rel_error for every kernel check. f32 accumulation over these sizes (up to 4128 terms)
+// lands near 1e-6; a wrong nibble, block or scale shows up as 1e-3 or more.
+constexpr double kTol = 1e-5;
+
+const int64_t kNIn[] = {32, 64, 4128};
+const int64_t kNOut[] = {1, 7, 63, 65, 1000};
+const int64_t kTokens[] = {1, 3, 17};
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = normal(rng);
+  return v;
+}
+
+// W[n_out, n_in] quantised from N(0, 1) weights.
+std::vector<uint8_t> random_q4_0(int64_t n_out, int64_t n_in, uint32_t seed) {
+  std::vector<uint8_t> w(n_out * q4_0_row_bytes(n_in));
+  quant::quantize_q4_0(w, random_floats(n_out * n_in, seed), n_out, n_in);
+  return w;
+}
+
+std::string shape_label(int64_t T, int64_t n_out, int64_t n_in) {
+  return "T=" + std::to_string(T) + " n_out=" + std::to_string(n_out) + " n_in=" + std::to_string(n_in);
+}
+
+// Each test body runs once per kernel set (portable, AVX2, AVX-512); sets this CPU lacks are skipped.
+class Q4_0KernelSets : public ::testing::TestWithParam<detail::Isa> {
+ protected:
+  void SetUp() override {
+    if (!detail::q4_0_kernels_for(GetParam())) GTEST_SKIP() << "this CPU cannot run the kernel set";
+    saved_ = detail::q4_0_kernels().isa;
+    detail::use_q4_0_kernels(GetParam());
+    switched_ = true;
+  }
+  void TearDown() override {
+    if (switched_) detail::use_q4_0_kernels(saved_);
+  }
+
+ private:
+  detail::Isa saved_ = detail::Isa::Portable;
+  bool switched_ = false;
+};
+
+TEST_P(Q4_0KernelSets, GemvAndGemmMatchTheDoubleReferenceOnAwkwardShapes) {
+  for (int64_t n_in : kNIn)
+    for (int64_t n_out : kNOut) {
+      const std::vector<uint8_t> w = random_q4_0(n_out, n_in, uint32_t(n_out * 7 + n_in));
+      for (int64_t T : kTokens) {
+        const std::vector<float> X = random_floats(T * n_in, uint32_t(T));
+        const std::vector<double> want = ref::q4_0_gemm(w.data(), X.data(), T, n_out, n_in);
+        std::vector<float> Y(T * n_out, NAN);
+        q4_0_gemm(Y, w, X, T, n_out, n_in);
+        EXPECT_LE(ref::max_rel_error(Y.data(), want), kTol) << "gemm " << shape_label(T, n_out, n_in);
+        if (T == 1) {
+          std::vector<float> y(n_out, NAN);
+          q4_0_gemv(y, w, X, n_out, n_in);
+          EXPECT_LE(ref::max_rel_error(y.data(), want), kTol) << "gemv " << shape_label(T, n_out, n_in);
+        }
+      }
+    }
+}
+
+TEST_P(Q4_0KernelSets, DxMatchesTheReferenceOverwritingAndAccumulating) {
+  for (int64_t n_in : kNIn)
+    for (int64_t n_out : kNOut) {
+      const std::vector<uint8_t> w = random_q4_0(n_out, n_in, uint32_t(n_out * 5 + n_in));
+      for (int64_t T : kTokens) {
+        const std::vector<float> dY = random_floats(T * n_out, uint32_t(T + 10));
+        const std::vector<float> dX_in = random_floats(T * n_in, uint32_t(T + 20));
+        std::vector<float> dX(T * n_in, NAN);
+        q4_0_dx(dX, w, dY, T, n_out, n_in, 0, n_out, false);
+        EXPECT_LE(
+            ref::max_rel_error(dX.data(), ref::q4_0_dx(w.data(), dY.data(), nullptr, T, n_out, n_in, 0, n_out)),
+            kTol)
+            << "overwrite " << shape_label(T, n_out, n_in);
+        // A row range that starts and ends inside the matrix, added onto existing values.
+        const int64_t j0 = n_out / 3, j1 = n_out - n_out / 4;
+        dX = dX_in;
+        q4_0_dx(dX, w, dY, T, n_out, n_in, j0, j1, true);
+        EXPECT_LE(ref::max_rel_error(dX.data(),
+                                     ref::q4_0_dx(w.data(), dY.data(), dX_in.data(), T, n_out, n_in, j0, j1)),
+                  kTol)
+            << "accumulate rows [" << j0 << ", " << j1 << ") " << shape_label(T, n_out, n_in);
+      }
+    }
+}
+
+// The vocab-tiled backward: the first tile overwrites, later tiles add, and the sum equals one untiled call.
+TEST_P(Q4_0KernelSets, DxTilesAccumulatedInTurnEqualTheUntiledResult) {
+  struct Case {
+    int64_t n_out, n_in, tile;
+  };
+  for (Case c : {Case{1000, 4128, 300}, Case{7, 64, 5}, Case{65, 32, 64}})
+    for (int64_t T : {int64_t(1), int64_t(17)}) {
+      const std::vector<uint8_t> w = random_q4_0(c.n_out, c.n_in, uint32_t(c.tile));
+      const std::vector<float> dY = random_floats(T * c.n_out, uint32_t(T + 30));
+      std::vector<float> untiled(T * c.n_in, NAN), tiled(T * c.n_in, NAN);
+      q4_0_dx(untiled, w, dY, T, c.n_out, c.n_in, 0, c.n_out, false);
+      for (int64_t j0 = 0; j0 < c.n_out; j0 += c.tile)
+        q4_0_dx(tiled, w, dY, T, c.n_out, c.n_in, j0, std::min(j0 + c.tile, c.n_out), j0 > 0);
+      const std::vector<double> want =
+          ref::q4_0_dx(w.data(), dY.data(), nullptr, T, c.n_out, c.n_in, 0, c.n_out);
+      const std::string label = shape_label(T, c.n_out, c.n_in) + " tile=" + std::to_string(c.tile);
+      EXPECT_LE(ref::max_rel_error(tiled.data(), want), kTol) << label;
+      EXPECT_LE(ref::max_rel_error(untiled.data(), want), kTol) << label;
+      const std::vector<double> untiled_d(untiled.begin(), untiled.end());
+      EXPECT_LE(ref::max_rel_error(tiled.data(), untiled_d), 1e-6) << label;
+    }
+}
+
+// Threads split rows (GEMV, GEMM) or columns (dx) without changing any per-element arithmetic order in the
+// GEMV, so it is bit-identical; the tiled paths may re-block Eigen's sums, so they are compared with a bound.
+TEST_P(Q4_0KernelSets, ThreadCountDoesNotChangeTheResults) {
+  const int64_t n_out = 1000, n_in = 4128, T = 17;
+  const std::vector<uint8_t> w = random_q4_0(n_out, n_in, 99);
+  const std::vector<float> X = random_floats(T * n_in, 98), dY = random_floats(T * n_out, 97);
+  std::vector<std::vector<float>> y(2, std::vector<float>(n_out)), Y(2, std::vector<float>(T * n_out)),
+      dX(2, std::vector<float>(T * n_in)), dx1(2, std::vector<float>(n_in));
+  const int thread_counts[2] = {1, 3};
+  for (int i = 0; i < 2; i++) {
+    set_num_threads(thread_counts[i]);
+    q4_0_gemv(y[i], w, std::span<const float>(X).first(n_in), n_out, n_in);
+    q4_0_gemm(Y[i], w, X, T, n_out, n_in);
+    q4_0_dx(dX[i], w, dY, T, n_out, n_in, 0, n_out, false);
+    q4_0_dx(dx1[i], w, std::span<const float>(dY).first(n_out), 1, n_out, n_in, 0, n_out, false);
+  }
+  set_num_threads(0);
+  EXPECT_EQ(y[0], y[1]);
+  EXPECT_EQ(dx1[0], dx1[1]);
+  const std::vector<double> want_Y = ref::q4_0_gemm(w.data(), X.data(), T, n_out, n_in);
+  const std::vector<double> want_dX = ref::q4_0_dx(w.data(), dY.data(), nullptr, T, n_out, n_in, 0, n_out);
+  for (int i = 0; i < 2; i++) {
+    EXPECT_LE(ref::max_rel_error(Y[i].data(), want_Y), kTol) << thread_counts[i] << " threads";
+    EXPECT_LE(ref::max_rel_error(dX[i].data(), want_dX), kTol) << thread_counts[i] << " threads";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllKernelSets, Q4_0KernelSets,
+                         ::testing::Values(detail::Isa::Portable, detail::Isa::Avx2, detail::Isa::Avx512),
+                         [](const ::testing::TestParamInfo<detail::Isa>& info) {
+                           switch (info.param) {
+                             case detail::Isa::Portable: return std::string("portable");
+                             case detail::Isa::Avx2: return std::string("avx2");
+                             case detail::Isa::Avx512: return std::string("avx512");
+                           }
+                           return std::string("unknown");
+                         });
+
+using GemmFn = void (*)(std::span<float>, std::span<const float>, std::span<const float>, int64_t, int64_t,
+                        int64_t, bool);
+using RefFn = std::vector<double> (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t);
+
+TEST(F32Gemm, AllTranspositionsMatchTheReferenceOnOddShapes) {
+  struct Variant {
+    const char* name;
+    GemmFn fn;
+    RefFn ref;
+  };
+  const Variant variants[] = {{"gemm_nt", gemm_nt, ref::gemm_nt},
+                              {"gemm_nn", gemm_nn, ref::gemm_nn},
+                              {"gemm_tn", gemm_tn, ref::gemm_tn}};
+  const int64_t dims[] = {1, 3, 17, 65};
+  std::vector<std::array<int64_t, 3>> shapes;
+  for (int64_t M : dims)
+    for (int64_t N : dims)
+      for (int64_t K : dims) shapes.push_back({M, N, K});
+  shapes.push_back({130, 70, 300});  // large enough to be split across threads
+  for (const Variant& v : variants)
+    for (auto [M, N, K] : shapes) {
+      const std::vector<float> A = random_floats(M * K, uint32_t(M + 3 * K)),
+                               B = random_floats(K * N, uint32_t(N + 5 * K));
+      const std::vector<float> C_in = random_floats(M * N, uint32_t(M * N));
+      const std::string label = std::string(v.name) + " M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                                " K=" + std::to_string(K);
+      std::vector<float> C(M * N, NAN);
+      v.fn(C, A, B, M, N, K, false);
+      EXPECT_LE(ref::max_rel_error(C.data(), v.ref(A.data(), B.data(), nullptr, M, N, K)), kTol) << label;
+      C = C_in;
+      v.fn(C, A, B, M, N, K, true);
+      EXPECT_LE(ref::max_rel_error(C.data(), v.ref(A.data(), B.data(), C_in.data(), M, N, K)), kTol)
+          << label << " accumulate";
+    }
+}
+
+std::string shape_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ShapeError& e) {
+    return e.what();
+  }
+  return "(no ShapeError thrown)";
+}
+
+#define EXPECT_SHAPE_ERROR(call, text)                                    \
+  do {                                                                    \
+    const std::string msg_ = shape_error([&] { call; });                  \
+    EXPECT_NE(msg_.find(text), std::string::npos) << "message: " << msg_; \
+  } while (0)
+
+TEST(Q4_0Linear, RejectsAnInputWidthThatIsNotAMultipleOf32) {
+  std::vector<uint8_t> w(4 * 27);
+  std::vector<float> x(48), y(4), dx(48), dy(4);
+  EXPECT_SHAPE_ERROR(q4_0_gemv(y, w, x, 4, 48), "multiple of 32");
+  EXPECT_SHAPE_ERROR(q4_0_gemm(y, w, x, 1, 4, 48), "multiple of 32");
+  EXPECT_SHAPE_ERROR(q4_0_dx(dx, w, dy, 1, 4, 48, 0, 4, false), "multiple of 32");
+}
+
+TEST(Q4_0Linear, RejectsAWeightSpanOfTheWrongSizeNamingBothSizes) {
+  std::vector<uint8_t> w(4 * 36 - 1);
+  std::vector<float> x(64), y(4), X(3 * 64), Y(3 * 4), dY(3 * 4);
+  EXPECT_SHAPE_ERROR(q4_0_gemv(y, w, x, 4, 64), "w has 143 bytes, expected 144");
+  EXPECT_SHAPE_ERROR(q4_0_gemm(Y, w, X, 3, 4, 64), "w has 143 bytes, expected 144");
+  EXPECT_SHAPE_ERROR(q4_0_dx(X, w, dY, 3, 4, 64, 0, 4, false), "w has 143 bytes, expected 144");
+}
+
+TEST(Q4_0Linear, RejectsActivationSpansOfTheWrongSize) {
+  std::vector<uint8_t> w(4 * 36);
+  std::vector<float> x(64), y(4), X(3 * 64), Y(3 * 4), dY(3 * 4), small(5);
+  EXPECT_SHAPE_ERROR(q4_0_gemv(small, w, x, 4, 64), "y has 5 floats, expected 4");
+  EXPECT_SHAPE_ERROR(q4_0_gemv(y, w, small, 4, 64), "x has 5 floats, expected 64");
+  EXPECT_SHAPE_ERROR(q4_0_gemm(small, w, X, 3, 4, 64), "Y has 5 floats, expected 12");
+  EXPECT_SHAPE_ERROR(q4_0_gemm(Y, w, small, 3, 4, 64), "X has 5 floats, expected 192");
+  EXPECT_SHAPE_ERROR(q4_0_dx(small, w, dY, 3, 4, 64, 0, 4, false), "dX has 5 floats, expected 192");
+  EXPECT_SHAPE_ERROR(q4_0_dx(X, w, small, 3, 4, 64, 0, 4, false), "dY has 5 floats, expected 12");
+}
+
+TEST(Q4_0Linear, RejectsARowRangeOutsideTheMatrixOrEmpty) {
+  std::vector<uint8_t> w(4 * 36);
+  std::vector<float> dX(64), dY(4);
+  EXPECT_SHAPE_ERROR(q4_0_dx(dX, w, dY, 1, 4, 64, 0, 5, true), "row range [0, 5)");
+  EXPECT_SHAPE_ERROR(q4_0_dx(dX, w, dY, 1, 4, 64, -1, 2, true), "row range [-1, 2)");
+  EXPECT_SHAPE_ERROR(q4_0_dx(dX, w, dY, 1, 4, 64, 2, 2, true), "is empty or outside [0, 4)");
+}
+
+TEST(F32Gemm, RejectsEmptyDimsAndMismatchedSpans) {
+  std::vector<float> A(6), B(12), C(8);
+  EXPECT_SHAPE_ERROR(gemm_nn(C, A, B, 2, 4, 0, false), "must all be positive");
+  EXPECT_SHAPE_ERROR(gemm_nt(C, A, B, 2, 4, 4, false), "A has 6 floats, expected 8");
+  EXPECT_SHAPE_ERROR(gemm_tn(C, A, B, 2, 5, 3, false), "C has 8 floats, expected 10");
+}
+
+TEST(ParallelFor, CoversTheRangeOnceInChunksThatAreMultiplesOfTheGrain) {
+  for (int threads : {1, 2, 3, 5}) {
+    set_num_threads(threads);
+    for (int64_t n : {1, 7, 64, 1001}) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      parallel_for(n, 4, [&](int64_t b, int64_t e) {
+        EXPECT_TRUE(b % 4 == 0 && (e % 4 == 0 || e == n)) << "[" << b << ", " << e << ")";
+        for (int64_t i = b; i < e; i++) hits[size_t(i)]++;
+      });
+      for (int64_t i = 0; i < n; i++) EXPECT_EQ(hits[size_t(i)].load(), 1) << "index " << i << " of " << n;
+    }
+  }
+  set_num_threads(0);
+}
+
+TEST(ParallelFor, NestedCallsRunInlineAndExceptionsReachTheCaller) {
+  set_num_threads(2);
+  std::atomic<int64_t> total{0};
+  parallel_for(8, 1, [&](int64_t b, int64_t e) {
+    EXPECT_EQ(num_threads(), 2);  // callable from a chunk (the pool's lock is held meanwhile)
+    parallel_for(100, 1, [&](int64_t ib, int64_t ie) {
+      EXPECT_EQ(ib, 0);  // one inline chunk covering everything
+      EXPECT_EQ(ie, 100);
+      total += (e - b) * (ie - ib);
+    });
+  });
+  EXPECT_EQ(total.load(), 800);
+  EXPECT_THROW(parallel_for(8, 1,
+                            [](int64_t b, int64_t) {
+                              if (b > 0) throw std::runtime_error("chunk failed");
+                            }),
+               std::runtime_error);
+  set_num_threads(0);
+}
+
+}  // namespace
+}  // namespace q4t::cpu

@@ -1,0 +1,260 @@
+// Block codecs: software f16 against the F16C instructions, Q4_0 against hand-computed GGML blocks.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/quant/f16.h"
+#include "kernels/quant/q4_0.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace q4t::quant {
+namespace {
+
+uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
+float float_of(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+// The hardware conversions GGML uses on x86 (GGML_FP16_TO_FP32 / GGML_FP32_TO_FP16 with F16C).
+__attribute__((target("f16c"))) float hw_f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+__attribute__((target("f16c"))) uint16_t hw_f32_to_f16(float f) { return _cvtss_sh(f, 0); }
+
+bool cpu_has_f16c() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("f16c");
+}
+#else
+float hw_f16_to_f32(uint16_t) { return 0.0f; }
+uint16_t hw_f32_to_f16(float) { return 0; }
+bool cpu_has_f16c() { return false; }
+#endif
+
+TEST(F16, KnownValuesConvertBothWays) {
+  const std::array<std::pair<uint16_t, float>, 9> known = {{{0x0000, 0.0f},
+                                                            {0x8000, -0.0f},
+                                                            {0x3C00, 1.0f},
+                                                            {0xC000, -2.0f},
+                                                            {0x7BFF, 65504.0f},
+                                                            {0x0400, 0x1p-14f},
+                                                            {0x0001, 0x1p-24f},
+                                                            {0x03FF, 1023 * 0x1p-24f},
+                                                            {0x7C00, INFINITY}}};
+  for (auto [h, f] : known) {
+    EXPECT_EQ(bits_of(f16_to_f32(h)), bits_of(f)) << "half 0x" << std::hex << h;
+    EXPECT_EQ(f32_to_f16(f), h) << "float " << f;
+  }
+}
+
+TEST(F16, RoundsToNearestEvenAtTheEdges) {
+  EXPECT_EQ(f32_to_f16(1.0f + 0x1p-11f), 0x3C00);      // halfway, even neighbour below
+  EXPECT_EQ(f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3C02);  // halfway, even neighbour above
+  EXPECT_EQ(f32_to_f16(65519.0f), 0x7BFF);             // below the overflow midpoint
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7C00);             // the midpoint rounds to even: inf
+  EXPECT_EQ(f32_to_f16(0x1p-25f), 0x0000);             // half the smallest subnormal: to even (0)
+  EXPECT_EQ(f32_to_f16(std::nextafter(0x1p-25f, 1.0f)), 0x0001);
+  EXPECT_EQ(f32_to_f16(3 * 0x1p-25f), 0x0002);  // 1.5 subnormal units: to even (2)
+  EXPECT_EQ(f32_to_f16(-1e-10f), 0x8000);       // underflow keeps the sign
+}
+
+TEST(F16, EveryHalfConvertsToFloatExactlyAsF16CDoes) {
+  if (!cpu_has_f16c()) GTEST_SKIP() << "CPU has no F16C";
+  int mismatches = 0;
+  for (uint32_t h = 0; h < 65536; h++) {
+    const uint32_t got = bits_of(f16_to_f32(uint16_t(h))), want = bits_of(hw_f16_to_f32(uint16_t(h)));
+    if (got != want && ++mismatches <= 10)
+      ADD_FAILURE() << std::hex << "half 0x" << h << ": 0x" << got << " != 0x" << want;
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+// Every half value and the floats either side of every rounding midpoint, all sign/zero/inf/NaN edge
+// cases, and two million random bit patterns.
+std::vector<uint32_t> float_edge_and_random_bits() {
+  std::vector<uint32_t> v;
+  for (uint32_t h = 0; h < 0x7C00; h++) {
+    const uint32_t f = bits_of(f16_to_f32(uint16_t(h)));
+    const uint32_t mid = bits_of((f16_to_f32(uint16_t(h)) + f16_to_f32(uint16_t(h + 1))) / 2);
+    for (uint32_t b : {f, f + 1, f - 1, mid, mid - 1, mid + 1}) {
+      v.push_back(b);
+      v.push_back(b | 0x80000000u);
+    }
+  }
+  for (uint32_t b : {0x00000000u, 0x00000001u, 0x007FFFFFu, 0x00800000u, 0x7F7FFFFFu, 0x7F800000u, 0x7F800001u,
+                     0x7FC00000u, 0x7FBFFFFFu, 0x7FFFFFFFu, 0x7FA00000u, 0x7F802000u}) {
+    v.push_back(b);
+    v.push_back(b | 0x80000000u);
+  }
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2000000; i++) v.push_back(uint32_t(rng()));
+  return v;
+}
+
+TEST(F16, FloatsRoundToHalfExactlyAsF16CDoes) {
+  if (!cpu_has_f16c()) GTEST_SKIP() << "CPU has no F16C";
+  int mismatches = 0;
+  for (uint32_t b : float_edge_and_random_bits()) {
+    const uint16_t got = f32_to_f16(float_of(b)), want = hw_f32_to_f16(float_of(b));
+    if (got != want && ++mismatches <= 10)
+      ADD_FAILURE() << std::hex << "float bits 0x" << b << ": 0x" << got << " != 0x" << want;
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+std::array<uint8_t, 18> quantize_block(const std::array<float, 32>& x) {
+  BlockQ4_0 block;
+  quantize_row_q4_0(&block, x.data(), 32);
+  std::array<uint8_t, 18> bytes;
+  std::memcpy(bytes.data(), &block, sizeof block);
+  return bytes;
+}
+
+using Bytes = std::array<uint8_t, 18>;
+
+// x = 0..31: max = 31, d = -3.875 (f16 0xC3C0), q = trunc(8.5 - 8j/31): j = 0,1 -> 8; 2..5 -> 7; 6..9 -> 6;
+// 10..13 -> 5; 14..17 -> 4; 18..21 -> 3; 22..25 -> 2; 26..29 -> 1; 30, 31 -> 0. qs[j] = q[j] | q[j+16] << 4.
+TEST(Q4_0, RampBlockQuantizesToHandComputedBytes) {
+  std::array<float, 32> x;
+  for (int j = 0; j < 32; j++) x[j] = float(j);
+  const Bytes want = {0xC0, 0xC3, 0x48, 0x48, 0x37, 0x37, 0x37, 0x37, 0x26,
+                      0x26, 0x26, 0x26, 0x15, 0x15, 0x15, 0x15, 0x04, 0x04};
+  EXPECT_EQ(quantize_block(x), want);
+}
+
+// x = j - 24: the largest magnitude is -24, so d = +3 (f16 0x4200) and -24 maps to q = 0; q = trunc(j/3 + 0.5),
+// so the positive end (+7) only reaches q = 10, i.e. +6.
+TEST(Q4_0, BlockWithNegativeMaxQuantizesToHandComputedBytes) {
+  std::array<float, 32> x;
+  for (int j = 0; j < 32; j++) x[j] = float(j - 24);
+  const Bytes want = {0x00, 0x42, 0x50, 0x60, 0x61, 0x61, 0x71, 0x72, 0x72,
+                      0x82, 0x83, 0x83, 0x93, 0x94, 0x94, 0xA4, 0xA5, 0xA5};
+  EXPECT_EQ(quantize_block(x), want);
+}
+
+// max = 0 gives d = 0 / -8 = -0.0 (f16 0x8000, as GGML writes it), id = 0, and every q = trunc(8.5) = 8.
+TEST(Q4_0, AllZeroBlockHasNegativeZeroScaleAndMidpointNibbles) {
+  std::array<float, 32> x{};
+  Bytes want;
+  want.fill(0x88);
+  want[0] = 0x00;
+  want[1] = 0x80;
+  EXPECT_EQ(quantize_block(x), want);
+}
+
+// +5 (j = 3) and -5 (j = 10) tie on magnitude; the first wins, so d = 5 / -8 = -0.625 (f16 0xB900) and
+// id = -1.6: 1.0 -> trunc(6.9) = 6, +5 -> 0, -5 -> 16 clamped to 15, -2.5 -> 12, 0 -> 8.
+TEST(Q4_0, TieOnMagnitudeKeepsTheFirstValue) {
+  std::array<float, 32> x;
+  x.fill(1.0f);
+  x[3] = 5.0f;
+  x[10] = -5.0f;
+  x[20] = -2.5f;
+  x[31] = 0.0f;
+  const Bytes want = {0x00, 0xB9, 0x66, 0x66, 0x66, 0x60, 0xC6, 0x66, 0x66,
+                      0x66, 0x66, 0x66, 0x6F, 0x66, 0x66, 0x66, 0x66, 0x86};
+  EXPECT_EQ(quantize_block(x), want);
+}
+
+// With d = max / -8 in f32 and d16 its stored f16: q is x/d rounded to nearest (|x/d - (q-8)| <= 1/2) unless
+// x/d > 7.5 on the side opposite the max, where q clamps at 15 (|x/d - 7| <= 1). Dequantising with d16 adds
+// |q - 8|·|d - d16| <= 8|d - d16|. The 1e-6·|d| covers the f32 rounding of x·(1/d).
+TEST(Q4_0, RoundTripErrorStaysWithinHalfAStepPlusScaleRounding) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t n = 32 * 4096;
+  std::vector<float> x(n);
+  for (auto& v : x) v = normal(rng);
+  for (int64_t i = 0; i < n; i += 97) x[i] *= 50.0f;  // outliers, so some blocks have one dominant value
+  std::vector<BlockQ4_0> blocks(n / 32);
+  quantize_row_q4_0(blocks.data(), x.data(), n);
+  std::vector<float> y(n);
+  dequantize_row_q4_0(y.data(), blocks.data(), n);
+  int clamped = 0;
+  for (int64_t b = 0; b < n / 32; b++) {
+    float max = 0.0f;
+    for (int j = 0; j < 32; j++)
+      if (std::fabs(x[b * 32 + j]) > std::fabs(max)) max = x[b * 32 + j];
+    const float d = max / -8.0f, d16 = f16_to_f32(blocks[b].d);
+    for (int j = 0; j < 32; j++) {
+      const double xi = x[b * 32 + j];
+      const bool clamps = xi / d > 7.5;
+      clamped += clamps;
+      const double bound =
+          (clamps ? 1.0 : 0.5) * std::fabs(d) + 8 * std::fabs(double(d) - d16) + 1e-6 * std::fabs(d);
+      ASSERT_LE(std::fabs(xi - y[b * 32 + j]), bound) << "block " << b << " element " << j;
+    }
+  }
+  EXPECT_GT(clamped, 0) << "the fixture should exercise the clamp at q = 15";
+}
+
+TEST(Q4_0, DequantisesExactlyInFloatAndDouble) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> x(32 * 64);
+  for (auto& v : x) v = normal(rng);
+  std::vector<BlockQ4_0> blocks(64);
+  quantize_row_q4_0(blocks.data(), x.data(), int64_t(x.size()));
+  std::vector<float> yf(x.size());
+  std::vector<double> yd(x.size());
+  dequantize_row_q4_0(yf.data(), blocks.data(), int64_t(x.size()));
+  dequantize_row_q4_0(yd.data(), blocks.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); i++) {
+    const int q = i % 32 < 16 ? blocks[i / 32].qs[i % 32] & 0xF : blocks[i / 32].qs[i % 32 - 16] >> 4;
+    EXPECT_EQ(yd[i], double(q - 8) * double(f16_to_f32(blocks[i / 32].d))) << i;
+    EXPECT_EQ(double(yf[i]), yd[i]) << i;
+  }
+}
+
+TEST(Q4_0, MatrixQuantizerWritesRowsOfBlocksBackToBack) {
+  const int64_t n_out = 3, n_in = 64;
+  std::vector<float> w(n_out * n_in);
+  for (size_t i = 0; i < w.size(); i++) w[i] = std::sin(float(i));
+  std::vector<uint8_t> out(n_out * q4_0_row_bytes(n_in));
+  quantize_q4_0(out, w, n_out, n_in);
+  for (int64_t r = 0; r < n_out; r++) {
+    BlockQ4_0 row[2];
+    quantize_row_q4_0(row, w.data() + r * n_in, n_in);
+    EXPECT_EQ(std::memcmp(out.data() + r * 36, row, 36), 0) << "row " << r;
+  }
+}
+
+std::string shape_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ShapeError& e) {
+    return e.what();
+  }
+  return "(no ShapeError thrown)";
+}
+
+TEST(Q4_0, QuantizerRejectsBadSizesWithActionableMessages) {
+  std::vector<float> w(2 * 64);
+  std::vector<uint8_t> out(2 * 36);
+  std::string msg = shape_error([&] { quantize_q4_0(out, w, 2, 48); });
+  EXPECT_NE(msg.find("multiple of 32"), std::string::npos) << msg;
+  msg = shape_error([&] { quantize_q4_0(out, std::span<const float>(w).first(100), 2, 64); });
+  EXPECT_NE(msg.find("w has 100 floats, expected 128"), std::string::npos) << msg;
+  msg = shape_error([&] { quantize_q4_0(std::span<uint8_t>(out).first(70), w, 2, 64); });
+  EXPECT_NE(msg.find("out has 70 bytes, expected 72"), std::string::npos) << msg;
+  BlockQ4_0 block;
+  msg = shape_error([&] { quantize_row_q4_0(&block, w.data(), 40); });
+  EXPECT_NE(msg.find("multiple of 32"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace q4t::quant

@@ -1,0 +1,241 @@
+// The Vulkan kernels against the double-precision reference on awkward shapes, on whatever Vulkan device the
+// machine has (lavapipe in CI), with the validation layer on when it is installed.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "kernels/cpu/reference.h"
+#include "kernels/host_kernels.h"
+#include "kernels/quant/q4_0.h"
+#include "kernels/shapes.h"
+#include "kernels/vulkan/linear_kernels.h"
+
+namespace q4t {
+namespace {
+
+// f32 accumulation over at most 4128 terms of |x·w| <= 1: comfortably inside 1e-4 relative.
+constexpr double kBound = 1e-4;
+
+std::vector<float> random_floats(std::mt19937& rng, int64_t n) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+std::vector<uint8_t> random_q4_0(std::mt19937& rng, int64_t n_out, int64_t n_in) {
+  std::vector<uint8_t> w(size_t(n_out * q4_0_row_bytes(n_in)));
+  quant::quantize_q4_0(w, random_floats(rng, n_out * n_in), n_out, n_in);
+  return w;
+}
+
+class VulkanKernels : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    device_ = vk::Device::open({-1, /*validation=*/true}).release();
+    kernels_ = make_vulkan_host_kernels(*device_).release();
+  }
+  static void TearDownTestSuite() {
+    delete kernels_;
+    delete device_;
+  }
+  void TearDown() override {
+    const auto msgs = device_->validation_messages();
+    EXPECT_TRUE(msgs.empty()) << "validation: " << (msgs.empty() ? "" : msgs.front());
+  }
+  static vk::Device* device_;
+  static HostKernels* kernels_;
+  std::mt19937 rng_{42};
+};
+vk::Device* VulkanKernels::device_ = nullptr;
+HostKernels* VulkanKernels::kernels_ = nullptr;
+
+const int64_t kNIn[] = {32, 64, 4096 + 32};
+const int64_t kNOut[] = {1, 7, 63, 65, 1000};
+const int64_t kT[] = {1, 3, 17};
+
+TEST_F(VulkanKernels, Q4_0ForwardMatchesReferenceOnAwkwardShapes) {
+  for (int64_t n_in : kNIn)
+    for (int64_t n_out : kNOut)
+      for (int64_t T : kT) {
+        const auto w = random_q4_0(rng_, n_out, n_in);
+        const auto x = random_floats(rng_, T * n_in);
+        std::vector<float> y(size_t(T * n_out), NAN);
+        kernels_->q4_0_gemm(y, w, x, T, n_out, n_in);
+        const double err = ref::max_rel_error(y.data(), ref::q4_0_gemm(w.data(), x.data(), T, n_out, n_in));
+        EXPECT_LE(err, kBound) << "n_out=" << n_out << " n_in=" << n_in << " T=" << T;
+      }
+}
+
+TEST_F(VulkanKernels, Q4_0DxMatchesReferenceWithAndWithoutAccumulate) {
+  for (int64_t n_in : kNIn)
+    for (int64_t n_out : kNOut)
+      for (int64_t T : kT) {
+        const auto w = random_q4_0(rng_, n_out, n_in);
+        const auto dy = random_floats(rng_, T * n_out);
+        for (bool acc : {false, true}) {
+          auto dx = random_floats(rng_, T * n_in);
+          const auto dx0 = dx;
+          kernels_->q4_0_dx(dx, w, dy, T, n_out, n_in, 0, n_out, acc);
+          const auto want = ref::q4_0_dx(w.data(), dy.data(), acc ? dx0.data() : nullptr, T, n_out, n_in, 0, n_out);
+          EXPECT_LE(ref::max_rel_error(dx.data(), want), kBound)
+              << "n_out=" << n_out << " n_in=" << n_in << " T=" << T << " accumulate=" << acc;
+        }
+      }
+}
+
+TEST_F(VulkanKernels, Q4_0DxTilesThatDoNotDivideSumToTheUntiledResult) {
+  struct Case { int64_t n_out, n_in, T, tile; };
+  for (const Case c : {Case{1000, 4128, 1, 300}, Case{1000, 64, 3, 300}, Case{7, 32, 17, 5}, Case{65, 64, 1, 64},
+                       Case{63, 4128, 3, 10}, Case{1000, 4128, 300, 300}}) {
+    const auto w = random_q4_0(rng_, c.n_out, c.n_in);
+    const auto dy = random_floats(rng_, c.T * c.n_out);
+    std::vector<float> dx(size_t(c.T * c.n_in), NAN);
+    for (int64_t j = 0; j < c.n_out; j += c.tile)
+      kernels_->q4_0_dx(dx, w, dy, c.T, c.n_out, c.n_in, j, std::min(c.n_out, j + c.tile), j > 0);
+    const auto want = ref::q4_0_dx(w.data(), dy.data(), nullptr, c.T, c.n_out, c.n_in, 0, c.n_out);
+    EXPECT_LE(ref::max_rel_error(dx.data(), want), kBound) << "n_out=" << c.n_out << " tile=" << c.tile;
+    // One tile alone only touches its own rows of W.
+    std::vector<float> part(size_t(c.T * c.n_in));
+    kernels_->q4_0_dx(part, w, dy, c.T, c.n_out, c.n_in, c.tile, std::min(c.n_out, 2 * c.tile), false);
+    if (c.tile < c.n_out) {
+      const auto want_part =
+          ref::q4_0_dx(w.data(), dy.data(), nullptr, c.T, c.n_out, c.n_in, c.tile, std::min(c.n_out, 2 * c.tile));
+      EXPECT_LE(ref::max_rel_error(part.data(), want_part), kBound);
+    }
+  }
+}
+
+using HostGemm = void (HostKernels::*)(std::span<float>, std::span<const float>, std::span<const float>, int64_t,
+                                       int64_t, int64_t, bool);
+using RefGemm = std::vector<double> (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t);
+
+void check_f32_gemm(HostKernels& k, std::mt19937& rng, HostGemm fn, RefGemm ref_fn) {
+  const int64_t dims[] = {1, 3, 17, 65, 300};
+  for (int64_t M : dims)
+    for (int64_t N : dims)
+      for (int64_t K : {int64_t(1), int64_t(33), int64_t(4128)}) {
+        if (K == 4128 && M * N > 17 * 300) continue;  // keep the run short; big K is covered by the small tiles
+        const auto a = random_floats(rng, M * K), b = random_floats(rng, K * N);
+        for (bool acc : {false, true}) {
+          auto c = random_floats(rng, M * N);
+          const auto c0 = c;
+          (k.*fn)(c, a, b, M, N, K, acc);
+          EXPECT_LE(ref::max_rel_error(c.data(), ref_fn(a.data(), b.data(), acc ? c0.data() : nullptr, M, N, K)),
+                    kBound)
+              << "M=" << M << " N=" << N << " K=" << K << " accumulate=" << acc;
+        }
+      }
+}
+
+TEST_F(VulkanKernels, F32GemmNTMatchesReference) { check_f32_gemm(*kernels_, rng_, &HostKernels::gemm_nt, &ref::gemm_nt); }
+TEST_F(VulkanKernels, F32GemmNNMatchesReference) { check_f32_gemm(*kernels_, rng_, &HostKernels::gemm_nn, &ref::gemm_nn); }
+TEST_F(VulkanKernels, F32GemmTNMatchesReference) { check_f32_gemm(*kernels_, rng_, &HostKernels::gemm_tn, &ref::gemm_tn); }
+
+TEST_F(VulkanKernels, ASequenceRecordedOnceGivesTheSameResultEverySubmit) {
+  const int64_t n_out = 65, n_in = 4128;
+  const auto w_host = random_q4_0(rng_, n_out, n_in);
+  const auto x_host = random_floats(rng_, n_in);
+  vk::Buffer w(*device_, w_host.size()), x(*device_, x_host.size() * 4), y(*device_, n_out * 4);
+  vk::Buffer dx(*device_, n_in * 4);
+  vk::Buffer scratch(*device_, vk::LinearKernels::q4_0_dx_scratch_bytes(1, n_out, n_in));
+  w.upload(w_host);
+  x.upload(x_host);
+  dx.fill_zero();
+  vk::LinearKernels k(*device_);
+  vk::Sequence s(*device_);
+  s.begin();
+  k.q4_0_gemv(s, y, w, x, n_out, n_in);
+  // dx += Wᵀ·y, accumulating: after n submits dx = n·Wᵀ·W·x.
+  k.q4_0_dx(s, dx, w, y, &scratch, 1, n_out, n_in, 0, n_out, true);
+  s.end();
+  const auto y_ref = ref::q4_0_gemm(w_host.data(), x_host.data(), 1, n_out, n_in);
+  std::vector<float> y_ref_f(y_ref.begin(), y_ref.end());
+  const auto dx_one = ref::q4_0_dx(w_host.data(), y_ref_f.data(), nullptr, 1, n_out, n_in, 0, n_out);
+  for (int n = 1; n <= 3; ++n) {
+    s.run();
+    const auto got = dx.download_as<float>(n_in);
+    std::vector<double> want(dx_one.size());
+    for (size_t i = 0; i < want.size(); ++i) want[i] = n * dx_one[i];
+    EXPECT_LE(ref::max_rel_error(got.data(), want), kBound) << "after submit " << n;
+  }
+}
+
+TEST_F(VulkanKernels, RejectsNInThatIsNotAMultipleOf32) {
+  std::vector<uint8_t> w(100);
+  std::vector<float> x(48), y(2);
+  try {
+    kernels_->q4_0_gemm(y, w, x, 1, 2, 48);
+    FAIL() << "no error";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("n_in = 48 is not a multiple of 32"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(VulkanKernels, RejectsBuffersOfTheWrongSize) {
+  std::vector<uint8_t> w(2 * 18 - 1);
+  std::vector<float> x(32), y(2);
+  try {
+    kernels_->q4_0_gemm(y, w, x, 1, 2, 32);
+    FAIL() << "no error";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("W has 35 bytes, expected 36"), std::string::npos) << e.what();
+  }
+  vk::LinearKernels k(*device_);
+  vk::Buffer small(*device_, 16), wbuf(*device_, 36);
+  vk::Sequence s(*device_);
+  s.begin();
+  EXPECT_THROW(k.q4_0_gemv(s, small, wbuf, small, 2, 32), ShapeError);  // x needs 128 bytes
+  EXPECT_THROW(k.q4_0_dx(s, small, wbuf, small, nullptr, 1, 2, 32, 0, 2, false), ShapeError);
+  s.end();
+}
+
+TEST_F(VulkanKernels, RejectsARowRangeOutsideTheMatrix) {
+  const auto w = random_q4_0(rng_, 7, 32);
+  std::vector<float> dy(7), dx(32);
+  EXPECT_THROW(kernels_->q4_0_dx(dx, w, dy, 1, 7, 32, 5, 8, false), ShapeError);
+  EXPECT_THROW(kernels_->q4_0_dx(dx, w, dy, 1, 7, 32, 3, 3, false), ShapeError);
+}
+
+TEST(VulkanDevice, DeviceStringsParseOrFailClearly) {
+  EXPECT_EQ(vk::DeviceSpec::parse("cpu").kind, vk::DeviceSpec::Kind::Cpu);
+  EXPECT_EQ(vk::DeviceSpec::parse("vulkan:2").index, 2);
+  EXPECT_EQ(vk::DeviceSpec::parse("auto").kind, vk::DeviceSpec::Kind::Auto);
+  for (const char* bad : {"gpu", "vulkan:", "vulkan:x", "vulkan:-1", ""}) {
+    try {
+      vk::DeviceSpec::parse(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const vk::DeviceError& e) {
+      EXPECT_NE(std::string(e.what()).find("not one of auto, cpu, vulkan, vulkan:N"), std::string::npos);
+    }
+  }
+}
+
+TEST(VulkanDevice, NamingADeviceThatIsNotThereFailsWithTheCount) {
+  try {
+    vk::Device::open({999, false});
+    FAIL() << "no error";
+  } catch (const vk::DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("vulkan:999: only"), std::string::npos) << e.what();
+  }
+}
+
+TEST(VulkanDevice, BuffersCountTowardsTheDeviceMemoryAccounting) {
+  auto dev = vk::Device::open({-1, false});
+  const int64_t before = dev->bytes_allocated();
+  {
+    vk::Buffer b(*dev, 1001);
+    EXPECT_EQ(dev->bytes_allocated(), before + 1004);  // rounded up to whole words
+    std::vector<uint8_t> in(1001), out(1001);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = uint8_t(i * 7);
+    b.upload(in.data(), in.size());
+    b.download(out.data(), out.size());
+    EXPECT_EQ(in, out);
+    EXPECT_THROW(b.upload(in.data(), 1001, 4), std::out_of_range);
+  }
+  EXPECT_EQ(dev->bytes_allocated(), before);
+  EXPECT_GE(dev->peak_bytes_allocated(), before + 1004);
+}
+
+}  // namespace
+}  // namespace q4t

@@ -1,0 +1,284 @@
+// q4tune bench: a copy kernel (the memory roofline) and each Q4_0 kernel on model-sized shapes, in one run.
+// GEMV/dx report GB/s of the bytes they must move (weights + activations) and the fraction of the copy's
+// GB/s; GEMMs report TFLOPS. On a GPU, weights rotate through enough copies to exceed the last-level cache,
+// so the numbers are from DRAM, not cache.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/threads.h"
+#include "kernels/quant/q4_0.h"
+#include "kernels/shapes.h"
+#include "kernels/vulkan/linear_kernels.h"
+#include "train/commands.h"
+#include "train/device_choice.h"
+
+namespace q4t {
+
+namespace {
+
+struct Case {
+  std::string kernel;
+  int64_t n_out, n_in, T;
+};
+
+struct Result {
+  Case c;
+  double us = 0, gbps = 0, tflops = 0, roofline_frac = 0;
+  bool has_gbps = false, has_tflops = false;
+};
+
+const char* kDefaultShapes[] = {"4096x4096", "4096x14336", "14336x4096", "16384x16384"};
+const char* kAllKernels[] = {"copy", "q4_0_gemv", "q4_0_gemm", "q4_0_dx"};
+constexpr size_t kCopyBytes = size_t(512) << 20;
+constexpr size_t kRotateBytes = size_t(320) << 20;  // > 2x the largest GPU last-level cache we know of
+
+std::pair<int64_t, int64_t> parse_shape(const std::string& s) {
+  const auto x = s.find('x');
+  try {
+    if (x != std::string::npos) {
+      size_t p1 = 0, p2 = 0;
+      const int64_t a = std::stoll(s.substr(0, x), &p1), b = std::stoll(s.substr(x + 1), &p2);
+      if (p1 == x && p2 == s.size() - x - 1 && a > 0 && b > 0) return {a, b};
+    }
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument("--shapes: '" + s + "' is not N_OUTxN_IN (e.g. 4096x14336)");
+}
+
+std::vector<Case> make_cases(const BenchOptions& opt) {
+  std::vector<std::string> kernels = opt.kernels;
+  if (kernels.empty()) kernels.assign(std::begin(kAllKernels), std::end(kAllKernels));
+  for (const auto& k : kernels)
+    if (std::find(std::begin(kAllKernels), std::end(kAllKernels), k) == std::end(kAllKernels))
+      throw std::invalid_argument("--kernels: unknown kernel '" + k + "' (known: copy, q4_0_gemv, q4_0_gemm, q4_0_dx)");
+  std::vector<std::string> shapes = opt.shapes;
+  if (shapes.empty()) shapes.assign(std::begin(kDefaultShapes), std::end(kDefaultShapes));
+  std::vector<Case> cases;
+  if (std::find(kernels.begin(), kernels.end(), "copy") != kernels.end()) cases.push_back({"copy", 0, 0, 0});
+  for (const auto& s : shapes) {
+    const auto [n_out, n_in] = parse_shape(s);
+    check_q4_0_linear("bench", n_out, n_in, 1);
+    for (const auto& k : kernels) {
+      if (k == "q4_0_gemv") cases.push_back({k, n_out, n_in, 1});
+      if (k == "q4_0_gemm") cases.push_back({k, n_out, n_in, 512});
+      if (k == "q4_0_dx") {
+        cases.push_back({k, n_out, n_in, 1});
+        cases.push_back({k, n_out, n_in, 512});
+      }
+    }
+  }
+  return cases;
+}
+
+// Bytes a kernel must move at least: the weights once, activations in and out.
+double min_bytes(const Case& c) {
+  return double(c.n_out * q4_0_row_bytes(c.n_in)) + 4.0 * double(c.T) * double(c.n_in + c.n_out);
+}
+
+void finish(Result& r, double seconds, double copy_gbps) {
+  r.us = seconds * 1e6;
+  if (r.c.kernel == "copy") {
+    r.gbps = 2.0 * double(kCopyBytes) / seconds / 1e9;
+    r.has_gbps = true;
+    r.roofline_frac = 1.0;
+    return;
+  }
+  r.gbps = min_bytes(r.c) / seconds / 1e9;
+  r.has_gbps = true;
+  r.roofline_frac = copy_gbps > 0 ? r.gbps / copy_gbps : 0;
+  if (r.c.T > 1) {
+    r.tflops = 2.0 * double(r.c.T) * double(r.c.n_out) * double(r.c.n_in) / seconds / 1e12;
+    r.has_tflops = true;
+  }
+}
+
+std::vector<uint8_t> random_weights(int64_t n_out, int64_t n_in) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> f(static_cast<size_t>(n_out * n_in));
+  for (float& v : f) v = u(rng);
+  std::vector<uint8_t> w(size_t(n_out * q4_0_row_bytes(n_in)));
+  quant::quantize_q4_0(w, f, n_out, n_in);
+  return w;
+}
+
+std::vector<float> random_acts(int64_t n) {
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// --- Vulkan: timestamps around `reps` dispatches recorded back to back ---------------------------------------
+
+double time_vulkan(vk::Device& dev, double budget_s, const std::function<void(vk::Sequence&, int)>& record_one) {
+  auto measure = [&](int reps) {
+    vk::Sequence s(dev, 2);
+    s.begin();
+    const uint32_t t0 = s.timestamp();
+    for (int i = 0; i < reps; ++i) record_one(s, i);
+    const uint32_t t1 = s.timestamp();
+    s.end();
+    s.run();  // warm-up (pipelines, clocks)
+    double best = 1e30;
+    for (int k = 0; k < 3; ++k) {
+      s.run();
+      best = std::min(best, s.elapsed_ns(t0, t1) * 1e-9 / reps);
+    }
+    return best;
+  };
+  const double one = measure(2);
+  const int reps = int(std::clamp(budget_s / 3 / std::max(one, 1e-7), 3.0, 200.0));
+  return measure(reps);
+}
+
+Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, double budget_s, double copy_gbps) {
+  Result r{c};
+  if (c.kernel == "copy") {
+    vk::Buffer a(dev, kCopyBytes), b(dev, kCopyBytes);
+    a.fill_zero();
+    finish(r, time_vulkan(dev, budget_s, [&](vk::Sequence& s, int) { k.copy(s, b, a, kCopyBytes); }), 0);
+    return r;
+  }
+  const auto w_host = random_weights(c.n_out, c.n_in);
+  const size_t n_copies = std::clamp<size_t>(kRotateBytes / w_host.size() + 1, 1, 32);
+  std::vector<vk::Buffer> ws;
+  for (size_t i = 0; i < n_copies; ++i) {
+    ws.emplace_back(dev, w_host.size());
+    ws.back().upload(w_host);
+  }
+  const int64_t in_elems = c.T * (c.kernel == "q4_0_dx" ? c.n_out : c.n_in);
+  const int64_t out_elems = c.T * (c.kernel == "q4_0_dx" ? c.n_in : c.n_out);
+  vk::Buffer in(dev, size_t(in_elems) * 4), out(dev, size_t(out_elems) * 4);
+  in.upload(random_acts(in_elems));
+  out.fill_zero();
+  vk::Buffer scratch(dev, std::max<size_t>(4, vk::LinearKernels::q4_0_dx_scratch_bytes(c.T, c.n_out, c.n_in)));
+  const double s = time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int i) {
+    const vk::Buffer& w = ws[size_t(i) % ws.size()];
+    if (c.kernel == "q4_0_dx")
+      k.q4_0_dx(seq, out, w, in, &scratch, c.T, c.n_out, c.n_in, 0, c.n_out, false);
+    else
+      k.q4_0_gemm(seq, out, w, in, c.T, c.n_out, c.n_in);
+  });
+  finish(r, s, copy_gbps);
+  return r;
+}
+
+// --- CPU: wall clock over repeated calls ---------------------------------------------------------------------
+
+double time_cpu(double budget_s, const std::function<void()>& fn) {
+  using clock = std::chrono::steady_clock;
+  fn();  // warm-up: page-in, thread start
+  double best = 1e30, spent = 0;
+  int runs = 0;
+  while (runs < 3 || (spent < budget_s && runs < 1000)) {
+    const auto t0 = clock::now();
+    fn();
+    const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+    best = std::min(best, dt);
+    spent += dt;
+    ++runs;
+  }
+  return best;
+}
+
+Result bench_cpu_case(const Case& c, double budget_s, double copy_gbps) {
+  Result r{c};
+  if (c.kernel == "copy") {
+    std::vector<char> a(kCopyBytes, 1), b(kCopyBytes, 0);
+    const double s = time_cpu(budget_s, [&] {
+      cpu::parallel_for(int64_t(kCopyBytes), 1 << 20, [&](int64_t lo, int64_t hi) {
+        std::memcpy(b.data() + lo, a.data() + lo, size_t(hi - lo));
+      });
+    });
+    finish(r, s, 0);
+    return r;
+  }
+  const auto w = random_weights(c.n_out, c.n_in);
+  const bool dx = c.kernel == "q4_0_dx";
+  const auto in = random_acts(c.T * (dx ? c.n_out : c.n_in));
+  std::vector<float> out(size_t(c.T * (dx ? c.n_in : c.n_out)));
+  const double s = time_cpu(budget_s, [&] {
+    if (dx)
+      cpu::q4_0_dx(out, w, in, c.T, c.n_out, c.n_in, 0, c.n_out, false);
+    else
+      cpu::q4_0_gemm(out, w, in, c.T, c.n_out, c.n_in);
+  });
+  finish(r, s, copy_gbps);
+  return r;
+}
+
+std::string format_row(const Result& r) {
+  char buf[256];
+  const std::string shape = r.c.kernel == "copy" ? std::to_string(kCopyBytes >> 20) + " MiB"
+                                                 : std::to_string(r.c.n_out) + "x" + std::to_string(r.c.n_in);
+  std::snprintf(buf, sizeof buf, "%-10s %-12s T=%-4lld %11.1f us %9.1f GB/s %8s TFLOPS  %5.1f%% of copy",
+                r.c.kernel.c_str(), shape.c_str(), (long long)r.c.T, r.us, r.gbps,
+                r.has_tflops ? std::to_string(r.tflops).substr(0, 6).c_str() : "-", 100.0 * r.roofline_frac);
+  return buf;
+}
+
+nlohmann::json to_json(const Result& r, const std::string& device) {
+  nlohmann::json j;
+  j["kernel"] = r.c.kernel;
+  j["n_out"] = r.c.n_out;
+  j["n_in"] = r.c.n_in;
+  j["T"] = r.c.T;
+  j["us"] = r.us;
+  j["gbps"] = r.has_gbps ? nlohmann::json(r.gbps) : nlohmann::json(nullptr);
+  j["tflops"] = r.has_tflops ? nlohmann::json(r.tflops) : nlohmann::json(nullptr);
+  j["roofline_frac"] = r.roofline_frac;
+  j["device"] = device;
+  return j;
+}
+
+}  // namespace
+
+int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& out) {
+  std::vector<Case> cases = make_cases(opt);
+  // The roofline is always measured in the same run, first, even when --kernels leaves copy out.
+  const bool copy_listed = !cases.empty() && cases.front().kernel == "copy";
+  if (!copy_listed) cases.insert(cases.begin(), {"copy", 0, 0, 0});
+  std::ofstream json_file;
+  if (!opt.json_path.empty()) {
+    json_file.open(opt.json_path + ".tmp");
+    if (!json_file) throw std::runtime_error("--json: cannot write " + opt.json_path + ".tmp");
+  }
+  out << "bench on " << dev.name();
+  if (dev.is_cpu()) out << " (" << cpu::num_threads() << " threads)";
+  out << "\n";
+
+  std::unique_ptr<vk::LinearKernels> kernels;
+  if (!dev.is_cpu()) kernels = std::make_unique<vk::LinearKernels>(*dev.vulkan);
+  double copy_gbps = 0;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const Case& c : cases) {
+    Result r = dev.is_cpu() ? bench_cpu_case(c, opt.seconds_per_case, copy_gbps)
+                            : bench_vulkan_case(*dev.vulkan, *kernels, c, opt.seconds_per_case, copy_gbps);
+    if (c.kernel == "copy") copy_gbps = r.gbps;
+    if (c.kernel == "copy" && !copy_listed && !opt.kernels.empty()) {
+      out << "(roofline) ";
+    }
+    out << format_row(r) << std::endl;
+    rows.push_back(to_json(r, dev.name()));
+  }
+  if (json_file.is_open()) {
+    json_file << rows.dump(2) << "\n";
+    json_file.close();
+    if (!json_file || std::rename((opt.json_path + ".tmp").c_str(), opt.json_path.c_str()) != 0)
+      throw std::runtime_error("--json: cannot write " + opt.json_path);
+  }
+  return 0;
+}
+
+}  // namespace q4t
