@@ -104,7 +104,9 @@ TEST(Cli, BenchWritesOneJsonObjectPerCase) {
   EXPECT_EQ(j[1]["n_out"], 64);
   EXPECT_EQ(j[1]["n_in"], 96);
   EXPECT_GT(j[1]["gbps"].get<double>(), 0.0);
-  EXPECT_GT(j[3]["tflops"].get<double>(), 0.0);  // dx at T=512 is a GEMM
+  EXPECT_GT(j[1]["roofline_frac"].get<double>(), 0.0);
+  EXPECT_GT(j[3]["tflops"].get<double>(), 0.0);  // dx at T=512 is a GEMM: TFLOPS, no copy fraction
+  EXPECT_TRUE(j[3]["roofline_frac"].is_null());
   std::filesystem::remove(path);
 }
 
