@@ -11,6 +11,9 @@ struct DeviceChoice;
 // Runs every kernel on the device against the double-precision reference; one line per kernel.
 int run_selftest(const DeviceChoice& dev, std::ostream& out);
 
+// Runs every autograd gradient-check case (CPU f32, and the Vulkan device unless dev is the CPU).
+int run_gradcheck_cmd(const DeviceChoice& dev, std::ostream& out);
+
 struct BenchOptions {
   std::vector<std::string> kernels;  // empty: all
   std::vector<std::string> shapes;   // "n_outxn_in"; empty: the default set

@@ -52,6 +52,12 @@ int main(int argc, char** argv) {
                                       "exits non-zero on any failure");
   selftest_dev.add(selftest);
 
+  DeviceFlags gradcheck_dev;
+  auto* gradcheck = app.add_subcommand("gradcheck",
+                                       "Check every autograd op's gradients against finite differences (double) "
+                                       "and the f32 CPU and Vulkan device against the double-precision CPU");
+  gradcheck_dev.add(gradcheck);
+
   DeviceFlags bench_dev;
   q4t::BenchOptions bench_opt;
   auto* bench = app.add_subcommand("bench",
@@ -72,6 +78,7 @@ int main(int argc, char** argv) {
   try {
     if (*devices) return list_devices();
     if (*selftest) return q4t::run_selftest(selftest_dev.open(), std::cout);
+    if (*gradcheck) return q4t::run_gradcheck_cmd(gradcheck_dev.open(), std::cout);
     if (*bench) return q4t::run_bench(bench_dev.open(), bench_opt, std::cout);
   } catch (const std::exception& e) {
     std::fflush(stdout);

@@ -44,6 +44,7 @@ void Sequence::begin() {
   pool_in_use_ = 0;
   n_timestamps_ = 0;
   n_dispatches_ = 0;
+  n_commands_ = 0;
   vkResetCommandBuffer(cb_, 0);
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   check(vkBeginCommandBuffer(cb_, &bi), "vkBeginCommandBuffer");
@@ -106,18 +107,38 @@ void Sequence::dispatch(const Pipeline& p, std::initializer_list<const Buffer*> 
   }
   vkUpdateDescriptorSets(dev_.handle(), uint32_t(writes.size()), writes.data(), 0, nullptr);
 
-  if (n_dispatches_ > 0) {
-    VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_SHADER_READ_BIT;
-    mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
-    vkCmdPipelineBarrier(cb_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0,
-                         nullptr, 0, nullptr);
-  }
+  barrier_before_command();
   vkCmdBindPipeline(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, p.handle());
   vkCmdBindDescriptorSets(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout(), 0, 1, &set, 0, nullptr);
   if (push_bytes) vkCmdPushConstants(cb_, p.layout(), VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
   vkCmdDispatch(cb_, groups[0], groups[1], groups[2]);
   ++n_dispatches_;
+}
+
+// Every command waits for the writes of the ones before it (compute and transfer alike).
+void Sequence::barrier_before_command() {
+  if (n_commands_++ == 0) return;
+  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT |
+                     VK_ACCESS_TRANSFER_READ_BIT;
+  mb.dstAccessMask = mb.srcAccessMask;
+  const VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+  vkCmdPipelineBarrier(cb_, stages, stages, 0, 1, &mb, 0, nullptr, 0, nullptr);
+}
+
+void Sequence::fill_zero(const Buffer& b) {
+  if (!recording_) throw std::logic_error("Sequence::fill_zero outside begin()/end()");
+  barrier_before_command();
+  vkCmdFillBuffer(cb_, b.handle(), 0, VK_WHOLE_SIZE, 0);
+}
+
+void Sequence::copy(const Buffer& dst, const Buffer& src, size_t bytes) {
+  if (!recording_) throw std::logic_error("Sequence::copy outside begin()/end()");
+  if (bytes > dst.size() || bytes > src.size()) throw std::logic_error("Sequence::copy: range exceeds a buffer");
+  if (bytes == 0) return;
+  barrier_before_command();
+  VkBufferCopy c{0, 0, bytes};
+  vkCmdCopyBuffer(cb_, src.handle(), dst.handle(), 1, &c);
 }
 
 uint32_t Sequence::timestamp() {

@@ -29,6 +29,9 @@ class Sequence {
                 std::array<uint32_t, 3> groups) {
     dispatch(p, buffers, &push, sizeof(Push), groups);
   }
+  // Transfer commands, ordered like dispatches: zero a whole buffer, or copy bytes between buffers.
+  void fill_zero(const Buffer& b);
+  void copy(const Buffer& dst, const Buffer& src, size_t bytes);
   // Writes a timestamp after all previous work; returns its slot.
   uint32_t timestamp();
   void end();
@@ -42,13 +45,14 @@ class Sequence {
 
  private:
   VkDescriptorSet allocate_set(VkDescriptorSetLayout layout);
+  void barrier_before_command();
 
   Device& dev_;
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;  // own pool: sequences may be recorded from different threads
   VkCommandBuffer cb_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
   VkQueryPool queries_ = VK_NULL_HANDLE;
-  uint32_t max_timestamps_, n_timestamps_ = 0, n_dispatches_ = 0;
+  uint32_t max_timestamps_, n_timestamps_ = 0, n_dispatches_ = 0, n_commands_ = 0;
   std::vector<VkDescriptorPool> pools_;
   size_t pool_in_use_ = 0;
   bool recording_ = false, pending_ = false;

@@ -1,0 +1,152 @@
+#include "autograd/backend.h"
+
+#include <cstring>
+
+namespace q4t::ag {
+
+std::unique_ptr<Backend> Backend::cpu(DType real) {
+  if (!is_real(real)) throw GraphError("a CPU backend computes in f32 or f64");
+  std::unique_ptr<Backend> b(new Backend());
+  b->real_ = real;
+  return b;
+}
+
+std::unique_ptr<Backend> Backend::vulkan(vk::Device& dev) {
+  std::unique_ptr<Backend> b(new Backend());
+  b->vk_ = &dev;
+  b->linear_ = std::make_unique<vk::LinearKernels>(dev);
+  return b;
+}
+
+std::string Backend::name() const {
+  if (vk_) return vk_->name();
+  return real_ == DType::F64 ? "cpu (f64)" : "cpu";
+}
+
+Tensor Backend::empty(const Shape& shape, DType dtype) {
+  if (dtype == DType::F64 && !is_cpu()) throw GraphError("f64 tensors exist only on the CPU");
+  for (int64_t d : shape)
+    if (d <= 0) throw GraphError("tensor shape " + shape_str(shape) + " has a non-positive dimension");
+  auto st = std::make_shared<Storage>();
+  st->bytes = storage_bytes(dtype, shape);
+  if (vk_)
+    st->buffer = std::make_unique<vk::Buffer>(*vk_, st->bytes);
+  else
+    st->host.resize(st->bytes);
+  return Tensor(shape, dtype, std::move(st));
+}
+
+Tensor Backend::zeros(const Shape& shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  if (vk_)
+    const_cast<vk::Buffer&>(t.buffer()).fill_zero();
+  else
+    std::memset(t.data<std::byte>(), 0, t.bytes());
+  return t;
+}
+
+namespace {
+template <class Src>
+void write_real(Backend& be, Tensor& t, std::span<const Src> v) {
+  if (size_t(t.numel()) != v.size())
+    throw GraphError("upload of " + std::to_string(v.size()) + " values into a tensor of shape " +
+                     shape_str(t.shape()));
+  if (t.dtype() == DType::F64) {
+    double* d = t.data<double>();
+    for (size_t i = 0; i < v.size(); ++i) d[i] = double(v[i]);
+    return;
+  }
+  if (t.dtype() != DType::F32) throw GraphError(std::string("cannot upload reals into a ") + dtype_name(t.dtype()) + " tensor");
+  std::vector<float> f(v.begin(), v.end());
+  if (t.on_host())
+    std::memcpy(t.data<float>(), f.data(), f.size() * 4);
+  else
+    const_cast<vk::Buffer&>(t.buffer()).upload(f.data(), f.size() * 4);
+  (void)be;
+}
+}  // namespace
+
+Tensor Backend::from_host(std::span<const float> v, const Shape& shape) {
+  Tensor t = empty(shape, real_);
+  write_real(*this, t, v);
+  return t;
+}
+
+Tensor Backend::from_host(std::span<const double> v, const Shape& shape) {
+  Tensor t = empty(shape, real_);
+  write_real(*this, t, v);
+  return t;
+}
+
+void Backend::upload(Tensor& t, std::span<const float> v) { write_real(*this, t, v); }
+
+Tensor Backend::from_host_i32(std::span<const int32_t> v, const Shape& shape) {
+  Tensor t = empty(shape, DType::I32);
+  upload_i32(t, v);
+  return t;
+}
+
+void Backend::upload_i32(Tensor& t, std::span<const int32_t> v) {
+  if (t.dtype() != DType::I32 || size_t(t.numel()) != v.size())
+    throw GraphError("upload of " + std::to_string(v.size()) + " ids into a " + dtype_name(t.dtype()) + " tensor " +
+                     shape_str(t.shape()));
+  if (t.on_host())
+    std::memcpy(t.data<int32_t>(), v.data(), v.size_bytes());
+  else
+    const_cast<vk::Buffer&>(t.buffer()).upload(v.data(), v.size_bytes());
+}
+
+Tensor Backend::quantized(std::span<const uint8_t> bytes, const Shape& shape, DType dtype) {
+  if (!is_quantized(dtype)) throw GraphError(std::string("Backend::quantized: ") + dtype_name(dtype) + " is not quantized");
+  Tensor t = empty(shape, dtype);
+  if (bytes.size() != t.bytes())
+    throw GraphError(std::string(dtype_name(dtype)) + " tensor " + shape_str(shape) + " needs " +
+                     std::to_string(t.bytes()) + " bytes, got " + std::to_string(bytes.size()));
+  if (t.on_host())
+    std::memcpy(t.data<uint8_t>(), bytes.data(), bytes.size());
+  else
+    const_cast<vk::Buffer&>(t.buffer()).upload(bytes.data(), bytes.size());
+  return t;
+}
+
+std::vector<uint8_t> Backend::raw_bytes(const Tensor& t) const {
+  std::vector<uint8_t> out(t.bytes());
+  if (t.on_host())
+    std::memcpy(out.data(), t.data<uint8_t>(), out.size());
+  else
+    t.buffer().download(out.data(), out.size());
+  return out;
+}
+
+std::vector<double> Backend::to_host(const Tensor& t) const {
+  const size_t n = size_t(t.numel());
+  std::vector<double> out(n);
+  if (t.dtype() == DType::F64) {
+    std::memcpy(out.data(), t.data<double>(), n * 8);
+    return out;
+  }
+  if (t.dtype() == DType::I32) {
+    std::vector<int32_t> v(n);
+    if (t.on_host()) std::memcpy(v.data(), t.data<int32_t>(), n * 4);
+    else t.buffer().download(v.data(), n * 4);
+    for (size_t i = 0; i < n; ++i) out[i] = v[i];
+    return out;
+  }
+  if (t.dtype() != DType::F32) throw GraphError(std::string("to_host of a ") + dtype_name(t.dtype()) + " tensor");
+  std::vector<float> f(n);
+  if (t.on_host()) std::memcpy(f.data(), t.data<float>(), n * 4);
+  else t.buffer().download(f.data(), n * 4);
+  for (size_t i = 0; i < n; ++i) out[i] = f[i];
+  return out;
+}
+
+const vk::Pipeline& Backend::pipeline(const std::string& shader, uint32_t n_buffers, uint32_t push_bytes,
+                                      const std::vector<uint32_t>& spec) {
+  std::string key = shader;
+  for (uint32_t v : spec) key += ":" + std::to_string(v);
+  auto& slot = pipelines_[key];
+  if (!slot) slot = std::make_unique<vk::Pipeline>(*vk_, shader, n_buffers, push_bytes, spec);
+  return *slot;
+}
+
+}  // namespace q4t::ag

@@ -1,0 +1,131 @@
+#include "autograd/gradcheck.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/quant/q4_0.h"
+#include "kernels/shapes.h"
+
+namespace q4t::ag {
+
+namespace {
+
+std::vector<float> uniform(std::mt19937& rng, int64_t n, double lo, double hi) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = float(u(rng));
+  return v;
+}
+
+double rel_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num = std::max(num, std::abs(got[i] - want[i]));
+    den = std::max(den, std::abs(want[i]));
+  }
+  if (!std::isfinite(num)) return INFINITY;
+  return num / std::max(den, 1e-30);
+}
+
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Finite differences of L = <g, y> for up to kMaxPointsPerParam elements of each parameter (all of them for
+// small tensors, an evenly spread subset otherwise).
+constexpr int64_t kMaxPointsPerParam = 48;
+
+double check_finite_differences(Graph& g, Var out, const std::vector<double>& upstream, double h,
+                                int64_t* points) {
+  double worst = 0;
+  Backend& be = g.backend();
+  for (Var p : g.params()) {
+    const std::vector<double> analytic = be.to_host(g.grad(p));
+    double* data = p.value().data<double>();
+    const int64_t n = p.value().numel();
+    const int64_t stride = std::max<int64_t>(1, n / kMaxPointsPerParam);
+    std::vector<double> fd, an;
+    for (int64_t i = 0; i < n; i += stride) {
+      const double keep = data[i];
+      data[i] = keep + h;
+      g.forward();
+      const double lp = dot(be.to_host(out.value()), upstream);
+      data[i] = keep - h;
+      g.forward();
+      const double lm = dot(be.to_host(out.value()), upstream);
+      data[i] = keep;
+      fd.push_back((lp - lm) / (2 * h));
+      an.push_back(analytic[size_t(i)]);
+    }
+    *points += int64_t(fd.size());
+    worst = std::max(worst, rel_error(fd, an));
+  }
+  g.forward();
+  return worst;
+}
+
+}  // namespace
+
+Var random_param(Graph& g, std::mt19937& rng, const Shape& shape, const std::string& name, double lo, double hi) {
+  return g.param(g.backend().from_host(uniform(rng, numel(shape), lo, hi), shape), name);
+}
+
+Var random_constant(Graph& g, std::mt19937& rng, const Shape& shape, const std::string& name, double lo,
+                    double hi) {
+  return g.constant(g.backend().from_host(uniform(rng, numel(shape), lo, hi), shape), name);
+}
+
+Var random_q4_0(Graph& g, std::mt19937& rng, int64_t n_out, int64_t n_in, const std::string& name) {
+  std::vector<uint8_t> bytes(size_t(n_out * q4_0_row_bytes(n_in)));
+  quant::quantize_q4_0(bytes, uniform(rng, n_out * n_in, -1, 1), n_out, n_in);
+  return g.constant(g.backend().quantized(bytes, {n_out, n_in}, DType::Q4_0), name);
+}
+
+Var ids_constant(Graph& g, const std::vector<int32_t>& ids, const std::string& name) {
+  return g.constant(g.backend().from_host_i32(ids, {int64_t(ids.size())}), name);
+}
+
+GradcheckResult run_gradcheck(const GradcheckCase& c, const std::vector<Backend*>& others, uint32_t seed) {
+  GradcheckResult r;
+  r.name = c.name;
+  try {
+    auto ref_be = Backend::cpu(DType::F64);
+    Graph ref(*ref_be);
+    std::mt19937 rng(seed);
+    Var out = c.build(ref, rng);
+    ref.forward();
+    const Shape out_shape = out.shape();
+    std::mt19937 grng(seed + 1);
+    const std::vector<float> g32 = uniform(grng, numel(out_shape), -1, 1);
+    const std::vector<double> upstream(g32.begin(), g32.end());
+    ref.backward(out, ref_be->from_host(g32, out_shape));
+    const std::vector<double> ref_out = ref_be->to_host(out.value());
+    std::vector<std::vector<double>> ref_grads;
+    for (Var p : ref.params()) ref_grads.push_back(ref_be->to_host(ref.grad(p)));
+    r.fd_error = check_finite_differences(ref, out, upstream, c.fd_step, &r.fd_points);
+    r.pass = r.fd_error <= c.fd_bound;
+
+    for (Backend* be : others) {
+      Graph g(*be);
+      std::mt19937 brng(seed);
+      Var o = c.build(g, brng);
+      g.forward();
+      BackendCheck bc{be->name()};
+      bc.forward_error = rel_error(be->to_host(o.value()), ref_out);
+      g.backward(o, be->from_host(g32, out_shape));
+      const auto ps = g.params();
+      for (size_t k = 0; k < ps.size(); ++k)
+        bc.backward_error = std::max(bc.backward_error, rel_error(be->to_host(g.grad(ps[k])), ref_grads.at(k)));
+      r.pass = r.pass && bc.forward_error <= c.device_bound && bc.backward_error <= c.device_bound;
+      r.backends.push_back(bc);
+    }
+  } catch (const std::exception& e) {
+    r.error = e.what();
+    r.pass = false;
+  }
+  return r;
+}
+
+}  // namespace q4t::ag

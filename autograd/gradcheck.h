@@ -1,0 +1,54 @@
+// Gradient-check harness. A case builds a small graph from random inputs (drawn from an rng, so every backend
+// gets the same values) and returns its output y. The harness draws a random upstream gradient g and checks,
+// for every parameter p of the graph:
+//   - on the CPU in double precision: the analytic dL/dp of L = <g, y> against central finite differences;
+//   - on each other backend (the CPU in f32, a Vulkan device): the forward y and every dL/dp against the
+//     double-precision CPU values.
+// Errors are norm-wise relative: max_i |got_i - want_i| / max_i |want_i|.
+#pragma once
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "autograd/graph.h"
+
+namespace q4t::ag {
+
+struct GradcheckCase {
+  std::string name;
+  std::function<Var(Graph&, std::mt19937&)> build;
+  double fd_bound = 1e-6;      // finite differences vs analytic, in double
+  double device_bound = 1e-4;  // f32 backends vs the double-precision CPU
+  double fd_step = 1e-6;
+};
+
+// Helpers for case builders: uniform [lo, hi) reals as a parameter or a constant, and Q4_0 weights.
+Var random_param(Graph& g, std::mt19937& rng, const Shape& shape, const std::string& name, double lo = -1,
+                 double hi = 1);
+Var random_constant(Graph& g, std::mt19937& rng, const Shape& shape, const std::string& name, double lo = -1,
+                    double hi = 1);
+Var random_q4_0(Graph& g, std::mt19937& rng, int64_t n_out, int64_t n_in, const std::string& name);
+Var ids_constant(Graph& g, const std::vector<int32_t>& ids, const std::string& name);
+
+struct BackendCheck {
+  std::string backend;
+  double forward_error = 0, backward_error = 0;
+};
+
+struct GradcheckResult {
+  std::string name;
+  double fd_error = 0;  // worst over parameters
+  int64_t fd_points = 0;
+  std::vector<BackendCheck> backends;
+  bool pass = false;
+  std::string error;  // set when the case threw
+};
+
+// Runs one case. `others` are the backends compared against the double-precision CPU (may be empty).
+GradcheckResult run_gradcheck(const GradcheckCase& c, const std::vector<Backend*>& others, uint32_t seed = 1234);
+
+// Every registered case: one or more per op in op_table(), the LoRA linear and a one-block transformer graph.
+const std::vector<GradcheckCase>& gradcheck_cases();
+
+}  // namespace q4t::ag

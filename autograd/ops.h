@@ -1,0 +1,59 @@
+// The op builders: each records one node (see graph.h) and returns its output. Shapes are row-major
+// [rows, cols]; T = tokens, C = channels, V = vocabulary, H = heads, D = head dim. Each op lives in one file
+// of autograd/ops/ with its shape rule, CPU forward/backward (templated on float and double) and the Vulkan
+// forward/backward (GLSL in kernels/glsl/), and is listed in op_table().
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "autograd/graph.h"
+
+namespace q4t::ag {
+
+// [T, C] rows of table [V, C] (f32, or quantized and dequantised on the fly) picked by ids [T] (i32).
+Var embedding(Var table, Var ids);
+// Frozen linear y[T, n_out] = x[T, n_in] · Wᵀ with W [n_out, n_in] quantized (or an f32 constant). W never gets
+// a gradient; backward gives dx only, through the same quantized blocks.
+Var linear(Var x, Var w);
+// y[M, N] = a[M, K] · b[N, K]ᵀ, both differentiable (LoRA: h = x·Aᵀ, y = h·Bᵀ).
+Var matmul_nt(Var a, Var b);
+// Elementwise a + b and a * b; b has a's shape or is one row [C] broadcast over a's rows.
+Var add(Var a, Var b);
+Var mul(Var a, Var b);
+Var scale(Var a, double s);
+// y = x / sqrt(mean(x², row) + eps) * w, per row; w [C].
+Var rms_norm(Var x, Var w, double eps);
+
+enum class RopeMode : int64_t {
+  Norm = 0,  // rotate adjacent pairs (x[2i], x[2i+1]): llama.cpp's "norm" mode (llama)
+  Neox = 1,  // rotate halves (x[i], x[i + D/2]): "neox" mode (qwen2)
+};
+// Rotary position embedding of x [T, H*D]: token t sits at position pos_offset + t; theta_i = pos * base^(-2i/D).
+Var rope(Var x, int64_t n_head, int64_t head_dim, RopeMode mode, double freq_base, int64_t pos_offset = 0);
+// Causal self-attention with grouped-query heads: q [T, H*D], k and v [T, Hkv*D] (H a multiple of Hkv; query
+// head h reads kv head h / (H/Hkv)); softmax(q·kᵀ / sqrt(D)) in f32 with the row max subtracted. Out [T, H*D].
+Var attention(Var q, Var k, Var v, int64_t n_head, int64_t n_head_kv);
+Var silu(Var x);
+// silu(gate) * up, elementwise.
+Var swiglu(Var gate, Var up);
+// Mean over counted tokens of -log softmax(logits[t])[labels[t]]; labels [T] i32, -100 = not counted. Scalar.
+Var cross_entropy(Var logits, Var labels);
+// cross_entropy(linear(x, w), labels) without the [T, V] logits: the vocabulary is processed in tiles of
+// vocab_tile rows of w with an online log-sum-exp; the backward recomputes each tile's logits and adds its
+// share of dx with the linear's accumulate. Peak extra memory is one [T, vocab_tile] tile.
+Var linear_cross_entropy(Var x, Var w, Var labels, int64_t vocab_tile);
+// Inverted dropout with a fixed mask drawn from seed: y = x * mask / (1 - p).
+Var dropout(Var x, double p, uint64_t seed);
+
+// Every op, registered by its file (see OpRegistration), sorted by name.
+const std::vector<const OpDef*>& op_table();
+
+struct GradcheckCase;
+// Each op file registers its ops and the gradient-check cases that cover them with one static
+//   const OpRegistration kRegistration({&kFooOp, &kBarOp}, add_foo_cases);
+// The autograd library is an object library, so every file's registration is linked in.
+struct OpRegistration {
+  OpRegistration(std::initializer_list<const OpDef*> ops, void (*add_cases)(std::vector<GradcheckCase>&));
+};
+
+}  // namespace q4t::ag

@@ -1,0 +1,167 @@
+// add, mul, scale: elementwise, with b either a's shape or one row [C] broadcast over a's rows.
+#include "autograd/gradcheck.h"
+#include "autograd/ops.h"
+#include "autograd/ops/vk_util.h"
+
+namespace q4t::ag {
+
+namespace {
+
+enum EwOp : uint32_t { kAdd = 0, kMul = 1, kScale = 2, kAccScale = 3, kAccMul = 4 };
+struct EwPush {
+  uint32_t n, bn, op;
+  float s;
+};
+struct ColSumPush {
+  uint32_t rows, cols, op;
+};
+
+Shape binary_shape(const char* op, const Graph& g, const Node& n) {
+  const Shape& a = g.node(n.inputs[0]).value.shape();
+  const Shape& b = g.node(n.inputs[1]).value.shape();
+  const bool row = b.size() == 1 && b[0] == (a.empty() ? 1 : a.back());
+  if (b != a && !row)
+    throw GraphError(std::string(op) + ": b " + shape_str(b) + " must equal a " + shape_str(a) +
+                     " or be one row [" + std::to_string(a.empty() ? 1 : a.back()) + "]");
+  return a;
+}
+Shape add_shape(const Graph& g, const Node& n) { return binary_shape("add", g, n); }
+Shape mul_shape(const Graph& g, const Node& n) { return binary_shape("mul", g, n); }
+Shape scale_shape(const Graph& g, const Node& n) { return g.node(n.inputs[0]).value.shape(); }
+
+// --- CPU ---------------------------------------------------------------------------------------------------
+
+template <class T>
+void ew_forward_cpu(OpContext& c, EwOp op) {
+  const Tensor &a = c.in(0), &y = c.node.value;
+  const int64_t n = a.numel();
+  T* py = y.data<T>();
+  const T* pa = a.data<T>();
+  if (op == kScale) {
+    const T s = T(c.node.params.f[0]);
+    for (int64_t i = 0; i < n; ++i) py[i] = s * pa[i];
+    return;
+  }
+  const Tensor& b = c.in(1);
+  const T* pb = b.data<T>();
+  const int64_t bn = b.numel();
+  for (int64_t i = 0; i < n; ++i) py[i] = op == kAdd ? pa[i] + pb[i % bn] : pa[i] * pb[i % bn];
+}
+
+// g_b += Σ over rows of (dy or dy * other), or elementwise when b is not broadcast.
+template <class T>
+void ew_backward_cpu(OpContext& c, EwOp op) {
+  const T* dy = c.node.grad.data<T>();
+  const int64_t n = c.node.value.numel();
+  if (op == kScale) {
+    T* da = c.in_grad(0).data<T>();
+    const T s = T(c.node.params.f[0]);
+    for (int64_t i = 0; i < n; ++i) da[i] += s * dy[i];
+    return;
+  }
+  const T* pa = c.in(0).data<T>();
+  const T* pb = c.in(1).data<T>();
+  const int64_t bn = c.in(1).numel();
+  if (c.needs_grad(0)) {
+    T* da = c.in_grad(0).data<T>();
+    for (int64_t i = 0; i < n; ++i) da[i] += op == kAdd ? dy[i] : dy[i] * pb[i % bn];
+  }
+  if (c.needs_grad(1)) {
+    T* db = c.in_grad(1).data<T>();
+    for (int64_t i = 0; i < n; ++i) db[i % bn] += op == kAdd ? dy[i] : dy[i] * pa[i];
+  }
+}
+
+// --- Vulkan ------------------------------------------------------------------------------------------------
+
+void ew_dispatch(OpContext& c, const Tensor& y, const Tensor& a, const Tensor* b, EwOp op, float s) {
+  const Tensor& bb = b ? *b : a;
+  EwPush push{uint32_t(y.numel()), uint32_t(bb.numel()), op, s};
+  const auto& p = c.be.pipeline("elementwise", 3, sizeof(push));
+  c.seq->dispatch(p, {&y.buffer(), &a.buffer(), &bb.buffer()}, push, groups_for(y.numel(), 256));
+}
+
+void ew_forward_vk(OpContext& c, EwOp op) {
+  ew_dispatch(c, c.node.value, c.in(0), op == kScale ? nullptr : &c.in(1), op, float(c.node.params.f[0]));
+}
+
+void ew_backward_vk(OpContext& c, EwOp op) {
+  const Tensor& dy = c.node.grad;
+  if (op == kScale) return ew_dispatch(c, c.in_grad(0), dy, nullptr, kAccScale, float(c.node.params.f[0]));
+  if (c.needs_grad(0)) {
+    if (op == kAdd) ew_dispatch(c, c.in_grad(0), dy, nullptr, kAccScale, 1.0f);
+    else ew_dispatch(c, c.in_grad(0), dy, &c.in(1), kAccMul, 0.0f);
+  }
+  if (!c.needs_grad(1)) return;
+  const bool broadcast = c.in(1).numel() != dy.numel();
+  if (!broadcast) {
+    if (op == kAdd) ew_dispatch(c, c.in_grad(1), dy, nullptr, kAccScale, 1.0f);
+    else ew_dispatch(c, c.in_grad(1), dy, &c.in(0), kAccMul, 0.0f);
+    return;
+  }
+  ColSumPush push{uint32_t(dy.rows()), uint32_t(dy.cols()), op == kAdd ? 0u : 1u};
+  const auto& p = c.be.pipeline("col_sum", 3, sizeof(push));
+  c.seq->dispatch(p, {&c.in_grad(1).buffer(), &dy.buffer(), &c.in(0).buffer()}, push,
+                  {ceil_div_u32(dy.cols(), 64), 1, 1});
+}
+
+template <EwOp op>
+void ew_forward(OpContext& c) {
+  if (!c.be.is_cpu()) return ew_forward_vk(c, op);
+  c.be.real() == DType::F64 ? ew_forward_cpu<double>(c, op) : ew_forward_cpu<float>(c, op);
+}
+template <EwOp op>
+void ew_backward(OpContext& c) {
+  if (!c.be.is_cpu()) return ew_backward_vk(c, op);
+  c.be.real() == DType::F64 ? ew_backward_cpu<double>(c, op) : ew_backward_cpu<float>(c, op);
+}
+
+void check_real(const char* op, Var v) {
+  if (!is_real(v.value().dtype()))
+    throw GraphError(std::string(op) + ": input is " + dtype_name(v.value().dtype()) + ", not a real tensor");
+}
+
+const OpDef kAddOp{"add", add_shape, nullptr, ew_forward<kAdd>, ew_backward<kAdd>};
+const OpDef kMulOp{"mul", mul_shape, nullptr, ew_forward<kMul>, ew_backward<kMul>};
+const OpDef kScaleOp{"scale", scale_shape, nullptr, ew_forward<kScale>, ew_backward<kScale>};
+
+void add_cases(std::vector<GradcheckCase>& out) {
+  out.push_back({"add", [](Graph& g, std::mt19937& r) {
+                   return add(random_param(g, r, {5, 7}, "a"), random_param(g, r, {5, 7}, "b"));
+                 }});
+  out.push_back({"add (row broadcast)", [](Graph& g, std::mt19937& r) {
+                   return add(random_param(g, r, {5, 7}, "a"), random_param(g, r, {7}, "b"));
+                 }});
+  out.push_back({"mul", [](Graph& g, std::mt19937& r) {
+                   return mul(random_param(g, r, {3, 65}, "a"), random_param(g, r, {3, 65}, "b"));
+                 }});
+  out.push_back({"mul (row broadcast)", [](Graph& g, std::mt19937& r) {
+                   return mul(random_param(g, r, {17, 9}, "a"), random_param(g, r, {9}, "b"));
+                 }});
+  out.push_back({"scale", [](Graph& g, std::mt19937& r) { return scale(random_param(g, r, {4, 33}, "a"), -0.37); }});
+  out.push_back({"add (same tensor twice)", [](Graph& g, std::mt19937& r) {
+                   Var a = random_param(g, r, {3, 5}, "a");
+                   return mul(a, add(a, a));
+                 }});
+}
+
+const OpRegistration kRegistration({&kAddOp, &kMulOp, &kScaleOp}, add_cases);
+
+}  // namespace
+
+Var add(Var a, Var b) {
+  check_real("add", a), check_real("add", b);
+  return a.g->add(kAddOp, {a, b});
+}
+Var mul(Var a, Var b) {
+  check_real("mul", a), check_real("mul", b);
+  return a.g->add(kMulOp, {a, b});
+}
+Var scale(Var a, double s) {
+  check_real("scale", a);
+  OpParams p;
+  p.f[0] = s;
+  return a.g->add(kScaleOp, {a}, p);
+}
+
+}  // namespace q4t::ag

@@ -1,0 +1,217 @@
+// linear (frozen weight, dx only) and matmul_nt (both operands differentiable).
+#include <vector>
+
+#include "autograd/gradcheck.h"
+#include "autograd/ops.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/quant/q4_0.h"
+#include "kernels/shapes.h"
+
+namespace q4t::ag {
+
+namespace {
+
+// --- linear: y[T, n_out] = x[T, n_in] · Wᵀ, W frozen ---------------------------------------------------------
+
+Shape linear_shape(const Graph& g, const Node& n) {
+  const Tensor &x = g.node(n.inputs[0]).value, &w = g.node(n.inputs[1]).value;
+  if (w.shape().size() != 2) throw GraphError("linear: weight must be a matrix [n_out, n_in], not " + shape_str(w.shape()));
+  if (x.cols() != w.dim(1))
+    throw GraphError("linear: x " + shape_str(x.shape()) + " has " + std::to_string(x.cols()) +
+                     " columns, the weight " + shape_str(w.shape()) + " expects n_in = " + std::to_string(w.dim(1)));
+  Shape out = x.shape();
+  out.back() = w.dim(0);
+  return out;
+}
+
+// W row j as T (exact for Q4_0 in float and double).
+template <class T>
+void weight_row(std::vector<T>& row, const Tensor& w, int64_t j) {
+  const int64_t n_in = w.dim(1);
+  row.resize(size_t(n_in));
+  if (w.dtype() == DType::Q4_0) {
+    const auto* blocks = reinterpret_cast<const quant::BlockQ4_0*>(w.data<uint8_t>() + j * q4_0_row_bytes(n_in));
+    quant::dequantize_row_q4_0(row.data(), blocks, n_in);
+  } else {
+    const T* src = w.data<T>() + j * n_in;
+    std::copy(src, src + n_in, row.begin());
+  }
+}
+
+template <class T>
+void linear_forward_generic(const Tensor& y, const Tensor& x, const Tensor& w) {
+  const int64_t T_ = x.rows(), n_in = w.dim(1), n_out = w.dim(0);
+  std::vector<T> row;
+  const T* px = x.data<T>();
+  T* py = y.data<T>();
+  for (int64_t j = 0; j < n_out; ++j) {
+    weight_row(row, w, j);
+    for (int64_t t = 0; t < T_; ++t) {
+      T s = 0;
+      for (int64_t i = 0; i < n_in; ++i) s += px[t * n_in + i] * row[size_t(i)];
+      py[t * n_out + j] = s;
+    }
+  }
+}
+
+template <class T>
+void linear_backward_generic(const Tensor& dx, const Tensor& dy, const Tensor& w) {
+  const int64_t T_ = dy.rows(), n_in = w.dim(1), n_out = w.dim(0);
+  std::vector<T> row;
+  const T* pdy = dy.data<T>();
+  T* pdx = dx.data<T>();
+  for (int64_t j = 0; j < n_out; ++j) {
+    weight_row(row, w, j);
+    for (int64_t t = 0; t < T_; ++t)
+      for (int64_t i = 0; i < n_in; ++i) pdx[t * n_in + i] += pdy[t * n_out + j] * row[size_t(i)];
+  }
+}
+
+std::span<const float> f32_span(const Tensor& t) { return {t.data<float>(), size_t(t.numel())}; }
+std::span<float> f32_mut(const Tensor& t) { return {t.data<float>(), size_t(t.numel())}; }
+std::span<const uint8_t> byte_span(const Tensor& t) { return {t.data<uint8_t>(), t.bytes()}; }
+
+void linear_forward(OpContext& c) {
+  const Tensor &x = c.in(0), &w = c.in(1), &y = c.node.value;
+  const int64_t T_ = x.rows(), n_out = w.dim(0), n_in = w.dim(1);
+  if (!c.be.is_cpu()) {
+    if (w.dtype() == DType::Q4_0) return c.be.linear().q4_0_gemm(*c.seq, y.buffer(), w.buffer(), x.buffer(), T_, n_out, n_in);
+    return c.be.linear().gemm_nt(*c.seq, y.buffer(), x.buffer(), w.buffer(), T_, n_out, n_in, false);
+  }
+  if (c.be.real() == DType::F64) return linear_forward_generic<double>(y, x, w);
+  if (w.dtype() == DType::Q4_0) return cpu::q4_0_gemm(f32_mut(y), byte_span(w), f32_span(x), T_, n_out, n_in);
+  cpu::gemm_nt(f32_mut(y), f32_span(x), f32_span(w), T_, n_out, n_in, false);
+}
+
+void linear_backward(OpContext& c) {
+  if (!c.needs_grad(0)) return;
+  const Tensor &w = c.in(1), &dx = c.in_grad(0), &dy = c.node.grad;
+  const int64_t T_ = dy.rows(), n_out = w.dim(0), n_in = w.dim(1);
+  if (!c.be.is_cpu()) {
+    if (w.dtype() == DType::Q4_0) {
+      const Tensor& scratch = c.node.saved.at(0);
+      return c.be.linear().q4_0_dx(*c.seq, dx.buffer(), w.buffer(), dy.buffer(), &scratch.buffer(), T_, n_out, n_in,
+                                   0, n_out, true);
+    }
+    return c.be.linear().gemm_nn(*c.seq, dx.buffer(), dy.buffer(), w.buffer(), T_, n_in, n_out, true);
+  }
+  if (c.be.real() == DType::F64) return linear_backward_generic<double>(dx, dy, w);
+  if (w.dtype() == DType::Q4_0) return cpu::q4_0_dx(f32_mut(dx), byte_span(w), f32_span(dy), T_, n_out, n_in, 0, n_out, true);
+  cpu::gemm_nn(f32_mut(dx), f32_span(dy), f32_span(w), T_, n_in, n_out, true);
+}
+
+// The one-token Vulkan dx needs scratch for its row-chunk partial sums.
+void linear_prepare(OpContext& c) {
+  if (c.be.is_cpu() || c.in(1).dtype() != DType::Q4_0) return;
+  const size_t bytes = vk::LinearKernels::q4_0_dx_scratch_bytes(c.in(0).rows(), c.in(1).dim(0), c.in(1).dim(1));
+  c.node.saved.push_back(c.be.empty({int64_t(std::max<size_t>(bytes, 4) / 4)}, DType::F32));
+}
+
+// --- matmul_nt: y[M, N] = a[M, K] · b[N, K]ᵀ ---------------------------------------------------------------
+
+Shape matmul_shape(const Graph& g, const Node& n) {
+  const Tensor &a = g.node(n.inputs[0]).value, &b = g.node(n.inputs[1]).value;
+  if (b.shape().size() != 2 || a.cols() != b.cols())
+    throw GraphError("matmul_nt: a " + shape_str(a.shape()) + " and b " + shape_str(b.shape()) +
+                     " must share their last dimension, with b a matrix");
+  Shape out = a.shape();
+  out.back() = b.dim(0);
+  return out;
+}
+
+template <class T>
+void matmul_forward_cpu(const Tensor& y, const Tensor& a, const Tensor& b) {
+  const int64_t M = a.rows(), N = b.dim(0), K = a.cols();
+  const T *pa = a.data<T>(), *pb = b.data<T>();
+  T* py = y.data<T>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      T s = 0;
+      for (int64_t k = 0; k < K; ++k) s += pa[m * K + k] * pb[n * K + k];
+      py[m * N + n] = s;
+    }
+}
+
+template <class T>
+void matmul_backward_cpu(OpContext& c) {
+  const Tensor &a = c.in(0), &b = c.in(1), &dy = c.node.grad;
+  const int64_t M = a.rows(), N = b.dim(0), K = a.cols();
+  const T *pa = a.data<T>(), *pb = b.data<T>(), *pdy = dy.data<T>();
+  if (c.needs_grad(0)) {  // da[M, K] += dy[M, N] · b[N, K]
+    T* da = c.in_grad(0).data<T>();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) da[m * K + k] += pdy[m * N + n] * pb[n * K + k];
+  }
+  if (c.needs_grad(1)) {  // db[N, K] += dyᵀ[N, M] · a[M, K]
+    T* db = c.in_grad(1).data<T>();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) db[n * K + k] += pdy[m * N + n] * pa[m * K + k];
+  }
+}
+
+void matmul_forward(OpContext& c) {
+  const Tensor &a = c.in(0), &b = c.in(1), &y = c.node.value;
+  const int64_t M = a.rows(), N = b.dim(0), K = a.cols();
+  if (!c.be.is_cpu()) return c.be.linear().gemm_nt(*c.seq, y.buffer(), a.buffer(), b.buffer(), M, N, K, false);
+  if (c.be.real() == DType::F64) return matmul_forward_cpu<double>(y, a, b);
+  cpu::gemm_nt(f32_mut(y), f32_span(a), f32_span(b), M, N, K, false);
+}
+
+void matmul_backward(OpContext& c) {
+  const Tensor &a = c.in(0), &b = c.in(1), &dy = c.node.grad;
+  const int64_t M = a.rows(), N = b.dim(0), K = a.cols();
+  if (!c.be.is_cpu()) {
+    if (c.needs_grad(0)) c.be.linear().gemm_nn(*c.seq, c.in_grad(0).buffer(), dy.buffer(), b.buffer(), M, K, N, true);
+    if (c.needs_grad(1)) c.be.linear().gemm_tn(*c.seq, c.in_grad(1).buffer(), dy.buffer(), a.buffer(), N, K, M, true);
+    return;
+  }
+  if (c.be.real() == DType::F64) return matmul_backward_cpu<double>(c);
+  if (c.needs_grad(0)) cpu::gemm_nn(f32_mut(c.in_grad(0)), f32_span(dy), f32_span(b), M, K, N, true);
+  if (c.needs_grad(1)) cpu::gemm_tn(f32_mut(c.in_grad(1)), f32_span(dy), f32_span(a), N, K, M, true);
+}
+
+const OpDef kLinearOp{"linear", linear_shape, linear_prepare, linear_forward, linear_backward};
+const OpDef kMatmulOp{"matmul_nt", matmul_shape, nullptr, matmul_forward, matmul_backward};
+
+// x is the parameter: the frozen weight itself never has a gradient.
+GradcheckCase linear_case(int64_t T, int64_t n_out, int64_t n_in) {
+  return {"linear q4_0 T=" + std::to_string(T) + " " + std::to_string(n_out) + "x" + std::to_string(n_in),
+          [=](Graph& g, std::mt19937& r) {
+            Var w = random_q4_0(g, r, n_out, n_in, "w");
+            return linear(random_param(g, r, {T, n_in}, "x"), w);
+          }};
+}
+
+void add_cases(std::vector<GradcheckCase>& out) {
+  out.push_back(linear_case(1, 7, 64));
+  out.push_back(linear_case(3, 65, 32));
+  out.push_back(linear_case(17, 63, 96));
+  out.push_back({"linear f32 weight", [](Graph& g, std::mt19937& r) {
+                   Var w = random_constant(g, r, {9, 20}, "w");
+                   return linear(random_param(g, r, {3, 20}, "x"), w);
+                 }});
+  out.push_back({"matmul_nt", [](Graph& g, std::mt19937& r) {
+                   return matmul_nt(random_param(g, r, {5, 19}, "a"), random_param(g, r, {7, 19}, "b"));
+                 }});
+}
+
+const OpRegistration kRegistration({&kLinearOp, &kMatmulOp}, add_cases);
+
+}  // namespace
+
+Var linear(Var x, Var w) {
+  const Node& wn = w.g->node(w.id);
+  if (wn.requires_grad)
+    throw GraphError("linear: the weight " + (wn.name.empty() ? std::string("") : "'" + wn.name + "' ") +
+                     "is trainable; linear takes frozen weights (use matmul_nt for a trainable matrix)");
+  const DType t = w.value().dtype();
+  if (t != DType::Q4_0 && t != x.g->backend().real())
+    throw GraphError(std::string("linear: weight type ") + dtype_name(t) + " is not supported");
+  return x.g->add(kLinearOp, {x, w});
+}
+
+Var matmul_nt(Var a, Var b) { return a.g->add(kMatmulOp, {a, b}); }
+
+}  // namespace q4t::ag

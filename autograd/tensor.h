@@ -1,0 +1,77 @@
+// Tensors: a shape, a dtype and storage on one backend (host memory, or a Vulkan buffer). Shapes are
+// row-major with the last dimension fastest; a quantized tensor is a matrix [rows, cols] of GGML blocks,
+// rows contiguous, and is read-only storage: it can never be a parameter or receive a gradient.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/vulkan/buffer.h"
+
+namespace q4t::ag {
+
+// F32: activations, LoRA parameters and gradients. F64: the same on the CPU in gradient checks.
+// I32: token ids and labels. Q4_0: frozen weights.
+enum class DType : uint8_t { F32, F64, I32, Q4_0 };
+const char* dtype_name(DType t);
+inline bool is_quantized(DType t) { return t == DType::Q4_0; }
+inline bool is_real(DType t) { return t == DType::F32 || t == DType::F64; }
+
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& s);
+int64_t numel(const Shape& s);
+// Bytes that a tensor of this dtype and shape occupies (Q4_0: rows * cols/32 * 18).
+size_t storage_bytes(DType t, const Shape& s);
+
+// Where the bytes live. Exactly one of host / buffer is used.
+struct Storage {
+  std::vector<std::byte> host;
+  std::unique_ptr<vk::Buffer> buffer;
+  size_t bytes = 0;
+};
+
+// Thrown for graphs that cannot be built: shape mismatches, quantized parameters, gradients of frozen tensors.
+struct GraphError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(Shape shape, DType dtype, std::shared_ptr<Storage> storage)
+      : shape_(std::move(shape)), dtype_(dtype), storage_(std::move(storage)) {}
+
+  const Shape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  int64_t numel() const { return ag::numel(shape_); }
+  int64_t dim(int i) const { return shape_.at(i < 0 ? shape_.size() + i : size_t(i)); }
+  int64_t cols() const { return shape_.empty() ? 1 : shape_.back(); }
+  int64_t rows() const { return cols() == 0 ? 0 : numel() / cols(); }
+  bool defined() const { return storage_ != nullptr; }
+  bool on_host() const { return storage_ && !storage_->buffer; }
+  size_t bytes() const { return storage_bytes(dtype_, shape_); }
+
+  // Host pointer (CPU tensors only); T must match the dtype (float, double, int32_t, uint8_t for quantized).
+  template <class T>
+  T* data() const {
+    if (!on_host()) throw std::logic_error("Tensor::data on a device tensor");
+    return reinterpret_cast<T*>(storage_->host.data());
+  }
+  // The Vulkan buffer (device tensors only).
+  const vk::Buffer& buffer() const {
+    if (!storage_ || !storage_->buffer) throw std::logic_error("Tensor::buffer on a host tensor");
+    return *storage_->buffer;
+  }
+  // Same storage, another shape with the same number of elements (not for quantized tensors).
+  Tensor view(Shape shape) const;
+
+ private:
+  Shape shape_;
+  DType dtype_ = DType::F32;
+  std::shared_ptr<Storage> storage_;
+};
+
+}  // namespace q4t::ag

@@ -1,0 +1,137 @@
+// The autograd graph: every registered gradient-check case (double-precision finite differences, then the f32
+// CPU and the Vulkan device against the double-precision CPU), and the rules that keep quantized weights frozen.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "autograd/gradcheck.h"
+#include "autograd/ops.h"
+#include "kernels/quant/q4_0.h"
+
+namespace q4t::ag {
+namespace {
+
+struct Backends {
+  std::unique_ptr<vk::Device> device = vk::Device::open({-1, /*validation=*/true});
+  std::unique_ptr<Backend> cpu32 = Backend::cpu(DType::F32);
+  std::unique_ptr<Backend> vulkan = Backend::vulkan(*device);
+};
+Backends& backends() {
+  static Backends b;
+  return b;
+}
+
+class Gradcheck : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(Gradcheck, MatchesFiniteDifferencesAndTheDoublePrecisionCpu) {
+  const GradcheckCase& c = gradcheck_cases().at(GetParam());
+  const GradcheckResult r = run_gradcheck(c, {backends().cpu32.get(), backends().vulkan.get()});
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  EXPECT_GT(r.fd_points, 0) << "the case has no parameter";
+  EXPECT_LE(r.fd_error, c.fd_bound) << "finite differences (double) vs analytic";
+  ASSERT_EQ(r.backends.size(), 2u);
+  for (const BackendCheck& b : r.backends) {
+    EXPECT_LE(b.forward_error, c.device_bound) << b.backend << " forward";
+    EXPECT_LE(b.backward_error, c.device_bound) << b.backend << " backward";
+  }
+  const auto msgs = backends().device->validation_messages();
+  EXPECT_TRUE(msgs.empty()) << "validation: " << (msgs.empty() ? "" : msgs.back());
+}
+
+std::string case_test_name(const ::testing::TestParamInfo<size_t>& info) {
+  std::string s;
+  for (char ch : gradcheck_cases().at(info.param).name) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  return s + "_" + std::to_string(info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOps, Gradcheck, ::testing::Range(size_t(0), gradcheck_cases().size()), case_test_name);
+
+TEST(OpTable, EveryOpHasAGradientCheckCase) {
+  std::set<std::string> covered;
+  for (const auto& c : gradcheck_cases()) covered.insert(c.name.substr(0, c.name.find(' ')));
+  for (const OpDef* op : op_table()) EXPECT_TRUE(covered.count(op->name)) << op->name << " has no case";
+  EXPECT_GE(op_table().size(), 14u);
+}
+
+Tensor q4_0_weight(Backend& be, int64_t n_out, int64_t n_in) {
+  std::vector<float> f(size_t(n_out * n_in));
+  for (size_t i = 0; i < f.size(); ++i) f[i] = float(i % 7) - 3.0f;
+  std::vector<uint8_t> bytes(size_t(n_out * n_in / 32 * 18));
+  quant::quantize_q4_0(bytes, f, n_out, n_in);
+  return be.quantized(bytes, {n_out, n_in}, DType::Q4_0);
+}
+
+TEST(GraphRules, MarkingAQuantizedWeightTrainableFails) {
+  auto be = Backend::cpu();
+  Graph g(*be);
+  try {
+    g.param(q4_0_weight(*be, 4, 32), "blk.0.attn_q.weight");
+    FAIL() << "accepted a quantized parameter";
+  } catch (const GraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("'blk.0.attn_q.weight' trainable: it is q4_0"), std::string::npos)
+        << e.what();
+  }
+  Var w = g.constant(q4_0_weight(*be, 4, 32), "w");
+  EXPECT_THROW(g.set_trainable(w), GraphError);
+}
+
+TEST(GraphRules, BackpropagatingIntoAQuantizedWeightFails) {
+  auto be = Backend::cpu();
+  Graph g(*be);
+  Var w = g.constant(q4_0_weight(*be, 4, 32), "w");
+  Var x = g.param(be->from_host(std::vector<float>(64, 0.5f), {2, 32}), "x");
+  Var y = linear(x, w);
+  g.forward();
+  g.backward(y, be->from_host(std::vector<float>(8, 1.0f), {2, 4}));
+  EXPECT_EQ(be->to_host(g.grad(x)).size(), 64u);
+  try {
+    g.grad(w);
+    FAIL() << "a quantized weight returned a gradient";
+  } catch (const GraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("'w' is quantized (q4_0): frozen weights have no gradient"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(g.backward(w, be->zeros({4, 32}, DType::F32)), GraphError);
+}
+
+TEST(GraphRules, ALinearRefusesATrainableWeight) {
+  auto be = Backend::cpu();
+  Graph g(*be);
+  Var w = g.param(be->zeros({4, 32}, DType::F32), "w");
+  Var x = g.constant(be->zeros({2, 32}, DType::F32), "x");
+  EXPECT_THROW(linear(x, w), GraphError);
+}
+
+TEST(GraphRules, ShapeMismatchesNameBothShapes) {
+  auto be = Backend::cpu();
+  Graph g(*be);
+  Var a = g.constant(be->zeros({2, 3}, DType::F32), "a");
+  Var b = g.constant(be->zeros({3, 2}, DType::F32), "b");
+  try {
+    add(a, b);
+    FAIL();
+  } catch (const GraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("b [3, 2] must equal a [2, 3]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GraphRules, AVulkanGraphRecordedOnceSeesNewInputsOnEveryRun) {
+  auto& be = *backends().vulkan;
+  Graph g(be);
+  Tensor xt = be.from_host(std::vector<float>{1, 2, 3}, {3});
+  Var x = g.constant(xt, "x");
+  Var s = g.param(be.from_host(std::vector<float>{2, 2, 2}, {3}), "s");
+  Var y = mul(x, s);
+  g.forward();
+  EXPECT_EQ(be.to_host(y.value()), (std::vector<double>{2, 4, 6}));
+  be.upload(xt, std::vector<float>{-1, 0, 5});
+  g.forward();
+  EXPECT_EQ(be.to_host(y.value()), (std::vector<double>{-2, 0, 10}));
+  g.backward(y, be.from_host(std::vector<float>{1, 1, 1}, {3}));
+  EXPECT_EQ(be.to_host(g.grad(s)), (std::vector<double>{-1, 0, 5}));
+  g.backward(y, be.from_host(std::vector<float>{1, 1, 1}, {3}));  // zeroed first: not doubled
+  EXPECT_EQ(be.to_host(g.grad(s)), (std::vector<double>{-1, 0, 5}));
+}
+
+}  // namespace
+}  // namespace q4t::ag
