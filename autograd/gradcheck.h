@@ -4,7 +4,7 @@
 //   - on the CPU in double precision: the analytic dL/dp of L = <g, y> against central finite differences;
 //   - on each other backend (the CPU in f32, a Vulkan device): the forward y and every dL/dp against the
 //     double-precision CPU values.
-// Errors are norm-wise relative: max_i |got_i - want_i| / max_i |want_i|.
+// Errors are norm-wise relative: max_i |got_i - want_i| / max(max_i |want_i|, 1e-7).
 #pragma once
 #include <functional>
 #include <random>

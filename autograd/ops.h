@@ -21,6 +21,8 @@ Var matmul_nt(Var a, Var b);
 Var add(Var a, Var b);
 Var mul(Var a, Var b);
 Var scale(Var a, double s);
+// The same values (row-major order) with another shape of as many elements (1 to 5 dims).
+Var reshape(Var a, const Shape& shape);
 // y = x / sqrt(mean(x², row) + eps) * w, per row; w [C].
 Var rms_norm(Var x, Var w, double eps);
 

@@ -24,7 +24,7 @@ int run_gradcheck_cmd(const DeviceChoice& dev, std::ostream& out) {
   for (const auto& c : ag::gradcheck_cases()) {
     const ag::GradcheckResult r = ag::run_gradcheck(c, others);
     char line[512];
-    int n = std::snprintf(line, sizeof line, "%-34s fd %.1e (%3lld pts)", c.name.c_str(), r.fd_error,
+    int n = std::snprintf(line, sizeof line, "%-40s fd %.1e (%3lld pts)", c.name.c_str(), r.fd_error,
                           static_cast<long long>(r.fd_points));
     for (const auto& b : r.backends)
       n += std::snprintf(line + n, sizeof line - size_t(n), "  %s fwd %.1e bwd %.1e",

@@ -28,6 +28,13 @@ Shape binary_shape(const char* op, const Graph& g, const Node& n) {
 Shape add_shape(const Graph& g, const Node& n) { return binary_shape("add", g, n); }
 Shape mul_shape(const Graph& g, const Node& n) { return binary_shape("mul", g, n); }
 Shape scale_shape(const Graph& g, const Node& n) { return g.node(n.inputs[0]).value.shape(); }
+// params.i[0] = number of dims, i[1..5] = the dims.
+Shape reshape_shape(const Graph& g, const Node& n) {
+  const Shape& a = g.node(n.inputs[0]).value.shape();
+  const Shape out(n.params.i.begin() + 1, n.params.i.begin() + 1 + n.params.i[0]);
+  if (numel(out) != numel(a)) throw GraphError("reshape: cannot view " + shape_str(a) + " as " + shape_str(out));
+  return out;
+}
 
 // --- CPU ---------------------------------------------------------------------------------------------------
 
@@ -124,6 +131,8 @@ void check_real(const char* op, Var v) {
 const OpDef kAddOp{"add", add_shape, nullptr, ew_forward<kAdd>, ew_backward<kAdd>};
 const OpDef kMulOp{"mul", mul_shape, nullptr, ew_forward<kMul>, ew_backward<kMul>};
 const OpDef kScaleOp{"scale", scale_shape, nullptr, ew_forward<kScale>, ew_backward<kScale>};
+// A copy with another shape (forward y = 1 * x, backward dx += dy): values keep their row-major order.
+const OpDef kReshapeOp{"reshape", reshape_shape, nullptr, ew_forward<kScale>, ew_backward<kScale>};
 
 void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back({"add", [](Graph& g, std::mt19937& r) {
@@ -139,13 +148,17 @@ void add_cases(std::vector<GradcheckCase>& out) {
                    return mul(random_param(g, r, {17, 9}, "a"), random_param(g, r, {9}, "b"));
                  }});
   out.push_back({"scale", [](Graph& g, std::mt19937& r) { return scale(random_param(g, r, {4, 33}, "a"), -0.37); }});
+  out.push_back({"reshape", [](Graph& g, std::mt19937& r) {
+                   Var a = random_param(g, r, {4, 6}, "a");
+                   return mul(reshape(a, {3, 8}), random_param(g, r, {8}, "b"));
+                 }});
   out.push_back({"add (same tensor twice)", [](Graph& g, std::mt19937& r) {
                    Var a = random_param(g, r, {3, 5}, "a");
                    return mul(a, add(a, a));
                  }});
 }
 
-const OpRegistration kRegistration({&kAddOp, &kMulOp, &kScaleOp}, add_cases);
+const OpRegistration kRegistration({&kAddOp, &kMulOp, &kScaleOp, &kReshapeOp}, add_cases);
 
 }  // namespace
 
@@ -162,6 +175,16 @@ Var scale(Var a, double s) {
   OpParams p;
   p.f[0] = s;
   return a.g->add(kScaleOp, {a}, p);
+}
+
+Var reshape(Var a, const Shape& shape) {
+  check_real("reshape", a);
+  if (shape.empty() || shape.size() > 5) throw GraphError("reshape: 1 to 5 dimensions, not " + shape_str(shape));
+  OpParams p;
+  p.i[0] = int64_t(shape.size());
+  for (size_t k = 0; k < shape.size(); ++k) p.i[k + 1] = shape[k];
+  p.f[0] = 1.0;
+  return a.g->add(kReshapeOp, {a}, p);
 }
 
 }  // namespace q4t::ag

@@ -1,0 +1,231 @@
+// attention: causal self-attention with grouped-query heads.
+//   T tokens, H query heads, Hkv key/value heads, G = H / Hkv query heads per kv head, D head dim.
+//   q [T, H*D], k and v [T, Hkv*D], out [T, H*D]; query head h reads kv head hk = h / G.
+// Forward, per head h and query token i:
+//   S[h, i, j] = q_i · k_j / sqrt(D) for j ≤ i (causal), P = softmax over j (row max subtracted),
+//   out_i = Σ_j P[h, i, j] v_j.
+// Backward, with dO = dL/d(out):
+//   dP = dO · vᵀ, dS = P ∘ (dP - rowsum(dP ∘ P)),
+//   dq = dS · k / sqrt(D), dk = dSᵀ · q / sqrt(D), dv = Pᵀ · dO, dk and dv of a kv head summing over its G heads.
+// The forward saves P [H, T, T] (entries j > i are never written nor read); the Vulkan backward also keeps a
+// dS [H, T, T] scratch. Every sum runs in a fixed order in one invocation: no atomics, deterministic results.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "autograd/gradcheck.h"
+#include "autograd/ops.h"
+#include "autograd/ops/vk_util.h"
+
+namespace q4t::ag {
+
+namespace {
+
+struct Dims {
+  int64_t T, H, Hkv, D;
+  int64_t G() const { return H / Hkv; }
+};
+
+// params.i[0] = n_head, params.i[1] = n_head_kv.
+Dims attention_dims(const OpContext& c) {
+  const int64_t H = c.node.params.i[0];
+  return {c.in(0).rows(), H, c.node.params.i[1], c.in(0).cols() / H};
+}
+
+Shape attention_shape(const Graph& g, const Node& n) {
+  const Tensor &q = g.node(n.inputs[0]).value, &k = g.node(n.inputs[1]).value, &v = g.node(n.inputs[2]).value;
+  const int64_t H = n.params.i[0], Hkv = n.params.i[1];
+  auto fail = [&](const std::string& why) {
+    throw GraphError("attention: " + why + " (q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " +
+                     shape_str(v.shape()) + ", n_head " + std::to_string(H) + ", n_head_kv " + std::to_string(Hkv) +
+                     ")");
+  };
+  for (const Tensor* t : {&q, &k, &v})
+    if (!is_real(t->dtype())) fail(std::string("inputs must be real tensors, got ") + dtype_name(t->dtype()));
+  if (q.shape().size() != 2 || k.shape().size() != 2 || v.shape().size() != 2)
+    fail("q, k and v must be matrices [T, heads * D]");
+  if (H <= 0 || Hkv <= 0 || H % Hkv != 0) fail("n_head must be a positive multiple of n_head_kv");
+  if (q.cols() % H != 0) fail("q's " + std::to_string(q.cols()) + " columns are not divisible by n_head");
+  if (k.shape() != v.shape()) fail("k and v must have the same shape");
+  if (k.rows() != q.rows()) fail("k and v must have as many tokens (rows) as q");
+  const int64_t D = q.cols() / H;
+  if (k.cols() != Hkv * D)
+    fail("k and v need n_head_kv * D = " + std::to_string(Hkv * D) + " columns for head dim D = " + std::to_string(D));
+  if (q.rows() == 0 || D == 0) fail("needs at least one token and a non-empty head");
+  return q.shape();
+}
+
+// P [H, T, T] for the backward; on Vulkan also the dS [H, T, T] scratch of the backward.
+void attention_prepare(OpContext& c) {
+  const Dims n = attention_dims(c);
+  const Shape hTT{n.H, n.T, n.T};
+  if (!c.be.is_cpu() && numel(hTT) > int64_t(std::numeric_limits<uint32_t>::max()))
+    throw GraphError("attention: H * T * T = " + std::to_string(numel(hTT)) +
+                     " saved probabilities exceed the 32-bit indexing of the Vulkan kernels; use fewer tokens");
+  c.node.saved.push_back(c.be.empty(hTT, c.be.real()));
+  if (!c.be.is_cpu() && c.node.requires_grad) c.node.saved.push_back(c.be.empty(hTT, c.be.real()));
+}
+
+// --- CPU ---------------------------------------------------------------------------------------------------
+
+template <class Real>
+Real dot(const Real* a, const Real* b, int64_t n) {
+  Real s = 0;
+  for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+
+template <class Real>
+void attention_forward_cpu(OpContext& c) {
+  const Dims n = attention_dims(c);
+  const Real *q = c.in(0).data<Real>(), *k = c.in(1).data<Real>(), *v = c.in(2).data<Real>();
+  Real *P = c.node.saved.at(0).data<Real>(), *out = c.node.value.data<Real>();
+  const Real scale = Real(1 / std::sqrt(double(n.D)));
+  const int64_t qs = n.H * n.D, ks = n.Hkv * n.D;  // row strides of q/out and k/v
+  for (int64_t h = 0; h < n.H; ++h) {
+    const int64_t kvo = (h / n.G()) * n.D;
+    for (int64_t i = 0; i < n.T; ++i) {
+      Real* p = P + (h * n.T + i) * n.T;  // row [T], j ≤ i used
+      Real m = -std::numeric_limits<Real>::infinity();
+      for (int64_t j = 0; j <= i; ++j) {
+        p[j] = scale * dot(q + i * qs + h * n.D, k + j * ks + kvo, n.D);
+        m = std::max(m, p[j]);
+      }
+      Real sum = 0;
+      for (int64_t j = 0; j <= i; ++j) sum += p[j] = std::exp(p[j] - m);
+      for (int64_t j = 0; j <= i; ++j) p[j] /= sum;
+      Real* o = out + i * qs + h * n.D;  // [D]
+      for (int64_t d = 0; d < n.D; ++d) o[d] = 0;
+      for (int64_t j = 0; j <= i; ++j)
+        for (int64_t d = 0; d < n.D; ++d) o[d] += p[j] * v[j * ks + kvo + d];
+    }
+  }
+}
+
+// Row by row: dP_i, the row sum r_i = Σ_j P dP, then each dS entry goes straight into dq_i and dk_j (P into dv_j).
+template <class Real>
+void attention_backward_cpu(OpContext& c) {
+  const Dims n = attention_dims(c);
+  const Real *q = c.in(0).data<Real>(), *k = c.in(1).data<Real>(), *v = c.in(2).data<Real>();
+  const Real *P = c.node.saved.at(0).data<Real>(), *dout = c.node.grad.data<Real>();
+  Real* dq = c.needs_grad(0) ? c.in_grad(0).data<Real>() : nullptr;
+  Real* dk = c.needs_grad(1) ? c.in_grad(1).data<Real>() : nullptr;
+  Real* dv = c.needs_grad(2) ? c.in_grad(2).data<Real>() : nullptr;
+  const Real scale = Real(1 / std::sqrt(double(n.D)));
+  const int64_t qs = n.H * n.D, ks = n.Hkv * n.D;
+  std::vector<Real> dp(size_t(n.T));  // dP row [T]
+  for (int64_t h = 0; h < n.H; ++h) {
+    const int64_t kvo = (h / n.G()) * n.D;
+    for (int64_t i = 0; i < n.T; ++i) {
+      const Real* p = P + (h * n.T + i) * n.T;
+      const Real* doi = dout + i * qs + h * n.D;
+      Real r = 0;
+      for (int64_t j = 0; j <= i; ++j) {
+        dp[size_t(j)] = dot(doi, v + j * ks + kvo, n.D);
+        r += p[j] * dp[size_t(j)];
+      }
+      for (int64_t j = 0; j <= i; ++j) {
+        const Real ds = scale * p[j] * (dp[size_t(j)] - r);  // dL/d(q_i·k_j)
+        for (int64_t d = 0; d < n.D; ++d) {
+          if (dq) dq[i * qs + h * n.D + d] += ds * k[j * ks + kvo + d];
+          if (dk) dk[j * ks + kvo + d] += ds * q[i * qs + h * n.D + d];
+          if (dv) dv[j * ks + kvo + d] += p[j] * doi[d];
+        }
+      }
+    }
+  }
+}
+
+// --- Vulkan ------------------------------------------------------------------------------------------------
+
+// The one push block of every attention_*.comp: s scales the scores or the weighted sums, accumulate makes
+// attention_rows add into y (attention_cols always adds).
+struct AttentionPush {
+  uint32_t T, H, Hkv, D;
+  float s;
+  uint32_t accumulate;
+};
+
+AttentionPush attention_push(const Dims& n, float s, bool accumulate) {
+  return {uint32_t(n.T), uint32_t(n.H), uint32_t(n.Hkv), uint32_t(n.D), s, accumulate ? 1u : 0u};
+}
+
+// y (+)= s · Σ_{j ≤ i} W[h, i, j] X[j, kv head of h] (attention_rows), or y += s · Σ_{h, i ≥ j} W[h, i, j] X[i, h]
+// for the kv-head-shaped y (attention_cols).
+void weighted_sum_vk(OpContext& c, const char* shader, const Tensor& y, const Tensor& w, const Tensor& x, float s,
+                     bool accumulate) {
+  const AttentionPush push = attention_push(attention_dims(c), s, accumulate);
+  c.seq->dispatch(c.be.pipeline(shader, 3, sizeof(push)), {&y.buffer(), &w.buffer(), &x.buffer()}, push,
+                  groups_for(y.numel(), 64));
+}
+
+void attention_forward_vk(OpContext& c) {
+  const Dims n = attention_dims(c);
+  const Tensor& P = c.node.saved.at(0);
+  const AttentionPush push = attention_push(n, float(1 / std::sqrt(double(n.D))), false);
+  c.seq->dispatch(c.be.pipeline("attention_scores", 3, sizeof(push)),
+                  {&P.buffer(), &c.in(0).buffer(), &c.in(1).buffer()}, push, groups_for(P.numel(), 64));
+  // One workgroup of 64 per row (h, i).
+  c.seq->dispatch(c.be.pipeline("attention_softmax", 1, sizeof(push)), {&P.buffer()}, push,
+                  groups_for(n.H * n.T * 64, 64));
+  weighted_sum_vk(c, "attention_rows", c.node.value, P, c.in(2), 1.0f, false);
+}
+
+void attention_backward_vk(OpContext& c) {
+  const Dims n = attention_dims(c);
+  const Tensor &P = c.node.saved.at(0), &dS = c.node.saved.at(1), &dout = c.node.grad;
+  const float scale = float(1 / std::sqrt(double(n.D)));
+  if (c.needs_grad(0) || c.needs_grad(1)) {
+    const AttentionPush push = attention_push(n, 1.0f, false);
+    c.seq->dispatch(c.be.pipeline("attention_dscores", 5, sizeof(push)),
+                    {&dS.buffer(), &P.buffer(), &dout.buffer(), &c.in(2).buffer(), &c.node.value.buffer()}, push,
+                    groups_for(dS.numel(), 64));
+  }
+  if (c.needs_grad(0)) weighted_sum_vk(c, "attention_rows", c.in_grad(0), dS, c.in(1), scale, true);
+  if (c.needs_grad(1)) weighted_sum_vk(c, "attention_cols", c.in_grad(1), dS, c.in(0), scale, true);
+  if (c.needs_grad(2)) weighted_sum_vk(c, "attention_cols", c.in_grad(2), P, dout, 1.0f, true);
+}
+
+void attention_forward(OpContext& c) {
+  if (!c.be.is_cpu()) return attention_forward_vk(c);
+  c.be.real() == DType::F64 ? attention_forward_cpu<double>(c) : attention_forward_cpu<float>(c);
+}
+void attention_backward(OpContext& c) {
+  if (!c.be.is_cpu()) return attention_backward_vk(c);
+  c.be.real() == DType::F64 ? attention_backward_cpu<double>(c) : attention_backward_cpu<float>(c);
+}
+
+const OpDef kAttentionOp{"attention", attention_shape, attention_prepare, attention_forward, attention_backward};
+
+GradcheckCase attention_case(int64_t T, int64_t H, int64_t Hkv, int64_t D, const std::string& note = "") {
+  return {"attention T=" + std::to_string(T) + " H=" + std::to_string(H) + " Hkv=" + std::to_string(Hkv) +
+              " D=" + std::to_string(D) + note,
+          [=](Graph& g, std::mt19937& r) {
+            Var q = random_param(g, r, {T, H * D}, "q");
+            Var k = random_param(g, r, {T, Hkv * D}, "k");
+            Var v = random_param(g, r, {T, Hkv * D}, "v");
+            return attention(q, k, v, H, Hkv);
+          }};
+}
+
+void add_cases(std::vector<GradcheckCase>& out) {
+  out.push_back(attention_case(5, 4, 2, 8));
+  out.push_back(attention_case(7, 3, 3, 4));
+  out.push_back(attention_case(1, 2, 1, 16));
+  out.push_back(attention_case(70, 2, 1, 4, " (rows longer than a softmax workgroup)"));
+}
+
+const OpRegistration kRegistration({&kAttentionOp}, add_cases);
+
+}  // namespace
+
+Var attention(Var q, Var k, Var v, int64_t n_head, int64_t n_head_kv) {
+  OpParams p;
+  p.i[0] = n_head;
+  p.i[1] = n_head_kv;
+  return q.g->add(kAttentionOp, {q, k, v}, p);
+}
+
+}  // namespace q4t::ag

@@ -1,0 +1,426 @@
+// rms_norm, rope, silu, swiglu and dropout: the row-wise and elementwise ops of a llama block.
+// Shapes: x [T, C] with T rows (tokens) of C channels; rope's x is [T, H*D] (H heads of head dim D).
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "autograd/gradcheck.h"
+#include "autograd/ops.h"
+#include "autograd/ops/vk_util.h"
+
+namespace q4t::ag {
+
+namespace {
+
+void check_real(const char* op, Var v) {
+  if (!is_real(v.value().dtype()))
+    throw GraphError(std::string(op) + ": input is " + dtype_name(v.value().dtype()) + ", not a real tensor");
+}
+
+// --- rms_norm: y[t, c] = x[t, c] * rstd[t] * w[c], rstd[t] = 1 / sqrt(mean_c x[t, c]² + eps) --------------
+// params: f[0] = eps. saved[0] = rstd [T], written by the forward for the backward; on Vulkan with a trainable
+// w, saved[1] = the dw scratch below.
+
+struct RmsNormPush {
+  uint32_t rows, cols;
+  float eps;
+};
+struct DwPush {
+  uint32_t rows, cols, chunk_rows;
+};
+
+Shape rms_norm_shape(const Graph& g, const Node& n) {
+  const Tensor &x = g.node(n.inputs[0]).value, &w = g.node(n.inputs[1]).value;
+  if (w.shape() != Shape{x.cols()})
+    throw GraphError("rms_norm: weight " + shape_str(w.shape()) + " must be one row [" + std::to_string(x.cols()) +
+                     "] matching x " + shape_str(x.shape()));
+  return x.shape();
+}
+
+// Vulkan sums dw in two passes: per-chunk column sums of kDwChunkRows rows into saved[1] [chunks, C], then the
+// chunks in order (deterministic, parallel over chunks, and every loop short).
+constexpr int64_t kDwChunkRows = 128;
+
+void rms_norm_prepare(OpContext& c) {
+  const int64_t rows = c.in(0).rows(), chunks = (rows + kDwChunkRows - 1) / kDwChunkRows;
+  c.node.saved.push_back(c.be.empty({rows}, c.be.real()));
+  if (c.be.is_cpu() || !c.needs_grad(1)) return;
+  if (chunks > 65535)
+    throw GraphError("rms_norm: " + std::to_string(rows) + " rows are too many for one Vulkan dispatch");
+  c.node.saved.push_back(c.be.empty({chunks, c.in(0).cols()}, DType::F32));
+}
+
+template <class T>
+void rms_norm_forward_cpu(OpContext& c) {
+  const Tensor& x = c.in(0);
+  const int64_t rows = x.rows(), C = x.cols();
+  const T eps = T(c.node.params.f[0]);
+  const T *px = x.data<T>(), *pw = c.in(1).data<T>();
+  T *py = c.node.value.data<T>(), *rstd = c.node.saved[0].data<T>();
+  for (int64_t t = 0; t < rows; ++t) {
+    const T* xr = px + t * C;
+    T ss = 0;
+    for (int64_t i = 0; i < C; ++i) ss += xr[i] * xr[i];
+    const T r = T(1) / std::sqrt(ss / T(C) + eps);
+    rstd[t] = r;
+    for (int64_t i = 0; i < C; ++i) py[t * C + i] = xr[i] * r * pw[i];
+  }
+}
+
+// With r = rstd[t] and y_c = x_c r w_c, and dr/dx_c = -r³ x_c / C:
+//   dx_c += r w_c dy_c - x_c r³/C Σ_j dy_j w_j x_j,   dw_c += Σ_t dy[t, c] x[t, c] r[t].
+template <class T>
+void rms_norm_backward_cpu(OpContext& c) {
+  const Tensor& x = c.in(0);
+  const int64_t rows = x.rows(), C = x.cols();
+  const T *px = x.data<T>(), *pw = c.in(1).data<T>(), *dy = c.node.grad.data<T>();
+  const T* rstd = c.node.saved[0].data<T>();
+  for (int64_t t = 0; t < rows; ++t) {
+    const T *xr = px + t * C, *dyr = dy + t * C, r = rstd[t];
+    if (c.needs_grad(0)) {
+      T dot = 0;
+      for (int64_t i = 0; i < C; ++i) dot += dyr[i] * pw[i] * xr[i];
+      const T k = r * r * r * dot / T(C);
+      T* dx = c.in_grad(0).data<T>() + t * C;
+      for (int64_t i = 0; i < C; ++i) dx[i] += r * pw[i] * dyr[i] - k * xr[i];
+    }
+    if (c.needs_grad(1)) {
+      T* dw = c.in_grad(1).data<T>();
+      for (int64_t i = 0; i < C; ++i) dw[i] += dyr[i] * xr[i] * r;
+    }
+  }
+}
+
+// One workgroup per row for the forward and dx (a row reduction each); dw is a column sum in two passes.
+void rms_norm_forward_vk(OpContext& c) {
+  const Tensor& x = c.in(0);
+  const RmsNormPush push{uint32_t(x.rows()), uint32_t(x.cols()), float(c.node.params.f[0])};
+  const auto& p = c.be.pipeline("rms_norm_forward", 4, sizeof(push));
+  c.seq->dispatch(p, {&c.node.value.buffer(), &c.node.saved[0].buffer(), &x.buffer(), &c.in(1).buffer()}, push,
+                  groups_for(x.rows(), 1));
+}
+
+void rms_norm_backward_vk(OpContext& c) {
+  const Tensor &x = c.in(0), &w = c.in(1), &dy = c.node.grad, &rstd = c.node.saved[0];
+  const RmsNormPush push{uint32_t(x.rows()), uint32_t(x.cols()), float(c.node.params.f[0])};
+  if (c.needs_grad(0)) {
+    const auto& p = c.be.pipeline("rms_norm_backward_dx", 5, sizeof(push));
+    c.seq->dispatch(p, {&c.in_grad(0).buffer(), &dy.buffer(), &x.buffer(), &w.buffer(), &rstd.buffer()}, push,
+                    groups_for(x.rows(), 1));
+  }
+  if (!c.needs_grad(1)) return;
+  if (c.node.saved.size() < 2)
+    throw GraphError("rms_norm: the weight was made trainable after the norm was built; mark it first");
+  const Tensor& partial = c.node.saved[1];
+  const DwPush dw{uint32_t(x.rows()), uint32_t(x.cols()), uint32_t(kDwChunkRows)};
+  c.seq->dispatch(c.be.pipeline("rms_norm_dw_partial", 4, sizeof(dw)),
+                  {&partial.buffer(), &dy.buffer(), &x.buffer(), &rstd.buffer()}, dw,
+                  {ceil_div_u32(x.cols(), 64), uint32_t(partial.dim(0)), 1});
+  c.seq->dispatch(c.be.pipeline("rms_norm_dw_reduce", 2, sizeof(dw)), {&c.in_grad(1).buffer(), &partial.buffer()}, dw,
+                  {ceil_div_u32(x.cols(), 64), 1, 1});
+}
+
+void rms_norm_forward(OpContext& c) {
+  if (!c.be.is_cpu()) return rms_norm_forward_vk(c);
+  c.be.real() == DType::F64 ? rms_norm_forward_cpu<double>(c) : rms_norm_forward_cpu<float>(c);
+}
+void rms_norm_backward(OpContext& c) {
+  if (!c.be.is_cpu()) return rms_norm_backward_vk(c);
+  c.be.real() == DType::F64 ? rms_norm_backward_cpu<double>(c) : rms_norm_backward_cpu<float>(c);
+}
+
+// --- rope: rotate pairs of each head of x [T, H*D] by theta = (pos_offset + t) * base^(-2i/D) -------------
+// params: i[0] = H, i[1] = D, i[2] = mode (RopeMode), i[3] = pos_offset; f[0] = freq_base.
+
+struct RopePush {
+  uint32_t n_pairs, n_head, head_dim, mode, pos_offset;
+  float log2_base, sin_sign;
+  uint32_t accumulate;
+};
+
+Shape rope_shape(const Graph& g, const Node& n) {
+  const Tensor& x = g.node(n.inputs[0]).value;
+  const int64_t H = n.params.i[0], D = n.params.i[1];
+  const std::string dims = "n_head " + std::to_string(H) + ", head_dim " + std::to_string(D);
+  if (H <= 0 || D <= 0 || D % 2 != 0)
+    throw GraphError("rope: " + dims + ": both must be positive and head_dim even (it rotates pairs)");
+  if (x.shape().size() != 2 || x.cols() != H * D)
+    throw GraphError("rope: x " + shape_str(x.shape()) + " must be [T, n_head * head_dim] = [T, " +
+                     std::to_string(H * D) + "] for " + dims);
+  if (!(n.params.f[0] > 0) || n.params.i[3] < 0)
+    throw GraphError("rope: freq_base " + std::to_string(n.params.f[0]) + " must be positive and pos_offset " +
+                     std::to_string(n.params.i[3]) + " non-negative");
+  return x.shape();
+}
+
+// Offsets within a head of the two elements that pair i rotates.
+int64_t rope_first(RopeMode mode, int64_t i) { return mode == RopeMode::Norm ? 2 * i : i; }
+int64_t rope_second(RopeMode mode, int64_t i, int64_t D) { return mode == RopeMode::Norm ? 2 * i + 1 : i + D / 2; }
+
+// out = R(sign * theta) in, or out += it. The forward is sign +1; the backward is sign -1 with accumulate: the
+// transpose of a rotation is its inverse. theta, sin and cos are computed in double for both T.
+template <class T>
+void rope_cpu(const Tensor& out, const Tensor& in, const OpParams& p, double sign, bool accumulate) {
+  const int64_t H = p.i[0], D = p.i[1], rows = in.rows();
+  const auto mode = RopeMode(p.i[2]);
+  const T* x = in.data<T>();
+  T* y = out.data<T>();
+  for (int64_t t = 0; t < rows; ++t) {
+    const double pos = double(p.i[3] + t);
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const double theta = pos * std::pow(p.f[0], -2.0 * double(i) / double(D));
+      const T cs = T(std::cos(theta)), sn = T(sign * std::sin(theta));
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t ia = (t * H + h) * D + rope_first(mode, i), ib = (t * H + h) * D + rope_second(mode, i, D);
+        const T a = x[ia], b = x[ib];
+        const T ya = a * cs - b * sn, yb = a * sn + b * cs;
+        y[ia] = accumulate ? y[ia] + ya : ya;
+        y[ib] = accumulate ? y[ib] + yb : yb;
+      }
+    }
+  }
+}
+
+void rope_vk(OpContext& c, const Tensor& out, const Tensor& in, float sign, bool accumulate) {
+  const OpParams& p = c.node.params;
+  const RopePush push{uint32_t(in.numel() / 2), uint32_t(p.i[0]), uint32_t(p.i[1]), uint32_t(p.i[2]),
+                      uint32_t(p.i[3]), float(std::log2(p.f[0])), sign, accumulate ? 1u : 0u};
+  const auto& pl = c.be.pipeline("rope_rotate", 2, sizeof(push));
+  c.seq->dispatch(pl, {&out.buffer(), &in.buffer()}, push, groups_for(in.numel() / 2, 256));
+}
+
+void rope_forward(OpContext& c) {
+  if (!c.be.is_cpu()) return rope_vk(c, c.node.value, c.in(0), 1.0f, false);
+  c.be.real() == DType::F64 ? rope_cpu<double>(c.node.value, c.in(0), c.node.params, 1.0, false)
+                            : rope_cpu<float>(c.node.value, c.in(0), c.node.params, 1.0, false);
+}
+void rope_backward(OpContext& c) {
+  if (!c.be.is_cpu()) return rope_vk(c, c.in_grad(0), c.node.grad, -1.0f, true);
+  c.be.real() == DType::F64 ? rope_cpu<double>(c.in_grad(0), c.node.grad, c.node.params, -1.0, true)
+                            : rope_cpu<float>(c.in_grad(0), c.node.grad, c.node.params, -1.0, true);
+}
+
+// --- silu(x) = x * sigmoid(x); swiglu(gate, up) = silu(gate) * up --------------------------------------------
+// silu'(x) = s (1 + x (1 - s)) with s = sigmoid(x).
+
+enum SiluOp : uint32_t { kSiluForward = 0, kSwigluForward = 1, kSiluBackward = 2, kSwigluDGate = 3, kSwigluDUp = 4 };
+struct SiluPush {
+  uint32_t n, op;
+};
+
+Shape silu_shape(const Graph& g, const Node& n) { return g.node(n.inputs[0]).value.shape(); }
+Shape swiglu_shape(const Graph& g, const Node& n) {
+  const Shape &gate = g.node(n.inputs[0]).value.shape(), &up = g.node(n.inputs[1]).value.shape();
+  if (gate != up)
+    throw GraphError("swiglu: gate " + shape_str(gate) + " and up " + shape_str(up) + " must have one shape");
+  return gate;
+}
+
+template <class T>
+T sigmoid(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+template <class T>
+T silu_grad(T x) {
+  const T s = sigmoid(x);
+  return s * (T(1) + x * (T(1) - s));
+}
+
+// One loop for all five: a = x or gate, b = up, dy = the output gradient (unused inputs may be null).
+template <class T>
+void silu_cpu(SiluOp op, const Tensor& out, const Tensor& a, const Tensor* b, const Tensor* dy) {
+  const int64_t n = a.numel();
+  const T *pa = a.data<T>(), *pb = b ? b->data<T>() : nullptr, *pdy = dy ? dy->data<T>() : nullptr;
+  T* o = out.data<T>();
+  for (int64_t i = 0; i < n; ++i) {
+    switch (op) {
+      case kSiluForward: o[i] = pa[i] * sigmoid(pa[i]); break;
+      case kSwigluForward: o[i] = pa[i] * sigmoid(pa[i]) * pb[i]; break;
+      case kSiluBackward: o[i] += pdy[i] * silu_grad(pa[i]); break;
+      case kSwigluDGate: o[i] += pdy[i] * silu_grad(pa[i]) * pb[i]; break;
+      case kSwigluDUp: o[i] += pdy[i] * pa[i] * sigmoid(pa[i]); break;
+    }
+  }
+}
+
+// Vulkan binds 4 buffers (out, a, b, dy); an unused slot is bound to a.
+void silu_run(OpContext& c, SiluOp op, const Tensor& out, const Tensor& a, const Tensor* b, const Tensor* dy) {
+  if (c.be.is_cpu()) {
+    if (c.be.real() == DType::F64) return silu_cpu<double>(op, out, a, b, dy);
+    return silu_cpu<float>(op, out, a, b, dy);
+  }
+  const SiluPush push{uint32_t(a.numel()), op};
+  const auto& p = c.be.pipeline("silu_swiglu", 4, sizeof(push));
+  c.seq->dispatch(p, {&out.buffer(), &a.buffer(), &(b ? *b : a).buffer(), &(dy ? *dy : a).buffer()}, push,
+                  groups_for(a.numel(), 256));
+}
+
+void silu_forward(OpContext& c) { silu_run(c, kSiluForward, c.node.value, c.in(0), nullptr, nullptr); }
+void silu_backward(OpContext& c) { silu_run(c, kSiluBackward, c.in_grad(0), c.in(0), nullptr, &c.node.grad); }
+void swiglu_forward(OpContext& c) { silu_run(c, kSwigluForward, c.node.value, c.in(0), &c.in(1), nullptr); }
+void swiglu_backward(OpContext& c) {
+  if (c.needs_grad(0)) silu_run(c, kSwigluDGate, c.in_grad(0), c.in(0), &c.in(1), &c.node.grad);
+  if (c.needs_grad(1)) silu_run(c, kSwigluDUp, c.in_grad(1), c.in(0), nullptr, &c.node.grad);
+}
+
+// --- dropout: y = x * mask / (1 - p), the mask drawn from (seed, element index) ------------------------------
+// params: f[0] = p; i[0] = the 64-bit seed. The mask is recomputed in the backward, never stored. Element i is
+// kept iff u_i >= p, u_i = (hash(i) >> 8) / 2^24 in [0, 1); the comparison is done on integers against
+// ceil(p * 2^24), so the CPU and the GPU draw the same mask bit for bit.
+
+// PCG output permutation of a 32-bit value (Jarzynski & Olano, "Hash Functions for GPU Rendering", 2020);
+// dropout_apply.comp computes the same function.
+uint32_t pcg_hash(uint32_t v) {
+  const uint32_t state = v * 747796405u + 2891336453u;
+  const uint32_t word = ((state >> ((state >> 28u) + 4u)) ^ state) * 277803737u;
+  return (word >> 22u) ^ word;
+}
+
+// The per-graph constants of the mask: two 32-bit keys mixed from both halves of the seed, the integer
+// threshold, and the inverted-dropout scale. hash(i) = pcg(pcg(i + k1) ^ k2).
+struct DropoutMask {
+  uint32_t k1, k2, threshold;
+  double scale;
+  explicit DropoutMask(const OpParams& p) {
+    uint64_t seed;
+    std::memcpy(&seed, &p.i[0], sizeof(seed));
+    k1 = pcg_hash(uint32_t(seed));
+    k2 = pcg_hash(uint32_t(seed >> 32) ^ k1);
+    threshold = uint32_t(std::ceil(p.f[0] * 16777216.0));
+    scale = 1.0 / (1.0 - p.f[0]);
+  }
+  bool keep(uint32_t i) const { return (pcg_hash(pcg_hash(i + k1) ^ k2) >> 8u) >= threshold; }
+};
+
+struct DropoutPush {
+  uint32_t n, threshold, k1, k2;
+  float scale;
+  uint32_t accumulate;
+};
+
+Shape dropout_shape(const Graph& g, const Node& n) {
+  const Tensor& x = g.node(n.inputs[0]).value;
+  if (x.numel() > int64_t(std::numeric_limits<uint32_t>::max()))
+    throw GraphError("dropout: x " + shape_str(x.shape()) + " has more elements than a 32-bit mask index reaches");
+  return x.shape();
+}
+
+// out = in * mask * scale, or out += it (the backward, with in = dy).
+template <class T>
+void dropout_cpu(const Tensor& out, const Tensor& in, const DropoutMask& m, bool accumulate) {
+  const T* x = in.data<T>();
+  T* y = out.data<T>();
+  const T scale = T(m.scale);
+  for (int64_t i = 0; i < in.numel(); ++i) {
+    const T v = m.keep(uint32_t(i)) ? x[i] * scale : T(0);
+    y[i] = accumulate ? y[i] + v : v;
+  }
+}
+
+void dropout_run(OpContext& c, const Tensor& out, const Tensor& in, bool accumulate) {
+  const DropoutMask m(c.node.params);
+  if (c.be.is_cpu()) {
+    if (c.be.real() == DType::F64) return dropout_cpu<double>(out, in, m, accumulate);
+    return dropout_cpu<float>(out, in, m, accumulate);
+  }
+  const DropoutPush push{uint32_t(in.numel()), m.threshold, m.k1, m.k2, float(m.scale), accumulate ? 1u : 0u};
+  const auto& p = c.be.pipeline("dropout_apply", 2, sizeof(push));
+  c.seq->dispatch(p, {&out.buffer(), &in.buffer()}, push, groups_for(in.numel(), 256));
+}
+
+void dropout_forward(OpContext& c) { dropout_run(c, c.node.value, c.in(0), false); }
+void dropout_backward(OpContext& c) { dropout_run(c, c.in_grad(0), c.node.grad, true); }
+
+const OpDef kRmsNormOp{"rms_norm", rms_norm_shape, rms_norm_prepare, rms_norm_forward, rms_norm_backward};
+const OpDef kRopeOp{"rope", rope_shape, nullptr, rope_forward, rope_backward};
+const OpDef kSiluOp{"silu", silu_shape, nullptr, silu_forward, silu_backward};
+const OpDef kSwigluOp{"swiglu", swiglu_shape, nullptr, swiglu_forward, swiglu_backward};
+const OpDef kDropoutOp{"dropout", dropout_shape, nullptr, dropout_forward, dropout_backward};
+
+// --- gradient-check cases ------------------------------------------------------------------------------------
+
+GradcheckCase rms_norm_case(int64_t T, int64_t C, bool train_weight) {
+  return {"rms_norm T=" + std::to_string(T) + " C=" + std::to_string(C) + (train_weight ? "" : " (frozen weight)"),
+          [=](Graph& g, std::mt19937& r) {
+            Var x = random_param(g, r, {T, C}, "x");
+            Var w = train_weight ? random_param(g, r, {C}, "w") : random_constant(g, r, {C}, "w");
+            return rms_norm(x, w, 1e-5);
+          }};
+}
+
+GradcheckCase rope_case(RopeMode mode, int64_t H, int64_t D, int64_t T, int64_t pos_offset) {
+  return {std::string("rope ") + (mode == RopeMode::Norm ? "norm" : "neox") + " H=" + std::to_string(H) +
+              " D=" + std::to_string(D) + " T=" + std::to_string(T) + " pos_offset=" + std::to_string(pos_offset),
+          [=](Graph& g, std::mt19937& r) {
+            return rope(random_param(g, r, {T, H * D}, "x"), H, D, mode, 10000.0, pos_offset);
+          }};
+}
+
+GradcheckCase dropout_case(int64_t T, int64_t C, double p, const char* p_text) {
+  return {"dropout p=" + std::string(p_text) + " " + std::to_string(T) + "x" + std::to_string(C),
+          [=](Graph& g, std::mt19937& r) {
+            return dropout(random_param(g, r, {T, C}, "x"), p, 0x9e3779b97f4a7c15ull);  // both seed halves non-zero
+          }};
+}
+
+void add_cases(std::vector<GradcheckCase>& out) {
+  out.push_back(rms_norm_case(5, 7, true));
+  out.push_back(rms_norm_case(3, 33, true));
+  out.push_back(rms_norm_case(2, 300, true));  // more columns than the 256 invocations of a workgroup
+  out.push_back(rms_norm_case(4, 33, false));
+  for (RopeMode mode : {RopeMode::Norm, RopeMode::Neox})
+    for (int64_t pos : {0, 7}) out.push_back(rope_case(mode, 3, 8, 5, pos));
+  out.push_back(rope_case(RopeMode::Neox, 2, 64, 3, 100));
+  // x in [-4, 4] reaches both saturated ends of the sigmoid.
+  out.push_back({"silu 5x33", [](Graph& g, std::mt19937& r) { return silu(random_param(g, r, {5, 33}, "x", -4, 4)); }});
+  out.push_back({"swiglu 5x7", [](Graph& g, std::mt19937& r) {
+                   Var gate = random_param(g, r, {5, 7}, "gate", -4, 4);
+                   return swiglu(gate, random_param(g, r, {5, 7}, "up"));
+                 }});
+  out.push_back(dropout_case(5, 33, 0.3, "0.3"));
+  out.push_back(dropout_case(7, 129, 0.3, "0.3"));
+  out.push_back(dropout_case(3, 7, 0.0, "0 (identity)"));
+}
+
+const OpRegistration kRegistration({&kRmsNormOp, &kRopeOp, &kSiluOp, &kSwigluOp, &kDropoutOp}, add_cases);
+
+}  // namespace
+
+Var rms_norm(Var x, Var w, double eps) {
+  check_real("rms_norm", x), check_real("rms_norm", w);
+  if (!(eps >= 0)) throw GraphError("rms_norm: eps " + std::to_string(eps) + " must be non-negative");
+  OpParams p;
+  p.f[0] = eps;
+  return x.g->add(kRmsNormOp, {x, w}, p);
+}
+
+Var rope(Var x, int64_t n_head, int64_t head_dim, RopeMode mode, double freq_base, int64_t pos_offset) {
+  check_real("rope", x);
+  if (mode != RopeMode::Norm && mode != RopeMode::Neox)
+    throw GraphError("rope: unknown mode " + std::to_string(int64_t(mode)));
+  OpParams p;
+  p.i = {n_head, head_dim, int64_t(mode), pos_offset, 0, 0};
+  p.f[0] = freq_base;
+  return x.g->add(kRopeOp, {x}, p);
+}
+
+Var silu(Var x) {
+  check_real("silu", x);
+  return x.g->add(kSiluOp, {x});
+}
+
+Var swiglu(Var gate, Var up) {
+  check_real("swiglu", gate), check_real("swiglu", up);
+  return gate.g->add(kSwigluOp, {gate, up});
+}
+
+Var dropout(Var x, double p, uint64_t seed) {
+  check_real("dropout", x);
+  if (!(p >= 0 && p < 1)) throw GraphError("dropout: p = " + std::to_string(p) + " must lie in [0, 1)");
+  OpParams params;
+  params.f[0] = p;
+  std::memcpy(&params.i[0], &seed, sizeof(seed));
+  return x.g->add(kDropoutOp, {x}, params);
+}
+
+}  // namespace q4t::ag
