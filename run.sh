@@ -24,6 +24,17 @@ install_missing() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# The llama.cpp agreement tests run llama.cpp's CPU prebuilt through node (>= 20) and npm. A machine that has
+# node already (any packaging of it) keeps it; otherwise Debian's nodejs and npm are installed.
+install_node_if_missing() {
+  command -v node > /dev/null && command -v npm > /dev/null && return 0
+  echo "== installing: nodejs npm"
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends nodejs npm
+}
+
 build() {
   echo "== building in $BUILD_DIR"
   cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release > /dev/null
@@ -38,7 +49,15 @@ case "${1:-}" in
     ;;
   test)
     install_missing
+    install_node_if_missing
     build
+    # Hostile-file handling under AddressSanitizer + UBSan: the GGUF reader and the model loader on every
+    # crafted malformed file.
+    echo "== building the sanitizer tree in $BUILD_DIR-asan"
+    cmake -S . -B "$BUILD_DIR-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQ4T_ASAN=ON > /dev/null
+    cmake --build "$BUILD_DIR-asan" -j "$JOBS" --target test_gguf test_model
+    ASAN_OPTIONS=detect_leaks=1 "$BUILD_DIR-asan"/tests/test_gguf
+    ASAN_OPTIONS=detect_leaks=1 "$BUILD_DIR-asan"/tests/test_model --gtest_filter='ModelFiles.*'
     cd "$BUILD_DIR"
     ctest --output-on-failure -j "$JOBS"
     ;;

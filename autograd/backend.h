@@ -31,7 +31,7 @@ class Backend {
   Tensor from_host(std::span<const float> v, const Shape& shape);
   Tensor from_host(std::span<const double> v, const Shape& shape);
   Tensor from_host_i32(std::span<const int32_t> v, const Shape& shape);
-  // A quantized tensor [rows, cols] from its raw GGML bytes.
+  // A frozen weight tensor (q4_0, q8_0 or f16) [rows, cols] from its raw GGML bytes.
   Tensor quantized(std::span<const uint8_t> bytes, const Shape& shape, DType dtype);
   std::vector<double> to_host(const Tensor& t) const;
   std::vector<uint8_t> raw_bytes(const Tensor& t) const;

@@ -37,8 +37,9 @@ void Graph::set_trainable(Var v) {
   if (n.op) throw GraphError("only leaves can be trainable; " + label(n, v.id) + " is the output of " + n.op->name);
   if (!is_real(n.value.dtype()))
     throw GraphError("cannot make " + label(n, v.id) + " trainable: it is " + dtype_name(n.value.dtype()) +
-                     (is_quantized(n.value.dtype()) ? ", and quantized weights are frozen (only f32 tensors train)"
-                                                    : ", not a real tensor"));
+                     (is_frozen_storage(n.value.dtype()) ? ", and frozen weights (quantized or f16) never train"
+                                                           " (only f32 tensors do)"
+                                                         : ", not a real tensor"));
   n.requires_grad = n.is_param = true;
   n.grad = be_.zeros(n.value.shape(), be_.real());
 }
@@ -158,9 +159,9 @@ void Graph::run_pass(bool backward, int out, const Tensor* seed) {
 
 const Tensor& Graph::grad(Var v) const {
   const Node& n = node(v.id);
-  if (is_quantized(n.value.dtype()))
-    throw GraphError(label(n, v.id) + " is quantized (" + dtype_name(n.value.dtype()) +
-                     "): frozen weights have no gradient");
+  if (is_frozen_storage(n.value.dtype()))
+    throw GraphError(label(n, v.id) + (is_quantized(n.value.dtype()) ? " is quantized (" : " is frozen storage (") +
+                     dtype_name(n.value.dtype()) + "): frozen weights have no gradient");
   if (!n.requires_grad)
     throw GraphError(label(n, v.id) + " has no gradient: it is a constant or depends on no parameter");
   return n.grad;

@@ -39,11 +39,12 @@ LoraLinear::LoraLinear(Var w_, Var a_, Var b_, double scale_, double dropout_, u
                      " do not fit the weight " + shape_str(w.shape()) + " (want A [r, n_in], B [n_out, r])");
 }
 
-Var LoraLinear::operator()(Var x) const {
-  Var base = linear(x, w);
+Var LoraLinear::delta(Var x) const {
   Var xin = dropout > 0 ? ag::dropout(x, dropout, dropout_seed) : x;
-  Var h = matmul_nt(xin, a);                  // [T, r]
-  return add(base, ag::scale(matmul_nt(h, b), scale));  // [T, n_out]
+  Var h = matmul_nt(xin, a);                   // [T, r]
+  return ag::scale(matmul_nt(h, b), scale);    // [T, n_out]
 }
+
+Var LoraLinear::operator()(Var x) const { return add(linear(x, w), delta(x)); }
 
 }  // namespace q4t::ag

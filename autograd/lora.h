@@ -27,6 +27,8 @@ class LoraLinear {
   LoraLinear(Var w, Var a, Var b, double scale, double dropout = 0, uint64_t dropout_seed = 0);
 
   Var operator()(Var x) const;
+  // The adapter's own term, scale · B·(A·dropout(x)) [T, n_out], without the frozen W·x.
+  Var delta(Var x) const;
 
   Var w, a, b;
   double scale, dropout;

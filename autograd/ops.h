@@ -44,6 +44,10 @@ Var cross_entropy(Var logits, Var labels);
 // vocab_tile rows of w with an online log-sum-exp; the backward recomputes each tile's logits and adds its
 // share of dx with the linear's accumulate. Peak extra memory is one [T, vocab_tile] tile.
 Var linear_cross_entropy(Var x, Var w, Var labels, int64_t vocab_tile);
+// x rounded per 32-value block through GGML's Q8_0 activation format (d = amax/127, nearest-even, f16 d), as
+// llama.cpp's CPU matmuls round the input of a Q4_0/Q8_0 weight; backward is the identity. Only for
+// reproducing llama.cpp's numbers (q4tune logits --llama-cpp-numerics); cols must be a multiple of 32.
+Var act_round_q8_0(Var x);
 // Inverted dropout with a fixed mask drawn from seed: y = x * mask / (1 - p).
 Var dropout(Var x, double p, uint64_t seed);
 

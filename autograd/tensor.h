@@ -14,16 +14,21 @@
 namespace q4t::ag {
 
 // F32: activations, LoRA parameters and gradients. F64: the same on the CPU in gradient checks.
-// I32: token ids and labels. Q4_0: frozen weights.
-enum class DType : uint8_t { F32, F64, I32, Q4_0 };
+// I32: token ids and labels. Q4_0, Q8_0, F16: frozen weights as GGUF stores them (raw GGML bytes).
+enum class DType : uint8_t { F32, F64, I32, Q4_0, Q8_0, F16 };
 const char* dtype_name(DType t);
-inline bool is_quantized(DType t) { return t == DType::Q4_0; }
+// Block-quantized weights (Q4_0, Q8_0).
+inline bool is_quantized(DType t) { return t == DType::Q4_0 || t == DType::Q8_0; }
+// The storages of frozen GGUF weights: quantized blocks or F16 halves. Read-only, like the blocks: never
+// trainable, never given a gradient, never reshaped (F16 is storage here, not a real type of the graph).
+inline bool is_frozen_storage(DType t) { return is_quantized(t) || t == DType::F16; }
 inline bool is_real(DType t) { return t == DType::F32 || t == DType::F64; }
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);
 int64_t numel(const Shape& s);
-// Bytes that a tensor of this dtype and shape occupies (Q4_0: rows * cols/32 * 18).
+// Bytes that a tensor of this dtype and shape occupies (Q4_0: rows * cols/32 * 18; Q8_0: rows * cols/32 * 34;
+// F16: 2 per element).
 size_t storage_bytes(DType t, const Shape& s);
 
 // Where the bytes live. Exactly one of host / buffer is used.

@@ -19,6 +19,22 @@ class CpuHostKernels final : public HostKernels {
                int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) override {
     cpu::q4_0_dx(dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate);
   }
+  void q8_0_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T, int64_t n_out,
+                 int64_t n_in) override {
+    cpu::q8_0_gemm(Y, w, X, T, n_out, n_in);
+  }
+  void q8_0_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T, int64_t n_out,
+               int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) override {
+    cpu::q8_0_dx(dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate);
+  }
+  void f16_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T, int64_t n_out,
+                int64_t n_in) override {
+    cpu::f16_gemm(Y, w, X, T, n_out, n_in);
+  }
+  void f16_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T, int64_t n_out,
+              int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) override {
+    cpu::f16_dx(dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate);
+  }
   void gemm_nt(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
                int64_t K, bool accumulate) override {
     cpu::gemm_nt(C, A, B, M, N, K, accumulate);
@@ -40,29 +56,27 @@ class VulkanHostKernels final : public HostKernels {
 
   void q4_0_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T, int64_t n_out,
                  int64_t n_in) override {
-    check_q4_0_linear("q4_0_gemm", n_out, n_in, T);
-    check_size("q4_0_gemm", "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
-    check_size("q4_0_gemm", "X", X.size(), size_t(T * n_in), "floats");
-    check_size("q4_0_gemm", "Y", Y.size(), size_t(T * n_out), "floats");
-    vk::Buffer bw = upload(w), bx = upload(X), by(dev_, Y.size_bytes());
-    run([&](vk::Sequence& s) { kernels_.q4_0_gemm(s, by, bw, bx, T, n_out, n_in); });
-    by.download(Y.data(), Y.size_bytes());
+    frozen_gemm(kQ4_0, &vk::LinearKernels::q4_0_gemm, Y, w, X, T, n_out, n_in);
   }
-
   void q4_0_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T, int64_t n_out,
                int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) override {
-    check_q4_0_linear("q4_0_dx", n_out, n_in, T);
-    check_j_range("q4_0_dx", j_start, j_end, n_out);
-    check_size("q4_0_dx", "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
-    check_size("q4_0_dx", "dY", dY.size(), size_t(T * n_out), "floats");
-    check_size("q4_0_dx", "dX", dX.size(), size_t(T * n_in), "floats");
-    vk::Buffer bw = upload(w), bdy = upload(dY), bdx = upload(std::span<const float>(dX));
-    const size_t scratch_bytes = vk::LinearKernels::q4_0_dx_scratch_bytes(T, j_end - j_start, n_in);
-    vk::Buffer scratch(dev_, std::max<size_t>(scratch_bytes, 4));
-    run([&](vk::Sequence& s) {
-      kernels_.q4_0_dx(s, bdx, bw, bdy, &scratch, T, n_out, n_in, j_start, j_end, accumulate);
-    });
-    bdx.download(dX.data(), dX.size_bytes());
+    frozen_dx(kQ4_0, &vk::LinearKernels::q4_0_dx, dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate);
+  }
+  void q8_0_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T, int64_t n_out,
+                 int64_t n_in) override {
+    frozen_gemm(kQ8_0, &vk::LinearKernels::q8_0_gemm, Y, w, X, T, n_out, n_in);
+  }
+  void q8_0_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T, int64_t n_out,
+               int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) override {
+    frozen_dx(kQ8_0, &vk::LinearKernels::q8_0_dx, dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate);
+  }
+  void f16_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T, int64_t n_out,
+                int64_t n_in) override {
+    frozen_gemm(kF16, &vk::LinearKernels::f16_gemm, Y, w, X, T, n_out, n_in);
+  }
+  void f16_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T, int64_t n_out,
+              int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) override {
+    frozen_dx(kF16, &vk::LinearKernels::f16_dx, dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate);
   }
 
   void gemm_nt(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
@@ -81,6 +95,25 @@ class VulkanHostKernels final : public HostKernels {
  private:
   using GemmFn = void (vk::LinearKernels::*)(vk::Sequence&, const vk::Buffer&, const vk::Buffer&,
                                              const vk::Buffer&, int64_t, int64_t, int64_t, bool);
+  using FrozenGemmFn = void (vk::LinearKernels::*)(vk::Sequence&, const vk::Buffer&, const vk::Buffer&,
+                                                   const vk::Buffer&, int64_t, int64_t, int64_t);
+  using FrozenDxFn = void (vk::LinearKernels::*)(vk::Sequence&, const vk::Buffer&, const vk::Buffer&,
+                                                 const vk::Buffer&, const vk::Buffer*, int64_t, int64_t, int64_t,
+                                                 int64_t, int64_t, bool);
+  // The host-side checks and scratch size of one frozen weight format.
+  struct Format {
+    const char* gemm_name;
+    const char* dx_name;
+    void (*check)(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
+    int64_t (*row_bytes)(int64_t n_in);
+    size_t (*dx_scratch_bytes)(int64_t T, int64_t n_rows, int64_t n_in);
+  };
+  static constexpr Format kQ4_0{"q4_0_gemm", "q4_0_dx", check_q4_0_linear, q4_0_row_bytes,
+                                vk::LinearKernels::q4_0_dx_scratch_bytes};
+  static constexpr Format kQ8_0{"q8_0_gemm", "q8_0_dx", check_q8_0_linear, q8_0_row_bytes,
+                                vk::LinearKernels::q8_0_dx_scratch_bytes};
+  static constexpr Format kF16{"f16_gemm", "f16_dx", check_f16_linear, f16_row_bytes,
+                               vk::LinearKernels::f16_dx_scratch_bytes};
 
   template <class T>
   vk::Buffer upload(std::span<const T> v) {
@@ -95,6 +128,31 @@ class VulkanHostKernels final : public HostKernels {
     record(s);
     s.end();
     s.run();
+  }
+  void frozen_gemm(const Format& f, FrozenGemmFn fn, std::span<float> Y, std::span<const uint8_t> w,
+                   std::span<const float> X, int64_t T, int64_t n_out, int64_t n_in) {
+    f.check(f.gemm_name, n_out, n_in, T);
+    check_size(f.gemm_name, "W", w.size(), size_t(n_out * f.row_bytes(n_in)));
+    check_size(f.gemm_name, "X", X.size(), size_t(T * n_in), "floats");
+    check_size(f.gemm_name, "Y", Y.size(), size_t(T * n_out), "floats");
+    vk::Buffer bw = upload(w), bx = upload(X), by(dev_, Y.size_bytes());
+    run([&](vk::Sequence& s) { (kernels_.*fn)(s, by, bw, bx, T, n_out, n_in); });
+    by.download(Y.data(), Y.size_bytes());
+  }
+  void frozen_dx(const Format& f, FrozenDxFn fn, std::span<float> dX, std::span<const uint8_t> w,
+                 std::span<const float> dY, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
+                 bool accumulate) {
+    f.check(f.dx_name, n_out, n_in, T);
+    check_j_range(f.dx_name, j_start, j_end, n_out);
+    check_size(f.dx_name, "W", w.size(), size_t(n_out * f.row_bytes(n_in)));
+    check_size(f.dx_name, "dY", dY.size(), size_t(T * n_out), "floats");
+    check_size(f.dx_name, "dX", dX.size(), size_t(T * n_in), "floats");
+    vk::Buffer bw = upload(w), bdy = upload(dY), bdx = upload(std::span<const float>(dX));
+    vk::Buffer scratch(dev_, std::max<size_t>(f.dx_scratch_bytes(T, j_end - j_start, n_in), 4));
+    run([&](vk::Sequence& s) {
+      (kernels_.*fn)(s, bdx, bw, bdy, &scratch, T, n_out, n_in, j_start, j_end, accumulate);
+    });
+    bdx.download(dX.data(), dX.size_bytes());
   }
   void f32_gemm(GemmFn fn, std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M,
                 int64_t N, int64_t K, bool accumulate) {

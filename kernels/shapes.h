@@ -19,8 +19,22 @@ inline constexpr int64_t kQ4_0BlockBytes = 18;
 
 inline int64_t q4_0_row_bytes(int64_t n_in) { return n_in / kQ4_0BlockElems * kQ4_0BlockBytes; }
 
+// Q8_0: 32 weights per block, 34 bytes per block (f16 d; i8 qs[32]).
+inline constexpr int64_t kQ8_0BlockElems = 32;
+inline constexpr int64_t kQ8_0BlockBytes = 34;
+
+inline int64_t q8_0_row_bytes(int64_t n_in) { return n_in / kQ8_0BlockElems * kQ8_0BlockBytes; }
+
+// F16: one IEEE half per weight, so any n_in works (the Vulkan kernels additionally need it even).
+inline int64_t f16_row_bytes(int64_t n_in) { return n_in * 2; }
+
 // Checks a frozen Q4_0 linear W[n_out, n_in] applied to T tokens.
 void check_q4_0_linear(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
+// The same for a Q8_0 weight (n_in a multiple of 32) and an F16 weight (any positive n_in).
+void check_q8_0_linear(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
+void check_f16_linear(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
+// Checks n_in is even: the Vulkan F16 kernels read a row as 32-bit words of two halves each.
+void check_f16_pairs(const char* kernel, int64_t n_in);
 // Checks 0 <= j_start < j_end <= n_out for the dx output-row range.
 void check_j_range(const char* kernel, int64_t j_start, int64_t j_end, int64_t n_out);
 // Checks M, N, K > 0 for an f32 GEMM.

@@ -1,6 +1,7 @@
 // The q4tune binary as a user runs it: exit codes, one-line errors, selftest and the bench's JSON.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -8,6 +9,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include "data/gguf.h"
+#include "malformed_gguf.h"
 
 namespace {
 
@@ -107,6 +111,48 @@ TEST(Cli, BenchWritesOneJsonObjectPerCase) {
   EXPECT_GT(j[1]["roofline_frac"].get<double>(), 0.0);
   EXPECT_GT(j[3]["tflops"].get<double>(), 0.0);  // dx at T=512 is a GEMM: TFLOPS, no copy fraction
   EXPECT_TRUE(j[3]["roofline_frac"].is_null());
+  std::filesystem::remove(path);
+}
+
+TEST(Cli, InfoOnEachMalformedGgufIsOneLineNamingTheProblem) {
+  const auto dir = std::filesystem::temp_directory_path() / ("q4tune_test_info_" + std::to_string(getpid()));
+  const auto cases = q4t::test::write_malformed_ggufs(dir.string());
+  for (const auto& c : cases) {
+    const CmdResult r = run("info " + c.path);
+    if (c.gguf_valid) {  // a bad model but a good GGUF: info shows it
+      EXPECT_EQ(r.code, 0) << c.name << ": " << r.out;
+      continue;
+    }
+    EXPECT_NE(r.code, 0) << c.name;
+    EXPECT_EQ(count_lines(r.out), 1) << c.name << ": " << r.out;
+    EXPECT_EQ(r.out.rfind("q4tune: error: " + c.path + ": ", 0), 0u) << c.name << ": " << r.out;
+    EXPECT_NE(r.out.find(c.expected_error_substring), std::string::npos) << c.name << ": " << r.out;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Cli, InfoListsTheKeysAndTensorsAndWhichTypesAreSupported) {
+  const auto path = std::filesystem::temp_directory_path() / ("q4tune_test_info_" + std::to_string(getpid()) + ".gguf");
+  q4t::test::write_tiny_llama_gguf(path.string());
+  CmdResult r = run("info " + path.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("GGUF version 3, alignment 32, 21 metadata keys, 12 tensors"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tokenizer.ggml.tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("string[32]  [\"<unk>\", \"<s>\""), std::string::npos) << r.out;
+  const auto f = q4t::gguf::File::open(path.string());
+  for (const auto& t : f->tensors())
+    EXPECT_NE(r.out.find("  " + t.name + " "), std::string::npos) << t.name << " not listed:\n" << r.out;
+  EXPECT_NE(r.out.find("[32, 16]  q4_0            288 bytes  supported\n"), std::string::npos) << r.out;
+
+  q4t::gguf::Writer w;
+  w.set("general.architecture", q4t::gguf::Value::str("llama"));
+  w.add_tensor("blk.0.ffn_down.weight", {256, 2}, q4t::gguf::GgmlType::Q4_K, std::vector<uint8_t>(2 * 144));
+  w.write(path.string());
+  r = run("info " + path.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("blk.0.ffn_down.weight  [256, 2]  q4_K            288 bytes  not supported by q4tune (q4_K)"),
+            std::string::npos)
+      << r.out;
   std::filesystem::remove(path);
 }
 

@@ -1,5 +1,5 @@
-// CPU kernels of the frozen Q4_0 linear and the LoRA f32 GEMMs against the double-precision reference, on
-// awkward shapes, with every instruction set this CPU can run, and with different thread counts.
+// CPU kernels of the frozen Q4_0, Q8_0 and F16 linears and the LoRA f32 GEMMs against the double-precision
+// reference, on awkward shapes, with every instruction set this CPU can run, and with different thread counts.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -14,7 +14,9 @@
 #include "kernels/cpu/q4_0_rows.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/cpu/threads.h"
+#include "kernels/quant/f16.h"
 #include "kernels/quant/q4_0.h"
+#include "kernels/quant/q8_0.h"
 #include "kernels/shapes.h"
 
 namespace q4t::cpu {
@@ -171,6 +173,155 @@ INSTANTIATE_TEST_SUITE_P(AllKernelSets, Q4_0KernelSets,
                            return std::string("unknown");
                          });
 
+// --- Q8_0 and F16: the same checks, once per format -----------------------------------------------------------
+
+std::vector<uint8_t> random_q8_0(int64_t n_out, int64_t n_in, uint32_t seed) {
+  std::vector<uint8_t> w(n_out * q8_0_row_bytes(n_in));
+  quant::quantize_q8_0(w, random_floats(n_out * n_in, seed), n_out, n_in);
+  return w;
+}
+
+std::vector<uint8_t> random_f16(int64_t n_out, int64_t n_in, uint32_t seed) {
+  std::vector<uint8_t> w(n_out * f16_row_bytes(n_in));
+  quant::f32_row_to_f16(w.data(), random_floats(n_out * n_in, seed).data(), n_out * n_in);
+  return w;
+}
+
+// A frozen weight format as these tests see it: how to make W, its kernels, its references, and the input
+// widths worth testing (F16 takes any n_in, so odd widths and widths below one SIMD vector are included).
+struct FrozenFormat {
+  const char* name;
+  std::vector<uint8_t> (*make)(int64_t, int64_t, uint32_t);
+  decltype(&q8_0_gemv) gemv;
+  decltype(&q8_0_gemm) gemm;
+  decltype(&q8_0_dx) dx;
+  decltype(&ref::q8_0_gemm) ref_gemm;
+  decltype(&ref::q8_0_dx) ref_dx;
+  std::vector<int64_t> n_ins;
+};
+
+const FrozenFormat kFrozenFormats[] = {
+    {"q8_0", random_q8_0, q8_0_gemv, q8_0_gemm, q8_0_dx, ref::q8_0_gemm, ref::q8_0_dx, {32, 64, 4128}},
+    {"f16", random_f16, f16_gemv, f16_gemm, f16_dx, ref::f16_gemm, ref::f16_dx, {32, 64, 4128, 7, 33, 4133}},
+};
+
+// The Q4_0 fixture's kernel sets also pick the Q8_0 and F16 loops (kernels/cpu/frozen_rows.h).
+class FrozenKernelSets : public Q4_0KernelSets {};
+
+// The bound of the brief, 1e-4, rather than kTol: with n_out = 1 the norm-wise error is that of one dot product,
+// and an unlucky one cancels (F16 at n_in = 4133: a sum of 0.36 from terms of total size ~2600, off by 8e-6 =
+// 2.3e-5 relative). A wrong block, scale or tail still shows up as 1e-3 or more.
+constexpr double kFrozenTol = 1e-4;
+
+TEST_P(FrozenKernelSets, GemvAndGemmMatchTheDoubleReferenceOnAwkwardShapes) {
+  for (const FrozenFormat& f : kFrozenFormats)
+    for (int64_t n_in : f.n_ins)
+      for (int64_t n_out : kNOut) {
+        const std::vector<uint8_t> w = f.make(n_out, n_in, uint32_t(n_out * 7 + n_in));
+        for (int64_t T : kTokens) {
+          const std::vector<float> X = random_floats(T * n_in, uint32_t(T));
+          const std::vector<double> want = f.ref_gemm(w.data(), X.data(), T, n_out, n_in);
+          std::vector<float> Y(T * n_out, NAN);
+          f.gemm(Y, w, X, T, n_out, n_in);
+          EXPECT_LE(ref::max_rel_error(Y.data(), want), kFrozenTol)
+              << f.name << " gemm " << shape_label(T, n_out, n_in);
+          if (T == 1) {
+            std::vector<float> y(n_out, NAN);
+            f.gemv(y, w, X, n_out, n_in);
+            EXPECT_LE(ref::max_rel_error(y.data(), want), kFrozenTol)
+                << f.name << " gemv " << shape_label(T, n_out, n_in);
+          }
+        }
+      }
+}
+
+TEST_P(FrozenKernelSets, DxMatchesTheReferenceOverwritingAndAccumulating) {
+  for (const FrozenFormat& f : kFrozenFormats)
+    for (int64_t n_in : f.n_ins)
+      for (int64_t n_out : kNOut) {
+        const std::vector<uint8_t> w = f.make(n_out, n_in, uint32_t(n_out * 5 + n_in));
+        for (int64_t T : kTokens) {
+          const std::vector<float> dY = random_floats(T * n_out, uint32_t(T + 10));
+          const std::vector<float> dX_in = random_floats(T * n_in, uint32_t(T + 20));
+          const std::string label = std::string(f.name) + " " + shape_label(T, n_out, n_in);
+          std::vector<float> dX(T * n_in, NAN);
+          f.dx(dX, w, dY, T, n_out, n_in, 0, n_out, false);
+          EXPECT_LE(ref::max_rel_error(dX.data(), f.ref_dx(w.data(), dY.data(), nullptr, T, n_out, n_in, 0, n_out)),
+                    kFrozenTol)
+              << "overwrite " << label;
+          const int64_t j0 = n_out / 3, j1 = n_out - n_out / 4;
+          dX = dX_in;
+          f.dx(dX, w, dY, T, n_out, n_in, j0, j1, true);
+          EXPECT_LE(
+              ref::max_rel_error(dX.data(), f.ref_dx(w.data(), dY.data(), dX_in.data(), T, n_out, n_in, j0, j1)),
+              kFrozenTol)
+              << "accumulate rows [" << j0 << ", " << j1 << ") " << label;
+        }
+      }
+}
+
+TEST_P(FrozenKernelSets, DxTilesAccumulatedInTurnEqualTheUntiledResult) {
+  struct Case {
+    int64_t n_out, n_in, tile;
+  };
+  for (const FrozenFormat& f : kFrozenFormats)
+    for (Case c : {Case{1000, 4128, 300}, Case{7, 64, 5}, Case{65, 32, 64}})
+      for (int64_t T : {int64_t(1), int64_t(17)}) {
+        const std::vector<uint8_t> w = f.make(c.n_out, c.n_in, uint32_t(c.tile));
+        const std::vector<float> dY = random_floats(T * c.n_out, uint32_t(T + 30));
+        std::vector<float> untiled(T * c.n_in, NAN), tiled(T * c.n_in, NAN);
+        f.dx(untiled, w, dY, T, c.n_out, c.n_in, 0, c.n_out, false);
+        for (int64_t j0 = 0; j0 < c.n_out; j0 += c.tile)
+          f.dx(tiled, w, dY, T, c.n_out, c.n_in, j0, std::min(j0 + c.tile, c.n_out), j0 > 0);
+        const std::vector<double> want = f.ref_dx(w.data(), dY.data(), nullptr, T, c.n_out, c.n_in, 0, c.n_out);
+        const std::string label =
+            std::string(f.name) + " " + shape_label(T, c.n_out, c.n_in) + " tile=" + std::to_string(c.tile);
+        EXPECT_LE(ref::max_rel_error(tiled.data(), want), kFrozenTol) << label;
+        EXPECT_LE(ref::max_rel_error(untiled.data(), want), kFrozenTol) << label;
+      }
+}
+
+// As for Q4_0: the one-token kernels are bit-identical for any split; the multi-token ones meet the bound.
+TEST_P(FrozenKernelSets, ThreadCountDoesNotChangeTheResults) {
+  for (const FrozenFormat& f : kFrozenFormats) {
+    const int64_t n_out = 1000, n_in = f.n_ins.back(), T = 17;
+    const std::vector<uint8_t> w = f.make(n_out, n_in, 99);
+    const std::vector<float> X = random_floats(T * n_in, 98), dY = random_floats(T * n_out, 97);
+    std::vector<std::vector<float>> y(2, std::vector<float>(n_out)), Y(2, std::vector<float>(T * n_out)),
+        dX(2, std::vector<float>(T * n_in)), dx1(2, std::vector<float>(n_in));
+    const int thread_counts[2] = {1, 3};
+    for (int i = 0; i < 2; i++) {
+      set_num_threads(thread_counts[i]);
+      f.gemv(y[i], w, std::span<const float>(X).first(n_in), n_out, n_in);
+      f.gemm(Y[i], w, X, T, n_out, n_in);
+      f.dx(dX[i], w, dY, T, n_out, n_in, 0, n_out, false);
+      f.dx(dx1[i], w, std::span<const float>(dY).first(n_out), 1, n_out, n_in, 0, n_out, false);
+    }
+    set_num_threads(0);
+    EXPECT_EQ(y[0], y[1]) << f.name;
+    EXPECT_EQ(dx1[0], dx1[1]) << f.name;
+    const std::vector<double> want_Y = f.ref_gemm(w.data(), X.data(), T, n_out, n_in);
+    const std::vector<double> want_dX = f.ref_dx(w.data(), dY.data(), nullptr, T, n_out, n_in, 0, n_out);
+    for (int i = 0; i < 2; i++) {
+      const std::string label = std::string(f.name) + " " + std::to_string(thread_counts[i]) + " threads";
+      EXPECT_LE(ref::max_rel_error(Y[i].data(), want_Y), kFrozenTol) << label;
+      EXPECT_LE(ref::max_rel_error(dX[i].data(), want_dX), kFrozenTol) << label;
+    }
+  }
+}
+
+std::string isa_name(const ::testing::TestParamInfo<detail::Isa>& info) {
+  switch (info.param) {
+    case detail::Isa::Portable: return "portable";
+    case detail::Isa::Avx2: return "avx2";
+    case detail::Isa::Avx512: return "avx512";
+  }
+  return "unknown";
+}
+
+INSTANTIATE_TEST_SUITE_P(AllKernelSets, FrozenKernelSets,
+                         ::testing::Values(detail::Isa::Portable, detail::Isa::Avx2, detail::Isa::Avx512), isa_name);
+
 using GemmFn = void (*)(std::span<float>, std::span<const float>, std::span<const float>, int64_t, int64_t,
                         int64_t, bool);
 using RefFn = std::vector<double> (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t);
@@ -255,6 +406,29 @@ TEST(Q4_0Linear, RejectsARowRangeOutsideTheMatrixOrEmpty) {
   EXPECT_SHAPE_ERROR(q4_0_dx(dX, w, dY, 1, 4, 64, 0, 5, true), "row range [0, 5)");
   EXPECT_SHAPE_ERROR(q4_0_dx(dX, w, dY, 1, 4, 64, -1, 2, true), "row range [-1, 2)");
   EXPECT_SHAPE_ERROR(q4_0_dx(dX, w, dY, 1, 4, 64, 2, 2, true), "is empty or outside [0, 4)");
+}
+
+TEST(Q8_0Linear, RejectsBadWidthsSpansAndRowRangesNamingTheSizes) {
+  std::vector<uint8_t> w(4 * 68);
+  std::vector<float> x(64), y(4), X(3 * 64), dY(3 * 4), small(5);
+  EXPECT_SHAPE_ERROR(q8_0_gemv(y, w, std::span<const float>(x).first(48), 4, 48),
+                     "n_in = 48 is not a multiple of 32 (the Q8_0 block size)");
+  EXPECT_SHAPE_ERROR(q8_0_gemm(y, std::span<const uint8_t>(w).first(271), x, 1, 4, 64),
+                     "w has 271 bytes, expected 272");
+  EXPECT_SHAPE_ERROR(q8_0_gemv(small, w, x, 4, 64), "y has 5 floats, expected 4");
+  EXPECT_SHAPE_ERROR(q8_0_dx(X, w, small, 3, 4, 64, 0, 4, false), "dY has 5 floats, expected 12");
+  EXPECT_SHAPE_ERROR(q8_0_dx(X, w, dY, 3, 4, 64, 3, 3, true), "row range [3, 3)");
+}
+
+TEST(F16Linear, AcceptsAnyWidthAndRejectsSpansOfTheWrongSize) {
+  std::vector<uint8_t> w(3 * 2 * 5);
+  std::vector<float> x(5), y(3), dx(5), small(2);
+  EXPECT_NO_THROW(f16_gemv(y, w, x, 3, 5));
+  EXPECT_SHAPE_ERROR(f16_gemm(y, std::span<const uint8_t>(w).first(29), x, 1, 3, 5), "w has 29 bytes, expected 30");
+  EXPECT_SHAPE_ERROR(f16_gemv(y, w, small, 3, 5), "x has 2 floats, expected 5");
+  EXPECT_SHAPE_ERROR(f16_dx(small, w, y, 1, 3, 5, 0, 3, false), "dX has 2 floats, expected 5");
+  EXPECT_SHAPE_ERROR(f16_dx(dx, w, y, 1, 3, 5, 0, 4, false), "row range [0, 4)");
+  EXPECT_SHAPE_ERROR(f16_gemv(y, w, x, 3, 0), "n_in = 0 must be positive");
 }
 
 TEST(F32Gemm, RejectsEmptyDimsAndMismatchedSpans) {

@@ -1,4 +1,4 @@
-// Block codecs: software f16 against the F16C instructions, Q4_0 against hand-computed GGML blocks.
+// Block codecs: software f16 against the F16C instructions, Q4_0 and Q8_0 against hand-computed GGML blocks.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -11,6 +11,7 @@
 
 #include "kernels/quant/f16.h"
 #include "kernels/quant/q4_0.h"
+#include "kernels/quant/q8_0.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -253,6 +254,168 @@ TEST(Q4_0, QuantizerRejectsBadSizesWithActionableMessages) {
   EXPECT_NE(msg.find("out has 70 bytes, expected 72"), std::string::npos) << msg;
   BlockQ4_0 block;
   msg = shape_error([&] { quantize_row_q4_0(&block, w.data(), 40); });
+  EXPECT_NE(msg.find("multiple of 32"), std::string::npos) << msg;
+}
+
+TEST(F16, RowHelpersConvertUnalignedRowsBothWays) {
+  const float values[5] = {1.0f, -2.0f, 65504.0f, 0x1p-24f, 0.1f};
+  std::vector<uint8_t> bytes(1 + 2 * 5);  // one byte of offset: the row starts at an odd address
+  f32_row_to_f16(bytes.data() + 1, values, 5);
+  for (int i = 0; i < 5; i++) {
+    uint16_t h;
+    std::memcpy(&h, bytes.data() + 1 + 2 * i, sizeof h);
+    EXPECT_EQ(h, f32_to_f16(values[i])) << i;
+  }
+  float f[5];
+  double d[5];
+  f16_row_to_f32(f, bytes.data() + 1, 5);
+  f16_row_to_f64(d, bytes.data() + 1, 5);
+  for (int i = 0; i < 5; i++) {
+    EXPECT_EQ(f[i], i == 4 ? f16_to_f32(0x2E66) : values[i]) << i;  // 0.1 rounds to the half 0x2E66
+    EXPECT_EQ(d[i], double(f[i])) << i;
+  }
+}
+
+using Q8Bytes = std::array<uint8_t, 34>;
+
+Q8Bytes quantize_q8_block(const std::array<float, 32>& x) {
+  BlockQ8_0 block;
+  quantize_row_q8_0(&block, x.data(), 32);
+  Q8Bytes bytes;
+  std::memcpy(bytes.data(), &block, sizeof block);
+  return bytes;
+}
+
+// The 34 bytes of a block: d (f16, little-endian), then each q as a two's-complement byte.
+Q8Bytes q8_block_bytes(uint16_t d, const std::array<int, 32>& q) {
+  Q8Bytes b;
+  b[0] = uint8_t(d & 0xFF);
+  b[1] = uint8_t(d >> 8);
+  for (int j = 0; j < 32; j++) b[2 + j] = uint8_t(int8_t(q[j]));
+  return b;
+}
+
+// amax = 127 makes d = 1 (f16 0x3C00) and 1/d = 1, so q = roundf(x): halves round away from zero (2.5 -> 3,
+// -0.5 -> -1), unlike round-to-even.
+TEST(Q8_0, UnitScaleBlockRoundsHalvesAwayFromZero) {
+  std::array<float, 32> x{};
+  const float head[8] = {127.0f, -127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 1.49f, -1.51f};
+  std::copy(head, head + 8, x.begin());
+  std::array<int, 32> q{};
+  const int qhead[8] = {127, -127, 3, -3, 1, -1, 1, -2};
+  std::copy(qhead, qhead + 8, q.begin());
+  const Q8Bytes want = q8_block_bytes(0x3C00, q);
+  EXPECT_EQ(want[2], 0x7F);
+  EXPECT_EQ(want[3], 0x81);
+  EXPECT_EQ(quantize_q8_block(x), want);
+}
+
+// x = j - 16: amax = 16, d = 16/127 = 2^-3 · 1.00787..., stored as f16 2^-3 · (1 + 8/1024) = 0x3008, and
+// 1/d = 127/16 = 7.9375 exactly in f32. q = round(7.9375 (j - 16)); the multiples of 8 land on ±63.5 and go
+// to ±64, e.g. j = 8 -> -64, j = 9 -> round(-55.5625) = -56, j = 25 -> round(71.4375) = 71.
+TEST(Q8_0, RampBlockQuantizesToHandComputedBytes) {
+  std::array<float, 32> x;
+  for (int j = 0; j < 32; j++) x[j] = float(j - 16);
+  const std::array<int, 32> q = {-127, -119, -111, -103, -95, -87, -79, -71, -64, -56, -48, -40, -32, -24, -16, -8,
+                                 0,    8,    16,   24,   32,  40,  48,  56,  64,  71,  79,  87,  95,  103, 111, 119};
+  EXPECT_EQ(quantize_q8_block(x), q8_block_bytes(0x3008, q));
+}
+
+// amax = |-3| = 3: d = 3/127 = 2^-6 · 1.51181 -> f16 mantissa round(0.51181 · 1024) = 524, so 0x2400 | 524 =
+// 0x260C; 1/d = 42.33, so 1 -> 42 and the largest magnitude, -3, -> -127.
+TEST(Q8_0, NegativeLargestValueMapsToMinus127) {
+  std::array<float, 32> x;
+  x.fill(1.0f);
+  x[5] = -3.0f;
+  std::array<int, 32> q;
+  q.fill(42);
+  q[5] = -127;
+  EXPECT_EQ(quantize_q8_block(x), q8_block_bytes(0x260C, q));
+}
+
+// d = 1/127 is not a half: stored as 2^-7 · (1 + 8/1024) = 0x2008, while q uses the f32 d: 0.1 · 127 = 12.7 -> 13.
+TEST(Q8_0, ScaleIsRoundedToF16OnlyForStorage) {
+  std::array<float, 32> x;
+  x.fill(0.1f);
+  x[31] = -1.0f;
+  std::array<int, 32> q;
+  q.fill(13);
+  q[31] = -127;
+  EXPECT_EQ(quantize_q8_block(x), q8_block_bytes(0x2008, q));
+}
+
+// amax = 0: d = +0 (f16 0x0000), 1/d is taken as 0, every q = 0.
+TEST(Q8_0, AllZeroBlockIsAllZeroBytes) {
+  Q8Bytes want;
+  want.fill(0);
+  EXPECT_EQ(quantize_q8_block({}), want);
+}
+
+// q = round(x/d) with |x/d| <= 127, so |x - q·d| <= d/2; dequantising with the stored d16 adds
+// |q|·|d - d16| <= 127|d - d16|. The 1e-6·d covers the f32 rounding of x·(1/d).
+TEST(Q8_0, RoundTripErrorStaysWithinHalfAStepPlusScaleRounding) {
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t n = 32 * 4096;
+  std::vector<float> x(n);
+  for (auto& v : x) v = normal(rng);
+  for (int64_t i = 0; i < n; i += 89) x[i] *= 40.0f;
+  std::vector<BlockQ8_0> blocks(n / 32);
+  quantize_row_q8_0(blocks.data(), x.data(), n);
+  std::vector<float> y(n);
+  dequantize_row_q8_0(y.data(), blocks.data(), n);
+  for (int64_t b = 0; b < n / 32; b++) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    const double d = amax / 127.0f, d16 = f16_to_f32(blocks[b].d);
+    for (int j = 0; j < 32; j++) {
+      const double bound = 0.5 * d + 127 * std::fabs(d - d16) + 1e-6 * d;
+      ASSERT_LE(std::fabs(double(x[b * 32 + j]) - y[b * 32 + j]), bound) << "block " << b << " element " << j;
+    }
+  }
+}
+
+TEST(Q8_0, DequantisesExactlyInFloatAndDouble) {
+  std::mt19937 rng(6);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> x(32 * 64);
+  for (auto& v : x) v = normal(rng);
+  std::vector<BlockQ8_0> blocks(64);
+  quantize_row_q8_0(blocks.data(), x.data(), int64_t(x.size()));
+  std::vector<float> yf(x.size());
+  std::vector<double> yd(x.size());
+  dequantize_row_q8_0(yf.data(), blocks.data(), int64_t(x.size()));
+  dequantize_row_q8_0(yd.data(), blocks.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); i++) {
+    EXPECT_EQ(yd[i], double(blocks[i / 32].qs[i % 32]) * double(f16_to_f32(blocks[i / 32].d))) << i;
+    EXPECT_EQ(double(yf[i]), yd[i]) << i;
+  }
+}
+
+TEST(Q8_0, MatrixQuantizerWritesRowsOfBlocksBackToBack) {
+  const int64_t n_out = 3, n_in = 64;
+  std::vector<float> w(n_out * n_in);
+  for (size_t i = 0; i < w.size(); i++) w[i] = std::cos(float(i));
+  std::vector<uint8_t> out(n_out * q8_0_row_bytes(n_in));
+  quantize_q8_0(out, w, n_out, n_in);
+  for (int64_t r = 0; r < n_out; r++) {
+    BlockQ8_0 row[2];
+    quantize_row_q8_0(row, w.data() + r * n_in, n_in);
+    EXPECT_EQ(std::memcmp(out.data() + r * 68, row, 68), 0) << "row " << r;
+  }
+}
+
+TEST(Q8_0, QuantizerRejectsBadSizesWithActionableMessages) {
+  std::vector<float> w(2 * 64);
+  std::vector<uint8_t> out(2 * 68);
+  std::string msg = shape_error([&] { quantize_q8_0(out, w, 2, 48); });
+  EXPECT_NE(msg.find("n_in = 48 is not a multiple of 32 (the Q8_0 block size)"), std::string::npos) << msg;
+  msg = shape_error([&] { quantize_q8_0(out, std::span<const float>(w).first(100), 2, 64); });
+  EXPECT_NE(msg.find("w has 100 floats, expected 128"), std::string::npos) << msg;
+  msg = shape_error([&] { quantize_q8_0(std::span<uint8_t>(out).first(70), w, 2, 64); });
+  EXPECT_NE(msg.find("out has 70 bytes, expected 136"), std::string::npos) << msg;
+  BlockQ8_0 block;
+  msg = shape_error([&] { dequantize_row_q8_0(w.data(), &block, 40); });
   EXPECT_NE(msg.find("multiple of 32"), std::string::npos) << msg;
 }
 

@@ -6,7 +6,9 @@
 
 #include "kernels/cpu/reference.h"
 #include "kernels/host_kernels.h"
+#include "kernels/quant/f16.h"
 #include "kernels/quant/q4_0.h"
+#include "kernels/quant/q8_0.h"
 #include "kernels/shapes.h"
 #include "kernels/vulkan/linear_kernels.h"
 
@@ -104,6 +106,125 @@ TEST_F(VulkanKernels, Q4_0DxTilesThatDoNotDivideSumToTheUntiledResult) {
       EXPECT_LE(ref::max_rel_error(part.data(), want_part), kBound);
     }
   }
+}
+
+// --- Q8_0 and F16: the same checks, once per format -----------------------------------------------------------
+
+std::vector<uint8_t> random_q8_0(std::mt19937& rng, int64_t n_out, int64_t n_in) {
+  std::vector<uint8_t> w(size_t(n_out * q8_0_row_bytes(n_in)));
+  quant::quantize_q8_0(w, random_floats(rng, n_out * n_in), n_out, n_in);
+  return w;
+}
+
+std::vector<uint8_t> random_f16(std::mt19937& rng, int64_t n_out, int64_t n_in) {
+  std::vector<uint8_t> w(size_t(n_out * f16_row_bytes(n_in)));
+  quant::f32_row_to_f16(w.data(), random_floats(rng, n_out * n_in).data(), n_out * n_in);
+  return w;
+}
+
+// A frozen weight format: how to make W, its host kernels and its references. F16 adds n_in = 2 and 98 (even,
+// but not a multiple of 4, 32 or the tile width); the first width is the smallest.
+struct FrozenFormat {
+  const char* name;
+  std::vector<uint8_t> (*make)(std::mt19937&, int64_t, int64_t);
+  decltype(&HostKernels::q8_0_gemm) gemm;
+  decltype(&HostKernels::q8_0_dx) dx;
+  decltype(&ref::q8_0_gemm) ref_gemm;
+  decltype(&ref::q8_0_dx) ref_dx;
+  std::vector<int64_t> n_ins;
+};
+
+const FrozenFormat kFrozenFormats[] = {
+    {"q8_0", random_q8_0, &HostKernels::q8_0_gemm, &HostKernels::q8_0_dx, ref::q8_0_gemm, ref::q8_0_dx,
+     {32, 64, 4128}},
+    {"f16", random_f16, &HostKernels::f16_gemm, &HostKernels::f16_dx, ref::f16_gemm, ref::f16_dx,
+     {2, 32, 64, 98, 4128}},
+};
+
+TEST_F(VulkanKernels, Q8_0AndF16ForwardMatchReferenceOnAwkwardShapes) {
+  for (const FrozenFormat& f : kFrozenFormats)
+    for (int64_t n_in : f.n_ins)
+      for (int64_t n_out : kNOut)
+        for (int64_t T : kT) {
+          const auto w = f.make(rng_, n_out, n_in);
+          const auto x = random_floats(rng_, T * n_in);
+          std::vector<float> y(size_t(T * n_out), NAN);
+          (kernels_->*f.gemm)(y, w, x, T, n_out, n_in);
+          const double err = ref::max_rel_error(y.data(), f.ref_gemm(w.data(), x.data(), T, n_out, n_in));
+          EXPECT_LE(err, kBound) << f.name << " n_out=" << n_out << " n_in=" << n_in << " T=" << T;
+        }
+}
+
+TEST_F(VulkanKernels, Q8_0AndF16DxMatchReferenceWithAndWithoutAccumulate) {
+  for (const FrozenFormat& f : kFrozenFormats)
+    for (int64_t n_in : f.n_ins)
+      for (int64_t n_out : kNOut)
+        for (int64_t T : kT) {
+          const auto w = f.make(rng_, n_out, n_in);
+          const auto dy = random_floats(rng_, T * n_out);
+          for (bool acc : {false, true}) {
+            auto dx = random_floats(rng_, T * n_in);
+            const auto dx0 = dx;
+            (kernels_->*f.dx)(dx, w, dy, T, n_out, n_in, 0, n_out, acc);
+            const auto want = f.ref_dx(w.data(), dy.data(), acc ? dx0.data() : nullptr, T, n_out, n_in, 0, n_out);
+            EXPECT_LE(ref::max_rel_error(dx.data(), want), kBound)
+                << f.name << " n_out=" << n_out << " n_in=" << n_in << " T=" << T << " accumulate=" << acc;
+          }
+        }
+}
+
+TEST_F(VulkanKernels, Q8_0AndF16DxTilesThatDoNotDivideSumToTheUntiledResult) {
+  struct Case { int64_t n_out, n_in, T, tile; };
+  for (const FrozenFormat& f : kFrozenFormats)
+    for (const Case c : {Case{1000, 4128, 1, 300}, Case{1000, 64, 3, 300}, Case{7, 32, 17, 5}, Case{65, 64, 1, 64},
+                         Case{63, 4128, 3, 10}, Case{200, 96, 130, 70}}) {
+      const auto w = f.make(rng_, c.n_out, c.n_in);
+      const auto dy = random_floats(rng_, c.T * c.n_out);
+      std::vector<float> dx(size_t(c.T * c.n_in), NAN);
+      for (int64_t j = 0; j < c.n_out; j += c.tile)
+        (kernels_->*f.dx)(dx, w, dy, c.T, c.n_out, c.n_in, j, std::min(c.n_out, j + c.tile), j > 0);
+      const auto want = f.ref_dx(w.data(), dy.data(), nullptr, c.T, c.n_out, c.n_in, 0, c.n_out);
+      EXPECT_LE(ref::max_rel_error(dx.data(), want), kBound)
+          << f.name << " n_out=" << c.n_out << " T=" << c.T << " tile=" << c.tile;
+    }
+}
+
+// More row groups than one dispatch dimension guarantees (65535 of 2 Q8_0 or 4 F16 rows): the GEMVs number
+// workgroups over x and y.
+TEST_F(VulkanKernels, Q8_0AndF16GemvCoverMoreThan65535RowGroups) {
+  for (const FrozenFormat& f : kFrozenFormats) {
+    const int64_t n_out = 4 * 65535 + 11, n_in = f.n_ins.front();
+    const auto w = f.make(rng_, n_out, n_in);
+    const auto x = random_floats(rng_, n_in);
+    std::vector<float> y(size_t(n_out), NAN);
+    (kernels_->*f.gemm)(y, w, x, 1, n_out, n_in);
+    EXPECT_LE(ref::max_rel_error(y.data(), f.ref_gemm(w.data(), x.data(), 1, n_out, n_in)), kBound) << f.name;
+  }
+}
+
+TEST_F(VulkanKernels, Q8_0AndF16RejectWidthsTheirKernelsCannotRead) {
+  std::vector<uint8_t> w(2 * 2 * 33);
+  std::vector<float> x(33), y(2);
+  try {
+    kernels_->f16_gemm(y, w, x, 1, 2, 33);
+    FAIL() << "no error";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("f16_gemm: n_in = 33 is odd"), std::string::npos) << e.what();
+  }
+  try {
+    kernels_->q8_0_dx(x, w, y, 1, 2, 33, 0, 2, false);
+    FAIL() << "no error";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("q8_0_dx: n_in = 33 is not a multiple of 32"), std::string::npos)
+        << e.what();
+  }
+  vk::LinearKernels k(*device_);
+  vk::Buffer small(*device_, 16), wbuf(*device_, 68);
+  vk::Sequence s(*device_);
+  s.begin();
+  EXPECT_THROW(k.q8_0_gemm(s, small, wbuf, small, 1, 2, 32), ShapeError);  // x needs 128 bytes
+  EXPECT_THROW(k.f16_dx(s, small, wbuf, small, nullptr, 1, 2, 4, 0, 2, false), ShapeError);  // no scratch
+  s.end();
 }
 
 using HostGemm = void (HostKernels::*)(std::span<float>, std::span<const float>, std::span<const float>, int64_t,

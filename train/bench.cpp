@@ -1,4 +1,5 @@
-// q4tune bench: a copy kernel (the memory roofline) and each Q4_0 kernel on model-sized shapes, in one run.
+// q4tune bench: a copy kernel (the memory roofline) and each frozen-linear kernel (Q4_0 by default; Q8_0 and
+// F16 on request) on model-sized shapes, in one run.
 // GEMV/dx report GB/s of the bytes they must move (weights + activations) and the fraction of the copy's
 // GB/s; GEMMs report TFLOPS. On a GPU, weights rotate through enough copies to exceed the last-level cache,
 // so the numbers are from DRAM, not cache.
@@ -15,7 +16,9 @@
 
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/threads.h"
+#include "kernels/quant/f16.h"
 #include "kernels/quant/q4_0.h"
+#include "kernels/quant/q8_0.h"
 #include "kernels/shapes.h"
 #include "kernels/vulkan/linear_kernels.h"
 #include "train/commands.h"
@@ -25,9 +28,29 @@ namespace q4t {
 
 namespace {
 
+enum class Weights { None, Q4_0, Q8_0, F16 };
+enum class Op { Copy, Gemv, Gemm, Dx };
+
+// A kernel --kernels can name: the weights it reads and what it computes (dx runs at T = 1 and T = 512).
+struct KernelInfo {
+  const char* name;
+  Weights weights;
+  Op op;
+  bool by_default;  // in the set run when --kernels is not given
+};
+const KernelInfo kKernels[] = {
+    {"copy", Weights::None, Op::Copy, true},      {"q4_0_gemv", Weights::Q4_0, Op::Gemv, true},
+    {"q4_0_gemm", Weights::Q4_0, Op::Gemm, true}, {"q4_0_dx", Weights::Q4_0, Op::Dx, true},
+    {"q8_0_gemv", Weights::Q8_0, Op::Gemv, false}, {"q8_0_gemm", Weights::Q8_0, Op::Gemm, false},
+    {"q8_0_dx", Weights::Q8_0, Op::Dx, false},    {"f16_gemv", Weights::F16, Op::Gemv, false},
+    {"f16_gemm", Weights::F16, Op::Gemm, false},  {"f16_dx", Weights::F16, Op::Dx, false},
+};
+
 struct Case {
   std::string kernel;
   int64_t n_out, n_in, T;
+  Weights weights = Weights::None;
+  Op op = Op::Copy;
 };
 
 struct Result {
@@ -37,7 +60,6 @@ struct Result {
 };
 
 const char* kDefaultShapes[] = {"4096x4096", "4096x14336", "14336x4096", "16384x16384"};
-const char* kAllKernels[] = {"copy", "q4_0_gemv", "q4_0_gemm", "q4_0_dx"};
 constexpr size_t kCopyBytes = size_t(512) << 20;
 constexpr size_t kRotateBytes = size_t(320) << 20;  // > 2x the largest GPU last-level cache we know of
 
@@ -54,25 +76,63 @@ std::pair<int64_t, int64_t> parse_shape(const std::string& s) {
   throw std::invalid_argument("--shapes: '" + s + "' is not N_OUTxN_IN (e.g. 4096x14336)");
 }
 
+int64_t row_bytes(Weights w, int64_t n_in) {
+  switch (w) {
+    case Weights::Q4_0: return q4_0_row_bytes(n_in);
+    case Weights::Q8_0: return q8_0_row_bytes(n_in);
+    case Weights::F16: return f16_row_bytes(n_in);
+    case Weights::None: break;
+  }
+  return 0;
+}
+
+// The Vulkan and CPU entry points of one weight format (gemm with T = 1 is the GEMV).
+struct FormatKernels {
+  decltype(&vk::LinearKernels::q4_0_gemm) vk_gemm;
+  decltype(&vk::LinearKernels::q4_0_dx) vk_dx;
+  decltype(&vk::LinearKernels::q4_0_dx_scratch_bytes) vk_dx_scratch_bytes;
+  decltype(&cpu::q4_0_gemm) cpu_gemm;
+  decltype(&cpu::q4_0_dx) cpu_dx;
+};
+
+const FormatKernels& format_kernels(Weights w) {
+  using K = vk::LinearKernels;
+  static const FormatKernels q4_0{&K::q4_0_gemm, &K::q4_0_dx, K::q4_0_dx_scratch_bytes, cpu::q4_0_gemm, cpu::q4_0_dx};
+  static const FormatKernels q8_0{&K::q8_0_gemm, &K::q8_0_dx, K::q8_0_dx_scratch_bytes, cpu::q8_0_gemm, cpu::q8_0_dx};
+  static const FormatKernels f16{&K::f16_gemm, &K::f16_dx, K::f16_dx_scratch_bytes, cpu::f16_gemm, cpu::f16_dx};
+  return w == Weights::Q8_0 ? q8_0 : w == Weights::F16 ? f16 : q4_0;
+}
+
+const KernelInfo& kernel_info(const std::string& name) {
+  for (const KernelInfo& k : kKernels)
+    if (name == k.name) return k;
+  std::string known;
+  for (const KernelInfo& k : kKernels) known += std::string(known.empty() ? "" : ", ") + k.name;
+  throw std::invalid_argument("--kernels: unknown kernel '" + name + "' (known: " + known + ")");
+}
+
 std::vector<Case> make_cases(const BenchOptions& opt) {
   std::vector<std::string> kernels = opt.kernels;
-  if (kernels.empty()) kernels.assign(std::begin(kAllKernels), std::end(kAllKernels));
-  for (const auto& k : kernels)
-    if (std::find(std::begin(kAllKernels), std::end(kAllKernels), k) == std::end(kAllKernels))
-      throw std::invalid_argument("--kernels: unknown kernel '" + k + "' (known: copy, q4_0_gemv, q4_0_gemm, q4_0_dx)");
+  if (kernels.empty())
+    for (const KernelInfo& k : kKernels)
+      if (k.by_default) kernels.push_back(k.name);
+  for (const auto& k : kernels) kernel_info(k);
   std::vector<std::string> shapes = opt.shapes;
   if (shapes.empty()) shapes.assign(std::begin(kDefaultShapes), std::end(kDefaultShapes));
   std::vector<Case> cases;
   if (std::find(kernels.begin(), kernels.end(), "copy") != kernels.end()) cases.push_back({"copy", 0, 0, 0});
   for (const auto& s : shapes) {
     const auto [n_out, n_in] = parse_shape(s);
-    check_q4_0_linear("bench", n_out, n_in, 1);
-    for (const auto& k : kernels) {
-      if (k == "q4_0_gemv") cases.push_back({k, n_out, n_in, 1});
-      if (k == "q4_0_gemm") cases.push_back({k, n_out, n_in, 512});
-      if (k == "q4_0_dx") {
-        cases.push_back({k, n_out, n_in, 1});
-        cases.push_back({k, n_out, n_in, 512});
+    for (const auto& name : kernels) {
+      const KernelInfo& k = kernel_info(name);
+      if (k.weights == Weights::Q4_0) check_q4_0_linear("bench", n_out, n_in, 1);
+      if (k.weights == Weights::Q8_0) check_q8_0_linear("bench", n_out, n_in, 1);
+      if (k.weights == Weights::F16) check_f16_linear("bench", n_out, n_in, 1);
+      if (k.op == Op::Gemv) cases.push_back({name, n_out, n_in, 1, k.weights, k.op});
+      if (k.op == Op::Gemm) cases.push_back({name, n_out, n_in, 512, k.weights, k.op});
+      if (k.op == Op::Dx) {
+        cases.push_back({name, n_out, n_in, 1, k.weights, k.op});
+        cases.push_back({name, n_out, n_in, 512, k.weights, k.op});
       }
     }
   }
@@ -81,7 +141,7 @@ std::vector<Case> make_cases(const BenchOptions& opt) {
 
 // Bytes a kernel must move at least: the weights once, activations in and out.
 double min_bytes(const Case& c) {
-  return double(c.n_out * q4_0_row_bytes(c.n_in)) + 4.0 * double(c.T) * double(c.n_in + c.n_out);
+  return double(c.n_out * row_bytes(c.weights, c.n_in)) + 4.0 * double(c.T) * double(c.n_in + c.n_out);
 }
 
 void finish(Result& r, double seconds, double copy_gbps) {
@@ -107,13 +167,15 @@ void finish(Result& r, double seconds, double copy_gbps) {
   }
 }
 
-std::vector<uint8_t> random_weights(int64_t n_out, int64_t n_in) {
+std::vector<uint8_t> random_weights(Weights kind, int64_t n_out, int64_t n_in) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1, 1);
   std::vector<float> f(static_cast<size_t>(n_out * n_in));
   for (float& v : f) v = u(rng);
-  std::vector<uint8_t> w(size_t(n_out * q4_0_row_bytes(n_in)));
-  quant::quantize_q4_0(w, f, n_out, n_in);
+  std::vector<uint8_t> w(size_t(n_out * row_bytes(kind, n_in)));
+  if (kind == Weights::Q4_0) quant::quantize_q4_0(w, f, n_out, n_in);
+  if (kind == Weights::Q8_0) quant::quantize_q8_0(w, f, n_out, n_in);
+  if (kind == Weights::F16) quant::f32_row_to_f16(w.data(), f.data(), n_out * n_in);
   return w;
 }
 
@@ -168,25 +230,27 @@ Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, d
     finish(r, time_vulkan(dev, budget_s, [&](vk::Sequence& s, int) { k.copy(s, b, a, kCopyBytes); }), 0);
     return r;
   }
-  const auto w_host = random_weights(c.n_out, c.n_in);
+  const auto w_host = random_weights(c.weights, c.n_out, c.n_in);
   const size_t n_copies = std::clamp<size_t>(kRotateBytes / w_host.size() + 1, 1, 32);
   std::vector<vk::Buffer> ws;
   for (size_t i = 0; i < n_copies; ++i) {
     ws.emplace_back(dev, w_host.size());
     ws.back().upload(w_host);
   }
-  const int64_t in_elems = c.T * (c.kernel == "q4_0_dx" ? c.n_out : c.n_in);
-  const int64_t out_elems = c.T * (c.kernel == "q4_0_dx" ? c.n_in : c.n_out);
+  const bool dx = c.op == Op::Dx;
+  const int64_t in_elems = c.T * (dx ? c.n_out : c.n_in);
+  const int64_t out_elems = c.T * (dx ? c.n_in : c.n_out);
   vk::Buffer in(dev, size_t(in_elems) * 4), out(dev, size_t(out_elems) * 4);
   in.upload(random_acts(in_elems));
   out.fill_zero();
-  vk::Buffer scratch(dev, std::max<size_t>(4, vk::LinearKernels::q4_0_dx_scratch_bytes(c.T, c.n_out, c.n_in)));
+  const FormatKernels& fk = format_kernels(c.weights);
+  vk::Buffer scratch(dev, std::max<size_t>(4, fk.vk_dx_scratch_bytes(c.T, c.n_out, c.n_in)));
   const double s = time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int i) {
     const vk::Buffer& w = ws[size_t(i) % ws.size()];
-    if (c.kernel == "q4_0_dx")
-      k.q4_0_dx(seq, out, w, in, &scratch, c.T, c.n_out, c.n_in, 0, c.n_out, false);
+    if (dx)
+      (k.*fk.vk_dx)(seq, out, w, in, &scratch, c.T, c.n_out, c.n_in, 0, c.n_out, false);
     else
-      k.q4_0_gemm(seq, out, w, in, c.T, c.n_out, c.n_in);
+      (k.*fk.vk_gemm)(seq, out, w, in, c.T, c.n_out, c.n_in);
   });
   finish(r, s, copy_gbps);
   return r;
@@ -222,15 +286,16 @@ Result bench_cpu_case(const Case& c, double budget_s, double copy_gbps) {
     finish(r, s, 0);
     return r;
   }
-  const auto w = random_weights(c.n_out, c.n_in);
-  const bool dx = c.kernel == "q4_0_dx";
+  const auto w = random_weights(c.weights, c.n_out, c.n_in);
+  const bool dx = c.op == Op::Dx;
+  const FormatKernels& fk = format_kernels(c.weights);
   const auto in = random_acts(c.T * (dx ? c.n_out : c.n_in));
   std::vector<float> out(size_t(c.T * (dx ? c.n_in : c.n_out)));
   const double s = time_cpu(budget_s, [&] {
     if (dx)
-      cpu::q4_0_dx(out, w, in, c.T, c.n_out, c.n_in, 0, c.n_out, false);
+      fk.cpu_dx(out, w, in, c.T, c.n_out, c.n_in, 0, c.n_out, false);
     else
-      cpu::q4_0_gemm(out, w, in, c.T, c.n_out, c.n_in);
+      fk.cpu_gemm(out, w, in, c.T, c.n_out, c.n_in);
   });
   finish(r, s, copy_gbps);
   return r;

@@ -2,6 +2,7 @@
 #pragma once
 #include <iosfwd>
 #include <string>
+#include <cstdint>
 #include <vector>
 
 namespace q4t {
@@ -13,6 +14,30 @@ int run_selftest(const DeviceChoice& dev, std::ostream& out);
 
 // Runs every autograd gradient-check case (CPU f32, and the Vulkan device unless dev is the CPU).
 int run_gradcheck_cmd(const DeviceChoice& dev, std::ostream& out);
+
+// Prints a GGUF file's version, metadata and tensors (shape, type, bytes, whether q4tune supports the type).
+int run_info(const std::string& path, std::ostream& out);
+
+struct InitModelOptions {
+  std::string arch = "llama", type = "q4_0", out;
+  int64_t dim = 64, layers = 2, heads = 4, kv_heads = 2, ff = 128, ctx = 256;
+  bool tied = false;
+  uint32_t seed = 42;
+  double rope_base = 10000.0;
+};
+// Writes a small random-initialised llama or qwen2 GGUF with a byte-level vocabulary.
+int run_init_model(const InitModelOptions& o, std::ostream& out);
+// Converts the 2-D F32/F16 weights of a GGUF (n_in a multiple of 32) to `type`; everything else is copied.
+int run_quantize(const std::string& in, const std::string& out_path, const std::string& type, std::ostream& out);
+
+struct LogitsOptions {
+  std::string model, ids_file, adapter, out;
+  std::vector<int32_t> ids;
+  double adapter_scale = 1.0;
+  bool llama_cpp_numerics = false;
+};
+// Forward on the token ids; writes {"logits": [[n_vocab floats] per position]} to out (or stdout).
+int run_logits(const LogitsOptions& o, const DeviceChoice& dev, std::ostream& out);
 
 struct BenchOptions {
   std::vector<std::string> kernels;  // empty: all

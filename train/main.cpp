@@ -58,13 +58,54 @@ int main(int argc, char** argv) {
                                        "and the f32 CPU and Vulkan device against the double-precision CPU");
   gradcheck_dev.add(gradcheck);
 
+  std::string info_path;
+  auto* info = app.add_subcommand("info", "Print a GGUF file's metadata and tensors, and which tensor types q4tune supports");
+  info->add_option("MODEL", info_path, "GGUF file")->required();
+
+  q4t::InitModelOptions init_opt;
+  auto* init_model = app.add_subcommand("init-model",
+                                        "Write a small random-initialised llama or qwen2 GGUF (byte-level vocabulary)");
+  init_model->add_option("--out", init_opt.out, "output GGUF file")->required();
+  init_model->add_option("--arch", init_opt.arch, "llama or qwen2")->capture_default_str();
+  init_model->add_option("--type", init_opt.type, "weight type of the 2-D tensors: q4_0, q8_0, f16 or f32")->capture_default_str();
+  init_model->add_option("--dim", init_opt.dim, "embedding length")->capture_default_str();
+  init_model->add_option("--layers", init_opt.layers, "number of transformer blocks")->capture_default_str();
+  init_model->add_option("--heads", init_opt.heads, "attention heads")->capture_default_str();
+  init_model->add_option("--kv-heads", init_opt.kv_heads, "key/value heads (grouped-query attention)")->capture_default_str();
+  init_model->add_option("--ff", init_opt.ff, "feed-forward length")->capture_default_str();
+  init_model->add_option("--ctx", init_opt.ctx, "context length")->capture_default_str();
+  init_model->add_option("--rope-base", init_opt.rope_base, "RoPE frequency base")->capture_default_str();
+  init_model->add_flag("--tied", init_opt.tied, "no output.weight: token_embd is the output matrix");
+  init_model->add_option("--seed", init_opt.seed, "random seed")->capture_default_str();
+
+  std::string quant_in, quant_out, quant_type = "q4_0";
+  auto* quantize = app.add_subcommand("quantize", "Convert the 2-D F32/F16 weights of a GGUF (n_in a multiple of 32)");
+  quantize->add_option("IN", quant_in, "input GGUF")->required();
+  quantize->add_option("OUT", quant_out, "output GGUF")->required();
+  quantize->add_option("--type", quant_type, "target type: q4_0 or q8_0")->capture_default_str();
+
+  DeviceFlags logits_dev;
+  q4t::LogitsOptions logits_opt;
+  auto* logits = app.add_subcommand("logits", "Run the model on token ids and write the logits at every position as JSON");
+  logits_dev.add(logits);
+  logits->add_option("MODEL", logits_opt.model, "GGUF model")->required();
+  auto* ids_opt = logits->add_option("--ids", logits_opt.ids, "comma-separated token ids")->delimiter(',');
+  logits->add_option("--ids-file", logits_opt.ids_file, "JSON array of token ids")->excludes(ids_opt);
+  logits->add_option("--adapter", logits_opt.adapter, "GGUF LoRA adapter to apply");
+  logits->add_option("--adapter-scale", logits_opt.adapter_scale, "scale of the adapter")->capture_default_str();
+  logits->add_flag("--llama-cpp-numerics", logits_opt.llama_cpp_numerics,
+                   "round the input of each Q4_0 matrix to Q8_0 blocks as llama.cpp's CPU matmuls do, to reproduce "
+                   "its logits exactly (the default keeps f32 activations, as training does)");
+  logits->add_option("--out", logits_opt.out, "write {\"logits\": [[...], ...]} here instead of stdout");
+
   DeviceFlags bench_dev;
   q4t::BenchOptions bench_opt;
   auto* bench = app.add_subcommand("bench",
                                    "Benchmark the copy roofline and the Q4_0 kernels (GEMV, GEMM at T=512, dx at "
                                    "T=1 and T=512) on model-sized shapes");
   bench_dev.add(bench);
-  bench->add_option("--kernels", bench_opt.kernels, "comma-separated subset of copy,q4_0_gemv,q4_0_gemm,q4_0_dx")
+  bench->add_option("--kernels", bench_opt.kernels, "comma-separated subset of copy,q4_0_gemv,q4_0_gemm,q4_0_dx (the default set) and q8_0_gemv,q8_0_gemm,"
+                    "q8_0_dx,f16_gemv,f16_gemm,f16_dx")
       ->delimiter(',');
   bench->add_option("--shapes", bench_opt.shapes,
                     "comma-separated N_OUTxN_IN shapes (default 4096x4096,4096x14336,14336x4096,16384x16384)")
@@ -79,6 +120,10 @@ int main(int argc, char** argv) {
     if (*devices) return list_devices();
     if (*selftest) return q4t::run_selftest(selftest_dev.open(), std::cout);
     if (*gradcheck) return q4t::run_gradcheck_cmd(gradcheck_dev.open(), std::cout);
+    if (*info) return q4t::run_info(info_path, std::cout);
+    if (*init_model) return q4t::run_init_model(init_opt, std::cout);
+    if (*quantize) return q4t::run_quantize(quant_in, quant_out, quant_type, std::cout);
+    if (*logits) return q4t::run_logits(logits_opt, logits_dev.open(), std::cout);
     if (*bench) return q4t::run_bench(bench_dev.open(), bench_opt, std::cout);
   } catch (const std::exception& e) {
     std::fflush(stdout);

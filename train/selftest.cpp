@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "kernels/cpu/reference.h"
+#include "kernels/quant/f16.h"
 #include "kernels/quant/q4_0.h"
+#include "kernels/quant/q8_0.h"
 #include "train/commands.h"
 #include "train/device_choice.h"
 
@@ -37,6 +39,33 @@ std::vector<uint8_t> random_q4_0(std::mt19937& rng, int64_t n_out, int64_t n_in)
   return w;
 }
 
+std::vector<uint8_t> random_q8_0(std::mt19937& rng, int64_t n_out, int64_t n_in) {
+  std::vector<uint8_t> w(size_t(n_out * q8_0_row_bytes(n_in)));
+  quant::quantize_q8_0(w, random_floats(rng, n_out * n_in), n_out, n_in);
+  return w;
+}
+
+std::vector<uint8_t> random_f16(std::mt19937& rng, int64_t n_out, int64_t n_in) {
+  std::vector<uint8_t> w(size_t(n_out * f16_row_bytes(n_in)));
+  quant::f32_row_to_f16(w.data(), random_floats(rng, n_out * n_in).data(), n_out * n_in);
+  return w;
+}
+
+// A frozen weight format: how to make W, its kernels and its double-precision references.
+struct Format {
+  const char* name;
+  std::vector<uint8_t> (*make)(std::mt19937&, int64_t, int64_t);
+  decltype(&HostKernels::q4_0_gemm) gemm;
+  decltype(&HostKernels::q4_0_dx) dx;
+  decltype(&ref::q4_0_gemm) ref_gemm;
+  decltype(&ref::q4_0_dx) ref_dx;
+};
+const Format kFormats[] = {
+    {"q4_0", random_q4_0, &HostKernels::q4_0_gemm, &HostKernels::q4_0_dx, ref::q4_0_gemm, ref::q4_0_dx},
+    {"q8_0", random_q8_0, &HostKernels::q8_0_gemm, &HostKernels::q8_0_dx, ref::q8_0_gemm, ref::q8_0_dx},
+    {"f16", random_f16, &HostKernels::f16_gemm, &HostKernels::f16_dx, ref::f16_gemm, ref::f16_dx},
+};
+
 // One output line: the worst error over all cases of a kernel.
 struct KernelResult {
   std::string name;
@@ -46,14 +75,22 @@ struct KernelResult {
   void add(double e) { worst = std::max(worst, e); ++cases; }
 };
 
-void check_q4_0(HostKernels& k, std::mt19937& rng, KernelResult& gemv, KernelResult& gemm, KernelResult& dx,
-                KernelResult& dx_multi) {
+// The four lines of one format: GEMV, GEMM, dx for one token and dx for several, plus one for an exception
+// that stopped its checks.
+struct FormatResults {
+  KernelResult gemv, gemm, dx, dx_multi, all;
+  explicit FormatResults(const std::string& f)
+      : gemv{f + "_gemv"}, gemm{f + "_gemm"}, dx{f + "_dx"}, dx_multi{f + "_dx (T>1)"}, all{f + " kernels"} {}
+};
+
+void check_frozen(HostKernels& k, std::mt19937& rng, const Format& f, FormatResults& r) {
   for (const Shape& s : kShapes) {
-    const auto w = random_q4_0(rng, s.n_out, s.n_in);
+    const auto w = f.make(rng, s.n_out, s.n_in);
     const auto x = random_floats(rng, s.T * s.n_in);
     std::vector<float> y(size_t(s.T * s.n_out));
-    k.q4_0_gemm(y, w, x, s.T, s.n_out, s.n_in);
-    (s.T == 1 ? gemv : gemm).add(ref::max_rel_error(y.data(), ref::q4_0_gemm(w.data(), x.data(), s.T, s.n_out, s.n_in)));
+    (k.*f.gemm)(y, w, x, s.T, s.n_out, s.n_in);
+    const auto want_y = f.ref_gemm(w.data(), x.data(), s.T, s.n_out, s.n_in);
+    (s.T == 1 ? r.gemv : r.gemm).add(ref::max_rel_error(y.data(), want_y));
 
     // dx over row tiles of 3/8 of n_out (never dividing evenly), accumulated, from a non-zero start.
     const auto dy = random_floats(rng, s.T * s.n_out);
@@ -61,12 +98,13 @@ void check_q4_0(HostKernels& k, std::mt19937& rng, KernelResult& gemv, KernelRes
     const auto dx0 = dxv;
     const int64_t tile = std::max<int64_t>(1, s.n_out * 3 / 8);
     for (int64_t j = 0; j < s.n_out; j += tile)
-      k.q4_0_dx(dxv, w, dy, s.T, s.n_out, s.n_in, j, std::min(s.n_out, j + tile), true);
-    auto want = ref::q4_0_dx(w.data(), dy.data(), dx0.data(), s.T, s.n_out, s.n_in, 0, s.n_out);
-    (s.T == 1 ? dx : dx_multi).add(ref::max_rel_error(dxv.data(), want));
-    k.q4_0_dx(dxv, w, dy, s.T, s.n_out, s.n_in, 0, s.n_out, false);
-    want = ref::q4_0_dx(w.data(), dy.data(), nullptr, s.T, s.n_out, s.n_in, 0, s.n_out);
-    (s.T == 1 ? dx : dx_multi).add(ref::max_rel_error(dxv.data(), want));
+      (k.*f.dx)(dxv, w, dy, s.T, s.n_out, s.n_in, j, std::min(s.n_out, j + tile), true);
+    auto want = f.ref_dx(w.data(), dy.data(), dx0.data(), s.T, s.n_out, s.n_in, 0, s.n_out);
+    KernelResult& dx = s.T == 1 ? r.dx : r.dx_multi;
+    dx.add(ref::max_rel_error(dxv.data(), want));
+    (k.*f.dx)(dxv, w, dy, s.T, s.n_out, s.n_in, 0, s.n_out, false);
+    want = f.ref_dx(w.data(), dy.data(), nullptr, s.T, s.n_out, s.n_in, 0, s.n_out);
+    dx.add(ref::max_rel_error(dxv.data(), want));
   }
 }
 
@@ -103,16 +141,25 @@ int run_selftest(const DeviceChoice& dev, std::ostream& out) {
   auto k = dev.host_kernels();
   out << "selftest on " << k->device_name() << " (bound: max relative error <= " << kBound << ")\n";
   std::mt19937 rng(1234);
-  KernelResult gemv{"q4_0_gemv"}, gemm{"q4_0_gemm"}, dx{"q4_0_dx"}, dx_multi{"q4_0_dx (T>1)"};
+  std::vector<FormatResults> formats;
+  for (const Format& f : kFormats) formats.emplace_back(f.name);
   KernelResult nt{"f32_gemm_nt"}, nn{"f32_gemm_nn"}, tn{"f32_gemm_tn"};
-  KernelResult q4_all{"q4_0 kernels"};
-  guarded(q4_all, [&] { check_q4_0(*k, rng, gemv, gemm, dx, dx_multi); });
+  // Q4_0 and the f32 GEMMs first, so that their inputs stay what they were before Q8_0 and F16 were added.
+  guarded(formats[0].all, [&] { check_frozen(*k, rng, kFormats[0], formats[0]); });
   guarded(nt, [&] { check_f32(*k, rng, &HostKernels::gemm_nt, &ref::gemm_nt, nt); });
   guarded(nn, [&] { check_f32(*k, rng, &HostKernels::gemm_nn, &ref::gemm_nn, nn); });
   guarded(tn, [&] { check_f32(*k, rng, &HostKernels::gemm_tn, &ref::gemm_tn, tn); });
+  for (size_t i = 1; i < formats.size(); ++i)
+    guarded(formats[i].all, [&] { check_frozen(*k, rng, kFormats[i], formats[i]); });
 
-  std::vector<KernelResult*> all = {&gemv, &gemm, &dx, &dx_multi, &nt, &nn, &tn};
-  if (!q4_all.error.empty()) all.push_back(&q4_all);
+  std::vector<KernelResult*> all;
+  for (size_t i = 0; i < formats.size(); ++i) {
+    FormatResults& r = formats[i];
+    for (KernelResult* line : {&r.gemv, &r.gemm, &r.dx, &r.dx_multi}) all.push_back(line);
+    if (i == 0) all.insert(all.end(), {&nt, &nn, &tn});
+  }
+  for (FormatResults& r : formats)
+    if (!r.all.error.empty()) all.push_back(&r.all);
   bool ok = true;
   for (const KernelResult* r : all) {
     const bool pass = r->error.empty() && r->cases > 0 && r->worst <= kBound;

@@ -23,7 +23,9 @@
 #include "autograd/ops.h"
 #include "autograd/ops/vk_util.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/quant/f16.h"
 #include "kernels/quant/q4_0.h"
+#include "kernels/quant/q8_0.h"
 #include "kernels/shapes.h"
 
 namespace q4t::ag {
@@ -32,16 +34,40 @@ namespace {
 
 constexpr int32_t kIgnoreLabel = -100;
 
-// Row r of a matrix [rows, cols] that is real (of type T) or Q4_0, as T (Q4_0 dequantises exactly).
+// The format code the GLSL kernels take for a table or output matrix (embedding_forward.comp, linear_ce_*.comp).
+uint32_t shader_format(DType t) {
+  switch (t) {
+    case DType::Q4_0: return 1;
+    case DType::Q8_0: return 2;
+    case DType::F16: return 3;
+    default: return 0;
+  }
+}
+
+// Bytes of one row of a frozen matrix with `cols` columns.
+int64_t frozen_row_bytes(DType t, int64_t cols) {
+  return t == DType::Q4_0 ? q4_0_row_bytes(cols) : t == DType::Q8_0 ? q8_0_row_bytes(cols) : f16_row_bytes(cols);
+}
+
+// Row r of a matrix [rows, cols] that is real (of type T) or frozen (Q4_0, Q8_0, F16), as T (exact).
 template <class T>
 void matrix_row(T* out, const Tensor& m, int64_t r) {
   const int64_t cols = m.dim(1);
-  if (m.dtype() == DType::Q4_0) {
-    const auto* blocks = reinterpret_cast<const quant::BlockQ4_0*>(m.data<uint8_t>() + r * q4_0_row_bytes(cols));
-    return quant::dequantize_row_q4_0(out, blocks, cols);
+  const DType t = m.dtype();
+  const uint8_t* row = is_frozen_storage(t) ? m.data<uint8_t>() + r * frozen_row_bytes(t, cols) : nullptr;
+  switch (t) {
+    case DType::Q4_0: return quant::dequantize_row_q4_0(out, reinterpret_cast<const quant::BlockQ4_0*>(row), cols);
+    case DType::Q8_0: return quant::dequantize_row_q8_0(out, reinterpret_cast<const quant::BlockQ8_0*>(row), cols);
+    case DType::F16:
+      if constexpr (std::is_same_v<T, double>)
+        return quant::f16_row_to_f64(out, row, cols);
+      else
+        return quant::f16_row_to_f32(out, row, cols);
+    default: {
+      const T* src = m.data<T>() + r * cols;
+      std::copy(src, src + cols, out);
+    }
   }
-  const T* src = m.data<T>() + r * cols;
-  std::copy(src, src + cols, out);
 }
 
 // --- embedding: y[T, C] = table[ids[t], :] ------------------------------------------------------------------
@@ -83,7 +109,7 @@ void embedding_backward_cpu(OpContext& c) {
 }
 
 struct EmbeddingPush {
-  uint32_t T, C, V, q4;
+  uint32_t T, C, V, format;
 };
 struct EmbeddingBackwardPush {
   uint32_t T, C, V;
@@ -94,7 +120,7 @@ void embedding_forward(OpContext& c) {
     return c.be.real() == DType::F64 ? embedding_forward_cpu<double>(c) : embedding_forward_cpu<float>(c);
   const Tensor &table = c.in(0), &ids = c.in(1), &y = c.node.value;
   EmbeddingPush push{uint32_t(ids.numel()), uint32_t(table.dim(1)), uint32_t(table.dim(0)),
-                     table.dtype() == DType::Q4_0 ? 1u : 0u};
+                     shader_format(table.dtype())};
   const auto& p = c.be.pipeline("embedding_forward", 3, sizeof(push));
   c.seq->dispatch(p, {&y.buffer(), &table.buffer(), &ids.buffer()}, push, groups_for(y.numel(), 256));
 }
@@ -267,9 +293,9 @@ void linear_ce_prepare(OpContext& c) {
   c.node.saved.push_back(c.be.empty({Tn, tile_rows(c)}, c.be.real()));
 }
 
-// Rows [j0, j0 + n) of w as the bytes (Q4_0) or floats (f32) of a matrix [n, C] of their own.
-std::span<const uint8_t> q4_0_rows(const Tensor& w, int64_t j0, int64_t n) {
-  const int64_t rb = q4_0_row_bytes(w.dim(1));
+// Rows [j0, j0 + n) of w as the bytes (frozen) or floats (f32) of a matrix [n, C] of their own.
+std::span<const uint8_t> frozen_rows(const Tensor& w, int64_t j0, int64_t n) {
+  const int64_t rb = frozen_row_bytes(w.dtype(), w.dim(1));
   return {w.data<uint8_t>() + j0 * rb, size_t(n * rb)};
 }
 std::span<const float> f32_rows(const Tensor& w, int64_t j0, int64_t n) {
@@ -283,8 +309,12 @@ void tile_logits_cpu(T* logits, const Tensor& x, const Tensor& w, int64_t j0, in
   if constexpr (std::is_same_v<T, float>) {
     const std::span<float> y(logits, size_t(Tn * n));
     const std::span<const float> xs(x.data<float>(), size_t(Tn * C));
-    if (w.dtype() == DType::Q4_0) cpu::q4_0_gemm(y, q4_0_rows(w, j0, n), xs, Tn, n, C);
-    else cpu::gemm_nt(y, xs, f32_rows(w, j0, n), Tn, n, C, false);
+    switch (w.dtype()) {
+      case DType::Q4_0: return cpu::q4_0_gemm(y, frozen_rows(w, j0, n), xs, Tn, n, C);
+      case DType::Q8_0: return cpu::q8_0_gemm(y, frozen_rows(w, j0, n), xs, Tn, n, C);
+      case DType::F16: return cpu::f16_gemm(y, frozen_rows(w, j0, n), xs, Tn, n, C);
+      default: return cpu::gemm_nt(y, xs, f32_rows(w, j0, n), Tn, n, C, false);
+    }
   } else {
     std::vector<T> row(static_cast<size_t>(C));
     const T* px = x.data<T>();
@@ -306,8 +336,12 @@ void tile_dx_cpu(T* dx, const T* d, const Tensor& w, int64_t Tn, int64_t j0, int
   if constexpr (std::is_same_v<T, float>) {
     const std::span<float> dxs(dx, size_t(Tn * C));
     const std::span<const float> ds(d, size_t(Tn * n));
-    if (w.dtype() == DType::Q4_0) cpu::q4_0_dx(dxs, q4_0_rows(w, j0, n), ds, Tn, n, C, 0, n, true);
-    else cpu::gemm_nn(dxs, ds, f32_rows(w, j0, n), Tn, C, n, true);
+    switch (w.dtype()) {
+      case DType::Q4_0: return cpu::q4_0_dx(dxs, frozen_rows(w, j0, n), ds, Tn, n, C, 0, n, true);
+      case DType::Q8_0: return cpu::q8_0_dx(dxs, frozen_rows(w, j0, n), ds, Tn, n, C, 0, n, true);
+      case DType::F16: return cpu::f16_dx(dxs, frozen_rows(w, j0, n), ds, Tn, n, C, 0, n, true);
+      default: return cpu::gemm_nn(dxs, ds, f32_rows(w, j0, n), Tn, C, n, true);
+    }
   } else {
     std::vector<T> row(static_cast<size_t>(C));
     for (int64_t j = 0; j < n; ++j) {
@@ -350,9 +384,10 @@ void linear_ce_backward_cpu(OpContext& c) {
   }
 }
 
-// Must match the push block of linear_ce_logits.comp / linear_ce_dx.comp (gemm_tiled.glsl's fields + row0, q4).
+// Must match the push block of linear_ce_logits.comp / linear_ce_dx.comp (gemm_tiled.glsl's fields + row0,
+// format).
 struct TileGemmPush {
-  uint32_t M, N, k_begin, k_end, lda, ldb, accumulate, row0, q4;
+  uint32_t M, N, k_begin, k_end, lda, ldb, accumulate, row0, format;
 };
 constexpr uint32_t kGemmTile = 64;  // BM = BN of gemm_tiled.glsl, as in kernels/vulkan/linear_kernels.cpp
 
@@ -367,7 +402,7 @@ void tile_logits_vk(OpContext& c, const Tensor& logits, int64_t j0, int64_t n) {
   const Tensor &x = c.in(0), &w = c.in(1);
   const uint32_t Tn = uint32_t(x.rows()), C = uint32_t(x.cols());
   tile_gemm_vk(c, "linear_ce_logits", logits, x,
-               {Tn, uint32_t(n), 0, C, C, C, 0, uint32_t(j0), w.dtype() == DType::Q4_0 ? 1u : 0u});
+               {Tn, uint32_t(n), 0, C, C, C, 0, uint32_t(j0), shader_format(w.dtype())});
 }
 
 // dx[T, C] += d[T, n] · w[j0 : j0+n] (M = T, N = C, K = n).
@@ -375,7 +410,7 @@ void tile_dx_vk(OpContext& c, const Tensor& d, int64_t j0, int64_t n) {
   const Tensor &x = c.in(0), &w = c.in(1);
   const uint32_t Tn = uint32_t(x.rows()), C = uint32_t(x.cols());
   tile_gemm_vk(c, "linear_ce_dx", c.in_grad(0), d,
-               {Tn, C, 0, uint32_t(n), uint32_t(n), C, 1, uint32_t(j0), w.dtype() == DType::Q4_0 ? 1u : 0u});
+               {Tn, C, 0, uint32_t(n), uint32_t(n), C, 1, uint32_t(j0), shader_format(w.dtype())});
 }
 
 void linear_ce_forward(OpContext& c) {
@@ -411,6 +446,19 @@ const OpDef kCrossEntropyOp{"cross_entropy", cross_entropy_shape, cross_entropy_
 const OpDef kLinearCrossEntropyOp{"linear_cross_entropy", linear_ce_shape, linear_ce_prepare, linear_ce_forward,
                                   linear_ce_backward};
 
+// W [n_out, n_in] of uniform [-1, 1) values stored as Q8_0 blocks or halves (random_q4_0 does Q4_0).
+Var random_frozen(Graph& g, std::mt19937& r, DType t, int64_t n_out, int64_t n_in, const std::string& name) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(size_t(n_out * n_in));
+  for (float& e : v) e = u(r);
+  std::vector<uint8_t> bytes(storage_bytes(t, {n_out, n_in}));
+  if (t == DType::Q8_0)
+    quant::quantize_q8_0(bytes, v, n_out, n_in);
+  else
+    quant::f32_row_to_f16(bytes.data(), v.data(), n_out * n_in);
+  return g.constant(g.backend().quantized(bytes, {n_out, n_in}, t), name);
+}
+
 void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back({"embedding f32 table V=11 C=6, repeated ids", [](Graph& g, std::mt19937& r) {
                    Var table = random_param(g, r, {11, 6}, "table");
@@ -422,6 +470,17 @@ void add_cases(std::vector<GradcheckCase>& out) {
                    Var s = random_param(g, r, {64}, "s");
                    return mul(embedding(table, ids_constant(g, {8, 1, 1, 4, 0}, "ids")), s);
                  }});
+  out.push_back({"embedding q8_0 table V=9 C=64, times a parameter", [](Graph& g, std::mt19937& r) {
+                   Var table = random_frozen(g, r, DType::Q8_0, 9, 64, "table");
+                   Var s = random_param(g, r, {64}, "s");
+                   return mul(embedding(table, ids_constant(g, {8, 1, 1, 4, 0}, "ids")), s);
+                 }});
+  // An odd C: the GPU lookup reads halves one at a time, so any width works.
+  out.push_back({"embedding f16 table V=7 C=13, times a parameter", [](Graph& g, std::mt19937& r) {
+                   Var table = random_frozen(g, r, DType::F16, 7, 13, "table");
+                   Var s = random_param(g, r, {13}, "s");
+                   return mul(embedding(table, ids_constant(g, {6, 0, 3, 3}, "ids")), s);
+                 }});
   out.push_back({"cross_entropy T=6 V=13, one -100 label", [](Graph& g, std::mt19937& r) {
                    Var logits = random_param(g, r, {6, 13}, "logits", -3, 3);
                    return cross_entropy(logits, ids_constant(g, {4, -100, 12, 4, 0, 4}, "labels"));
@@ -430,6 +489,16 @@ void add_cases(std::vector<GradcheckCase>& out) {
                    Var w = random_q4_0(g, r, 37, 64, "w");
                    Var x = random_param(g, r, {5, 64}, "x");
                    return linear_cross_entropy(x, w, ids_constant(g, {36, 5, -100, 5, 20}, "labels"), 10);
+                 }});
+  out.push_back({"linear_cross_entropy q8_0 T=5 C=64 V=37 vocab_tile=10", [](Graph& g, std::mt19937& r) {
+                   Var w = random_frozen(g, r, DType::Q8_0, 37, 64, "w");
+                   Var x = random_param(g, r, {5, 64}, "x");
+                   return linear_cross_entropy(x, w, ids_constant(g, {36, 5, -100, 5, 20}, "labels"), 10);
+                 }});
+  out.push_back({"linear_cross_entropy f16 T=3 C=22 V=70 vocab_tile=65", [](Graph& g, std::mt19937& r) {
+                   Var w = random_frozen(g, r, DType::F16, 70, 22, "w");
+                   Var x = random_param(g, r, {3, 22}, "x");
+                   return linear_cross_entropy(x, w, ids_constant(g, {69, 0, 64}, "labels"), 65);
                  }});
   out.push_back({"linear_cross_entropy f32 weight T=4 C=20 V=9 vocab_tile=4", [](Graph& g, std::mt19937& r) {
                    Var w = random_constant(g, r, {9, 20}, "w");
@@ -442,10 +511,11 @@ const OpRegistration kRegistration({&kEmbeddingOp, &kCrossEntropyOp, &kLinearCro
 
 }  // namespace
 
-// A q4_0 table is a constant; an f32 table may be a parameter (its rows get the scattered gradient).
+// A frozen (q4_0, q8_0, f16) table is a constant; an f32 table may be a parameter (its rows get the scattered
+// gradient).
 Var embedding(Var table, Var ids) {
   const DType t = table.value().dtype();
-  if (t != DType::Q4_0 && t != table.g->backend().real())
+  if (!is_frozen_storage(t) && t != table.g->backend().real())
     throw GraphError(std::string("embedding: table type ") + dtype_name(t) + " is not supported");
   return table.g->add(kEmbeddingOp, {table, ids});
 }
@@ -465,10 +535,14 @@ Var linear_cross_entropy(Var x, Var w, Var labels, int64_t vocab_tile) {
   const Node& wn = w.g->node(w.id);
   if (wn.requires_grad)
     throw GraphError("linear_cross_entropy: the weight " + (wn.name.empty() ? std::string("") : "'" + wn.name + "' ") +
-                     "is trainable; the vocab-tiled loss takes a frozen output matrix (q4_0 or an f32 constant)");
+                     "is trainable; the vocab-tiled loss takes a frozen output matrix (q4_0, q8_0, f16 or an f32 "
+                     "constant)");
   const DType t = wn.value.dtype();
-  if (t != DType::Q4_0 && t != x.g->backend().real())
+  if (!is_frozen_storage(t) && t != x.g->backend().real())
     throw GraphError(std::string("linear_cross_entropy: weight type ") + dtype_name(t) + " is not supported");
+  if (t == DType::F16 && !x.g->backend().is_cpu() && wn.value.dim(1) % 2 != 0)
+    throw GraphError("linear_cross_entropy: an f16 weight on Vulkan needs an even C (its kernels read halves in "
+                     "pairs), not C = " + std::to_string(wn.value.dim(1)));
   OpParams p;
   p.i[0] = vocab_tile;
   return x.g->add(kLinearCrossEntropyOp, {x, w, labels}, p);

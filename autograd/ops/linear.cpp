@@ -1,10 +1,13 @@
 // linear (frozen weight, dx only) and matmul_nt (both operands differentiable).
+#include <type_traits>
 #include <vector>
 
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/quant/f16.h"
 #include "kernels/quant/q4_0.h"
+#include "kernels/quant/q8_0.h"
 #include "kernels/shapes.h"
 
 namespace q4t::ag {
@@ -24,17 +27,55 @@ Shape linear_shape(const Graph& g, const Node& n) {
   return out;
 }
 
-// W row j as T (exact for Q4_0 in float and double).
+// W row j as T (exact for Q4_0, Q8_0 and F16 in float and double).
 template <class T>
 void weight_row(std::vector<T>& row, const Tensor& w, int64_t j) {
   const int64_t n_in = w.dim(1);
   row.resize(size_t(n_in));
-  if (w.dtype() == DType::Q4_0) {
-    const auto* blocks = reinterpret_cast<const quant::BlockQ4_0*>(w.data<uint8_t>() + j * q4_0_row_bytes(n_in));
-    quant::dequantize_row_q4_0(row.data(), blocks, n_in);
-  } else {
-    const T* src = w.data<T>() + j * n_in;
-    std::copy(src, src + n_in, row.begin());
+  const uint8_t* bytes = w.data<uint8_t>();
+  switch (w.dtype()) {
+    case DType::Q4_0: {
+      const auto* blocks = reinterpret_cast<const quant::BlockQ4_0*>(bytes + j * q4_0_row_bytes(n_in));
+      return quant::dequantize_row_q4_0(row.data(), blocks, n_in);
+    }
+    case DType::Q8_0: {
+      const auto* blocks = reinterpret_cast<const quant::BlockQ8_0*>(bytes + j * q8_0_row_bytes(n_in));
+      return quant::dequantize_row_q8_0(row.data(), blocks, n_in);
+    }
+    case DType::F16:
+      if constexpr (std::is_same_v<T, double>)
+        return quant::f16_row_to_f64(row.data(), bytes + j * f16_row_bytes(n_in), n_in);
+      else
+        return quant::f16_row_to_f32(row.data(), bytes + j * f16_row_bytes(n_in), n_in);
+    default: {
+      const T* src = w.data<T>() + j * n_in;
+      std::copy(src, src + n_in, row.begin());
+    }
+  }
+}
+
+// The kernels of one frozen weight storage, on the CPU (f32) and on Vulkan.
+struct FrozenKernels {
+  decltype(&cpu::q4_0_gemm) cpu_gemm;
+  decltype(&cpu::q4_0_dx) cpu_dx;
+  decltype(&vk::LinearKernels::q4_0_gemm) vk_gemm;
+  decltype(&vk::LinearKernels::q4_0_dx) vk_dx;
+  decltype(&vk::LinearKernels::q4_0_dx_scratch_bytes) vk_dx_scratch_bytes;
+};
+
+// Null for a real (f32 or f64) weight.
+const FrozenKernels* frozen_kernels(DType t) {
+  using K = vk::LinearKernels;
+  static const FrozenKernels q4_0{cpu::q4_0_gemm, cpu::q4_0_dx, &K::q4_0_gemm, &K::q4_0_dx,
+                                  K::q4_0_dx_scratch_bytes};
+  static const FrozenKernels q8_0{cpu::q8_0_gemm, cpu::q8_0_dx, &K::q8_0_gemm, &K::q8_0_dx,
+                                  K::q8_0_dx_scratch_bytes};
+  static const FrozenKernels f16{cpu::f16_gemm, cpu::f16_dx, &K::f16_gemm, &K::f16_dx, K::f16_dx_scratch_bytes};
+  switch (t) {
+    case DType::Q4_0: return &q4_0;
+    case DType::Q8_0: return &q8_0;
+    case DType::F16: return &f16;
+    default: return nullptr;
   }
 }
 
@@ -74,12 +115,13 @@ std::span<const uint8_t> byte_span(const Tensor& t) { return {t.data<uint8_t>(),
 void linear_forward(OpContext& c) {
   const Tensor &x = c.in(0), &w = c.in(1), &y = c.node.value;
   const int64_t T_ = x.rows(), n_out = w.dim(0), n_in = w.dim(1);
+  const FrozenKernels* k = frozen_kernels(w.dtype());
   if (!c.be.is_cpu()) {
-    if (w.dtype() == DType::Q4_0) return c.be.linear().q4_0_gemm(*c.seq, y.buffer(), w.buffer(), x.buffer(), T_, n_out, n_in);
+    if (k) return (c.be.linear().*k->vk_gemm)(*c.seq, y.buffer(), w.buffer(), x.buffer(), T_, n_out, n_in);
     return c.be.linear().gemm_nt(*c.seq, y.buffer(), x.buffer(), w.buffer(), T_, n_out, n_in, false);
   }
   if (c.be.real() == DType::F64) return linear_forward_generic<double>(y, x, w);
-  if (w.dtype() == DType::Q4_0) return cpu::q4_0_gemm(f32_mut(y), byte_span(w), f32_span(x), T_, n_out, n_in);
+  if (k) return k->cpu_gemm(f32_mut(y), byte_span(w), f32_span(x), T_, n_out, n_in);
   cpu::gemm_nt(f32_mut(y), f32_span(x), f32_span(w), T_, n_out, n_in, false);
 }
 
@@ -87,23 +129,25 @@ void linear_backward(OpContext& c) {
   if (!c.needs_grad(0)) return;
   const Tensor &w = c.in(1), &dx = c.in_grad(0), &dy = c.node.grad;
   const int64_t T_ = dy.rows(), n_out = w.dim(0), n_in = w.dim(1);
+  const FrozenKernels* k = frozen_kernels(w.dtype());
   if (!c.be.is_cpu()) {
-    if (w.dtype() == DType::Q4_0) {
+    if (k) {
       const Tensor& scratch = c.node.saved.at(0);
-      return c.be.linear().q4_0_dx(*c.seq, dx.buffer(), w.buffer(), dy.buffer(), &scratch.buffer(), T_, n_out, n_in,
-                                   0, n_out, true);
+      return (c.be.linear().*k->vk_dx)(*c.seq, dx.buffer(), w.buffer(), dy.buffer(), &scratch.buffer(), T_, n_out,
+                                        n_in, 0, n_out, true);
     }
     return c.be.linear().gemm_nn(*c.seq, dx.buffer(), dy.buffer(), w.buffer(), T_, n_in, n_out, true);
   }
   if (c.be.real() == DType::F64) return linear_backward_generic<double>(dx, dy, w);
-  if (w.dtype() == DType::Q4_0) return cpu::q4_0_dx(f32_mut(dx), byte_span(w), f32_span(dy), T_, n_out, n_in, 0, n_out, true);
+  if (k) return k->cpu_dx(f32_mut(dx), byte_span(w), f32_span(dy), T_, n_out, n_in, 0, n_out, true);
   cpu::gemm_nn(f32_mut(dx), f32_span(dy), f32_span(w), T_, n_in, n_out, true);
 }
 
-// The one-token Vulkan dx needs scratch for its row-chunk partial sums.
+// The one-token Vulkan dx of a frozen weight needs scratch for its row-chunk partial sums.
 void linear_prepare(OpContext& c) {
-  if (c.be.is_cpu() || c.in(1).dtype() != DType::Q4_0) return;
-  const size_t bytes = vk::LinearKernels::q4_0_dx_scratch_bytes(c.in(0).rows(), c.in(1).dim(0), c.in(1).dim(1));
+  const FrozenKernels* k = frozen_kernels(c.in(1).dtype());
+  if (c.be.is_cpu() || !k) return;
+  const size_t bytes = k->vk_dx_scratch_bytes(c.in(0).rows(), c.in(1).dim(0), c.in(1).dim(1));
   c.node.saved.push_back(c.be.empty({int64_t(std::max<size_t>(bytes, 4) / 4)}, DType::F32));
 }
 
@@ -175,19 +219,38 @@ void matmul_backward(OpContext& c) {
 const OpDef kLinearOp{"linear", linear_shape, linear_prepare, linear_forward, linear_backward};
 const OpDef kMatmulOp{"matmul_nt", matmul_shape, nullptr, matmul_forward, matmul_backward};
 
+// W [n_out, n_in] of uniform [-1, 1) values stored as Q8_0 blocks or halves (random_q4_0 does Q4_0).
+Var random_frozen(Graph& g, std::mt19937& r, DType t, int64_t n_out, int64_t n_in, const std::string& name) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(size_t(n_out * n_in));
+  for (float& e : v) e = u(r);
+  std::vector<uint8_t> bytes(storage_bytes(t, {n_out, n_in}));
+  if (t == DType::Q8_0)
+    quant::quantize_q8_0(bytes, v, n_out, n_in);
+  else
+    quant::f32_row_to_f16(bytes.data(), v.data(), n_out * n_in);
+  return g.constant(g.backend().quantized(bytes, {n_out, n_in}, t), name);
+}
+
 // x is the parameter: the frozen weight itself never has a gradient.
-GradcheckCase linear_case(int64_t T, int64_t n_out, int64_t n_in) {
-  return {"linear q4_0 T=" + std::to_string(T) + " " + std::to_string(n_out) + "x" + std::to_string(n_in),
+GradcheckCase linear_case(DType t, int64_t T, int64_t n_out, int64_t n_in) {
+  return {std::string("linear ") + dtype_name(t) + " T=" + std::to_string(T) + " " + std::to_string(n_out) + "x" +
+              std::to_string(n_in),
           [=](Graph& g, std::mt19937& r) {
-            Var w = random_q4_0(g, r, n_out, n_in, "w");
+            Var w = t == DType::Q4_0 ? random_q4_0(g, r, n_out, n_in, "w") : random_frozen(g, r, t, n_out, n_in, "w");
             return linear(random_param(g, r, {T, n_in}, "x"), w);
           }};
 }
 
 void add_cases(std::vector<GradcheckCase>& out) {
-  out.push_back(linear_case(1, 7, 64));
-  out.push_back(linear_case(3, 65, 32));
-  out.push_back(linear_case(17, 63, 96));
+  out.push_back(linear_case(DType::Q4_0, 1, 7, 64));
+  out.push_back(linear_case(DType::Q4_0, 3, 65, 32));
+  out.push_back(linear_case(DType::Q4_0, 17, 63, 96));
+  out.push_back(linear_case(DType::Q8_0, 1, 7, 64));
+  out.push_back(linear_case(DType::Q8_0, 17, 63, 96));
+  // F16 takes any even n_in on Vulkan: 46 is neither a multiple of 4 nor of the GEMM tile.
+  out.push_back(linear_case(DType::F16, 1, 9, 20));
+  out.push_back(linear_case(DType::F16, 5, 33, 46));
   out.push_back({"linear f32 weight", [](Graph& g, std::mt19937& r) {
                    Var w = random_constant(g, r, {9, 20}, "w");
                    return linear(random_param(g, r, {3, 20}, "x"), w);
@@ -207,8 +270,12 @@ Var linear(Var x, Var w) {
     throw GraphError("linear: the weight " + (wn.name.empty() ? std::string("") : "'" + wn.name + "' ") +
                      "is trainable; linear takes frozen weights (use matmul_nt for a trainable matrix)");
   const DType t = w.value().dtype();
-  if (t != DType::Q4_0 && t != x.g->backend().real())
-    throw GraphError(std::string("linear: weight type ") + dtype_name(t) + " is not supported");
+  if (!frozen_kernels(t) && t != x.g->backend().real())
+    throw GraphError(std::string("linear: weight type ") + dtype_name(t) +
+                     " is not supported (q4_0, q8_0, f16, or the graph's real type)");
+  if (t == DType::F16 && !x.g->backend().is_cpu() && w.value().dim(1) % 2 != 0)
+    throw GraphError("linear: an f16 weight on Vulkan needs an even n_in (its kernels read halves in pairs), not "
+                     "n_in = " + std::to_string(w.value().dim(1)));
   return x.g->add(kLinearOp, {x, w});
 }
 

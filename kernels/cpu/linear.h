@@ -1,5 +1,6 @@
-// CPU kernels of the frozen Q4_0 linear and the f32 GEMMs LoRA needs. Same contracts as the Vulkan kernels
-// (kernels/vulkan/linear_kernels.h). Shapes: T tokens, W[n_out, n_in] in Q4_0 blocks, rows contiguous.
+// CPU kernels of the frozen linears (Q4_0, Q8_0, F16 weights) and the f32 GEMMs LoRA needs. Same contracts as
+// the Vulkan kernels (kernels/vulkan/linear_kernels.h). Shapes: T tokens, W[n_out, n_in] as raw GGML bytes
+// (Q4_0 or Q8_0 blocks, or halves), rows contiguous.
 // Every function checks shapes and span sizes and throws q4t::ShapeError on a mismatch.
 #pragma once
 #include <cstdint>
@@ -17,6 +18,22 @@ void q4_0_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const f
 // accumulate = false overwrites dX, true adds into it (vocab-tiled backward).
 void q4_0_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T,
              int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
+
+// The same three for a Q8_0 weight (n_in a multiple of 32).
+void q8_0_gemv(std::span<float> y, std::span<const uint8_t> w, std::span<const float> x, int64_t n_out,
+               int64_t n_in);
+void q8_0_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T,
+               int64_t n_out, int64_t n_in);
+void q8_0_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T,
+             int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
+
+// The same three for an F16 weight (rows of n_in halves, any n_in).
+void f16_gemv(std::span<float> y, std::span<const uint8_t> w, std::span<const float> x, int64_t n_out,
+              int64_t n_in);
+void f16_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T,
+              int64_t n_out, int64_t n_in);
+void f16_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T,
+            int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
 
 // f32 GEMMs, row-major, C (+)= op(A) · op(B):
 // C[M, N] (+)= A[M, K] · B[N, K]ᵀ      (h = x·Aᵀ)

@@ -1,29 +1,42 @@
 #version 450
-// y[T, C] = table[ids[t], :], the table [V, C] either f32 or Q4_0 blocks (q4 = 1: rows dequantised on the fly,
-// one weight per invocation). An id outside [0, V) is clamped to the nearest row: a shader cannot throw, and
-// the CPU backend reports such ids as an error instead.
+// y[T, C] = table[ids[t], :], the table [V, C] stored as `format`: 0 = f32, 1 = Q4_0 blocks, 2 = Q8_0 blocks,
+// 3 = f16 (rows dequantised or widened on the fly, one weight per invocation). An id outside [0, V) is clamped to
+// the nearest row: a shader cannot throw, and the CPU backend reports such ids as an error instead.
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) writeonly buffer Y { float y[]; };
-layout(std430, binding = 1) readonly buffer Table { uint table[]; };  // f32 bits or raw Q4_0 blocks
+layout(std430, binding = 1) readonly buffer Table { uint table[]; };  // f32 bits, raw blocks or halves
 layout(std430, binding = 2) readonly buffer Ids { int ids[]; };
-layout(push_constant) uniform Push { uint T; uint C; uint V; uint q4; } p;
+layout(push_constant) uniform Push { uint T; uint C; uint V; uint format; } p;
 
 #define Q4_0_WORDS table
 #include "q4_0.glsl"
+#define Q8_0_WORDS table
+#include "q8_0.glsl"
+
+// Weight k of a block sits in quarter (k % 16) / 4, lane k % 4, low nibble for k < 16, high otherwise.
+float q4_0_weight(uint id, uint c) {
+  const uint bb = (id * (p.C / 32u) + c / 32u) * Q4_0_BLOCK_BYTES, k = c % 32u;
+  const uint qs = q4_0_quarter(bb, (k % 16u) / 4u);
+  const vec4 q = k < 16u ? q4_0_low(qs) : q4_0_high(qs);
+  return q4_0_scale(bb) * q[k % 4u];
+}
+
+// Weight k of a block is the signed byte qs[k], at byte bb + 2 + k.
+float q8_0_weight(uint id, uint c) {
+  const uint bb = (id * (p.C / 32u) + c / 32u) * Q8_0_BLOCK_BYTES, a = bb + 2u + c % 32u;
+  const int q = int(table[a >> 2u] << (24u - 8u * (a & 3u))) >> 24;
+  return q8_0_scale(bb) * float(q);
+}
 
 void main() {
   const uint i = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 256u + gl_LocalInvocationID.x;
   if (i >= p.T * p.C) return;
   const uint t = i / p.C, c = i % p.C;
   const uint id = uint(clamp(ids[t], 0, int(p.V) - 1));
-  if (p.q4 == 0u) {
-    y[i] = uintBitsToFloat(table[id * p.C + c]);
-    return;
-  }
-  // Weight k of a block sits in quarter (k % 16) / 4, lane k % 4, low nibble for k < 16, high otherwise.
-  const uint bb = (id * (p.C / 32u) + c / 32u) * Q4_0_BLOCK_BYTES, k = c % 32u;
-  const uint qs = q4_0_quarter(bb, (k % 16u) / 4u);
-  const vec4 q = k < 16u ? q4_0_low(qs) : q4_0_high(qs);
-  y[i] = q4_0_scale(bb) * q[k % 4u];
+  const uint e = id * p.C + c;  // element index in the table
+  if (p.format == 0u) y[i] = uintBitsToFloat(table[e]);
+  else if (p.format == 1u) y[i] = q4_0_weight(id, c);
+  else if (p.format == 2u) y[i] = q8_0_weight(id, c);
+  else y[i] = unpackHalf2x16(table[e >> 1u])[e & 1u];
 }

@@ -1,12 +1,12 @@
 #version 450
 // The vocab-tiled loss's share of dx for one tile: dx[T, C] += dlogits[T, n] · W[row0 : row0 + n, :], W [V, C]
-// frozen, either Q4_0 blocks decoded into shared memory (q4 = 1) or f32. The tiled GEMM body of gemm_tiled.glsl
-// with M = T, N = C and K = the n rows of the tile (lda = n, the tile's row stride).
+// frozen: f32, or Q4_0 / Q8_0 blocks or halves decoded into shared memory. The tiled GEMM body of
+// gemm_tiled.glsl with M = T, N = C and K = the n rows of the tile (lda = n, the tile's row stride).
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) buffer C { float c[]; };
 layout(std430, binding = 1) readonly buffer A { float a[]; };
-layout(std430, binding = 2) readonly buffer W { uint w[]; };  // f32 bits or raw Q4_0 blocks
+layout(std430, binding = 2) readonly buffer W { uint w[]; };  // f32 bits, raw Q4_0 or Q8_0 blocks, or halves
 layout(push_constant) uniform Push {
   uint M;
   uint N;
@@ -16,16 +16,29 @@ layout(push_constant) uniform Push {
   uint ldb;  // row stride of an f32 W
   uint accumulate;
   uint row0;
-  uint q4;
+  uint format;  // 0 = f32, 1 = Q4_0, 2 = Q8_0, 3 = f16 (C even)
 } p;
 #include "gemm_tiled.glsl"
 #include "gemm_load_a.glsl"
 #define Q4_0_WORDS w
 #include "q4_0.glsl"
+#define Q8_0_WORDS w
+#include "q8_0.glsl"
+#include "q8_0_tiles.glsl"
+#define F16_WORDS w
+#include "f16_tiles.glsl"
 
 // Bs[k * BN + n] = W[row0 + k0 + k, n0 + n]. Q4_0: BK rows x BN/32 blocks = 4 BK BN/32 quarters.
 void load_tile_b(uint n0, uint k0) {
-  if (p.q4 == 0u) {
+  if (p.format == 2u) {
+    q8_0_load_w(n0, k0, p.k_end, p.row0, p.N);
+    return;
+  }
+  if (p.format == 3u) {
+    f16_load_w(n0, k0, p.k_end, p.row0, p.N);
+    return;
+  }
+  if (p.format == 0u) {
     const uint n = gl_LocalInvocationID.x % BN;
     for (uint i = 0u; i < BK * BN / 256u; ++i) {
       const uint k = (gl_LocalInvocationID.x + 256u * i) / BN;

@@ -1,12 +1,12 @@
 #version 450
-// One vocabulary tile of the vocab-tiled loss: logits[T, n] = x[T, C] · W[row0 : row0 + n, :]ᵀ, W [V, C] frozen,
-// either Q4_0 blocks decoded into shared memory tile by tile (q4 = 1) or f32. The tiled GEMM body of
+// One vocabulary tile of the vocab-tiled loss: logits[T, n] = x[T, C] · W[row0 : row0 + n, :]ᵀ, W [V, C] frozen:
+// f32, or Q4_0 / Q8_0 blocks or halves decoded into shared memory tile by tile. The tiled GEMM body of
 // gemm_tiled.glsl with M = T, N = n, K = C; `row0` is the tile's first vocabulary row.
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) buffer C { float c[]; };
 layout(std430, binding = 1) readonly buffer A { float a[]; };
-layout(std430, binding = 2) readonly buffer W { uint w[]; };  // f32 bits or raw Q4_0 blocks
+layout(std430, binding = 2) readonly buffer W { uint w[]; };  // f32 bits, raw Q4_0 or Q8_0 blocks, or halves
 layout(push_constant) uniform Push {
   uint M;
   uint N;
@@ -16,16 +16,29 @@ layout(push_constant) uniform Push {
   uint ldb;  // row stride of an f32 W
   uint accumulate;
   uint row0;
-  uint q4;
+  uint format;  // 0 = f32, 1 = Q4_0, 2 = Q8_0, 3 = f16 (C even)
 } p;
 #include "gemm_tiled.glsl"
 #include "gemm_load_a.glsl"
 #define Q4_0_WORDS w
 #include "q4_0.glsl"
+#define Q8_0_WORDS w
+#include "q8_0.glsl"
+#include "q8_0_tiles.glsl"
+#define F16_WORDS w
+#include "f16_tiles.glsl"
 
 // Bs[k * BN + n] = W[row0 + n0 + n, k0 + k]. Q4_0: BN rows x one block = 4 BN quarters over 256 invocations.
 void load_tile_b(uint n0, uint k0) {
-  if (p.q4 == 0u) {
+  if (p.format == 2u) {
+    q8_0_load_wt(n0, k0, p.row0, p.N, p.k_end);
+    return;
+  }
+  if (p.format == 3u) {
+    f16_load_wt(n0, k0, p.row0, p.N, p.k_end);
+    return;
+  }
+  if (p.format == 0u) {
     const uint k = gl_LocalInvocationID.x % BK;
     for (uint i = 0u; i < BK * BN / 256u; ++i) {
       const uint n = gl_LocalInvocationID.x / BK + (256u / BK) * i;

@@ -15,6 +15,11 @@ float float_of(uint32_t b) {
   std::memcpy(&f, &b, sizeof f);
   return f;
 }
+uint16_t half_at(const uint8_t* x, int64_t i) {
+  uint16_t h;
+  std::memcpy(&h, x + 2 * i, sizeof h);
+  return h;
+}
 }  // namespace
 
 float f16_to_f32(uint16_t h) {
@@ -59,6 +64,21 @@ uint16_t f32_to_f16(float f) {
   const uint32_t half = 1u << (shift - 1);
   if (rem > half || (rem == half && (units & 1))) units++;
   return uint16_t(sign | units);
+}
+
+void f16_row_to_f32(float* y, const uint8_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = f16_to_f32(half_at(x, i));
+}
+
+void f16_row_to_f64(double* y, const uint8_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = double(f16_to_f32(half_at(x, i)));
+}
+
+void f32_row_to_f16(uint8_t* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const uint16_t h = f32_to_f16(x[i]);
+    std::memcpy(y + 2 * i, &h, sizeof h);
+  }
 }
 
 }  // namespace q4t::quant

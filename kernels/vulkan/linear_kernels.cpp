@@ -20,6 +20,7 @@ constexpr uint32_t kGemvWorkgroup = 256;
 constexpr uint32_t kGemvRows = 2;
 constexpr uint32_t kDxQuarters = 64;  // quarters of block columns per dx workgroup (x)
 constexpr uint32_t kDxRowSlots = 8;   // row slots per dx workgroup (y)
+constexpr int64_t kDxQ4_0Cols = 8 * kDxQuarters;  // dx columns per Q4_0 (and Q8_0) split workgroup
 // Rows per chunk of the one-token dx: enough chunks to fill a large GPU, few enough that the partial sums
 // (n_chunks x n_in floats, written and read once) stay a small fraction of the weight bytes.
 constexpr int64_t kDxTargetGroups = 1024;
@@ -39,10 +40,17 @@ void check_fits_u32(const char* kernel, const char* what, int64_t elems) {
                      " elements exceeds the 4 GiB a kernel can address");
 }
 
-int64_t dx_rows_per_chunk(int64_t n_rows, int64_t n_in) {
-  const int64_t col_groups = (n_in / 8 + kDxQuarters - 1) / kDxQuarters;
+// cols_per_group: the dx columns one workgroup of the split pass covers.
+int64_t dx_rows_per_chunk(int64_t n_rows, int64_t n_in, int64_t cols_per_group) {
+  const int64_t col_groups = (n_in + cols_per_group - 1) / cols_per_group;
   const int64_t want_chunks = std::max<int64_t>(1, kDxTargetGroups / col_groups);
   return std::max(kDxMinRowsPerChunk, (n_rows + want_chunks - 1) / want_chunks);
+}
+
+size_t dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in, int64_t cols_per_group) {
+  if (T != 1 || n_rows <= 0 || n_in <= 0) return 0;
+  const int64_t rows_per_chunk = dx_rows_per_chunk(n_rows, n_in, cols_per_group);
+  return size_t((n_rows + rows_per_chunk - 1) / rows_per_chunk * n_in) * 4;
 }
 
 }  // namespace
@@ -88,9 +96,7 @@ void LinearKernels::q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, con
 }
 
 size_t LinearKernels::q4_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in) {
-  if (T != 1 || n_rows <= 0 || n_in <= 0) return 0;
-  const int64_t n_chunks = (n_rows + dx_rows_per_chunk(n_rows, n_in) - 1) / dx_rows_per_chunk(n_rows, n_in);
-  return size_t(n_chunks * n_in) * 4;
+  return dx_scratch_bytes(T, n_rows, n_in, kDxQ4_0Cols);
 }
 
 void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch,
@@ -113,7 +119,7 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
     return;
   }
   const int64_t n_rows = j_end - j_start;
-  const int64_t rows_per_chunk = dx_rows_per_chunk(n_rows, n_in);
+  const int64_t rows_per_chunk = dx_rows_per_chunk(n_rows, n_in, kDxQ4_0Cols);
   const int64_t n_chunks = (n_rows + rows_per_chunk - 1) / rows_per_chunk;
   const size_t need = q4_0_dx_scratch_bytes(T, n_rows, n_in);
   if (!scratch) throw ShapeError(std::string(k) + ": the one-token path needs a scratch buffer of " +
@@ -123,9 +129,120 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
                                                                    uint32_t(j_end), uint32_t(rows_per_chunk)};
   const auto& p1 = pipeline("q4_0_dx_split", 3, sizeof(split), {kDxRowSlots});
   s.dispatch(p1, {scratch, &w, &dY}, split, {ceil_div(n_in / 8, kDxQuarters), uint32_t(n_chunks), 1});
+  dx_reduce(s, dX, *scratch, n_in, n_chunks, accumulate);
+}
+
+void LinearKernels::dx_reduce(Sequence& s, const Buffer& dX, const Buffer& scratch, int64_t n_in, int64_t n_chunks,
+                              bool accumulate) {
   struct { uint32_t n, n_chunks, accumulate; } red{uint32_t(n_in), uint32_t(n_chunks), accumulate ? 1u : 0u};
-  const auto& p2 = pipeline("q4_0_dx_reduce", 2, sizeof(red));
-  s.dispatch(p2, {&dX, scratch}, red, groups_1d(ceil_div(n_in, 256)));
+  const auto& p = pipeline("q4_0_dx_reduce", 2, sizeof(red));
+  s.dispatch(p, {&dX, &scratch}, red, groups_1d(ceil_div(n_in, 256)));
+}
+
+// --- Q8_0 and F16: one implementation over the format's shaders --------------------------------------------------
+
+struct FrozenFormat {
+  const char* gemm_name;  // kernel names in error messages
+  const char* dx_name;
+  const char* gemv_shader;
+  const char* gemm_shader;
+  const char* dx_gemm_shader;
+  const char* dx_split_shader;
+  uint32_t gemv_rows;         // rows per GEMV workgroup
+  int64_t dx_cols_per_group;  // dx columns per workgroup of the one-token split pass
+  int64_t (*row_bytes)(int64_t n_in);
+  void (*check)(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
+};
+
+namespace {
+constexpr int64_t kDxF16Cols = 4 * 64;  // f16_dx_split.comp: 64 invocations x 4 columns
+
+void check_f16_on_gpu(const char* kernel, int64_t n_out, int64_t n_in, int64_t T) {
+  check_f16_linear(kernel, n_out, n_in, T);
+  check_f16_pairs(kernel, n_in);
+}
+
+const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", "q8_0_gemm", "q8_0_dx_gemm",
+                         "q8_0_dx_split", 2, kDxQ4_0Cols, q8_0_row_bytes, check_q8_0_linear};
+const FrozenFormat kF16{"f16_gemm", "f16_dx", "f16_gemv", "f16_gemm", "f16_dx_gemm",
+                        "f16_dx_split", 4, kDxF16Cols, f16_row_bytes, check_f16_on_gpu};
+}  // namespace
+
+void LinearKernels::frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer& Y, const Buffer& w,
+                                const Buffer& X, int64_t T, int64_t n_out, int64_t n_in) {
+  const char* k = f.gemm_name;
+  f.check(k, n_out, n_in, T);
+  check_fits_u32(k, "X", T * n_in);
+  check_fits_u32(k, "Y", T * n_out);
+  check_min_size(k, "W", w.size(), size_t(n_out * f.row_bytes(n_in)));
+  check_min_size(k, "X", X.size(), size_t(T * n_in) * 4);
+  check_min_size(k, "Y", Y.size(), size_t(T * n_out) * 4);
+  if (T == 1) {
+    struct { uint32_t n_out, n_in; } push{uint32_t(n_out), uint32_t(n_in)};
+    const auto& p = pipeline(f.gemv_shader, 3, sizeof(push), {kGemvWorkgroup, f.gemv_rows});
+    s.dispatch(p, {&Y, &w, &X}, push, groups_1d(ceil_div(n_out, f.gemv_rows)));
+    return;
+  }
+  GemmPush push{uint32_t(T), uint32_t(n_out), 0, uint32_t(n_in), uint32_t(n_in), 0, 0};
+  const auto& p = pipeline(f.gemm_shader, 3, sizeof(push), {kGemmTile, kGemmTile});
+  s.dispatch(p, {&Y, &X, &w}, push, {ceil_div(n_out, kGemmTile), ceil_div(T, kGemmTile), 1});
+}
+
+void LinearKernels::frozen_dx(const FrozenFormat& f, Sequence& s, const Buffer& dX, const Buffer& w,
+                              const Buffer& dY, const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in,
+                              int64_t j_start, int64_t j_end, bool accumulate) {
+  const char* k = f.dx_name;
+  f.check(k, n_out, n_in, T);
+  check_j_range(k, j_start, j_end, n_out);
+  check_fits_u32(k, "dY", T * n_out);
+  check_fits_u32(k, "dX", T * n_in);
+  check_min_size(k, "W", w.size(), size_t(n_out * f.row_bytes(n_in)));
+  check_min_size(k, "dY", dY.size(), size_t(T * n_out) * 4);
+  check_min_size(k, "dX", dX.size(), size_t(T * n_in) * 4);
+  if (T > 1) {
+    GemmPush push{uint32_t(T), uint32_t(n_in), uint32_t(j_start), uint32_t(j_end), uint32_t(n_out), 0,
+                  accumulate ? 1u : 0u};
+    const auto& p = pipeline(f.dx_gemm_shader, 3, sizeof(push), {kGemmTile, kGemmTile});
+    s.dispatch(p, {&dX, &dY, &w}, push, {ceil_div(n_in, kGemmTile), ceil_div(T, kGemmTile), 1});
+    return;
+  }
+  const int64_t n_rows = j_end - j_start;
+  const int64_t rows_per_chunk = dx_rows_per_chunk(n_rows, n_in, f.dx_cols_per_group);
+  const int64_t n_chunks = (n_rows + rows_per_chunk - 1) / rows_per_chunk;
+  const size_t need = dx_scratch_bytes(T, n_rows, n_in, f.dx_cols_per_group);
+  if (!scratch) throw ShapeError(std::string(k) + ": the one-token path needs a scratch buffer of " +
+                                 std::to_string(need) + " bytes");
+  check_min_size(k, "scratch", scratch->size(), need);
+  struct { uint32_t n_in, j_start, j_end, rows_per_chunk; } split{uint32_t(n_in), uint32_t(j_start),
+                                                                   uint32_t(j_end), uint32_t(rows_per_chunk)};
+  const auto& p = pipeline(f.dx_split_shader, 3, sizeof(split), {kDxRowSlots});
+  s.dispatch(p, {scratch, &w, &dY}, split, {ceil_div(n_in, f.dx_cols_per_group), uint32_t(n_chunks), 1});
+  dx_reduce(s, dX, *scratch, n_in, n_chunks, accumulate);
+}
+
+void LinearKernels::q8_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
+                              int64_t n_out, int64_t n_in) {
+  frozen_gemm(kQ8_0, s, Y, w, X, T, n_out, n_in);
+}
+void LinearKernels::q8_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch,
+                            int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
+                            bool accumulate) {
+  frozen_dx(kQ8_0, s, dX, w, dY, scratch, T, n_out, n_in, j_start, j_end, accumulate);
+}
+size_t LinearKernels::q8_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in) {
+  return dx_scratch_bytes(T, n_rows, n_in, kQ8_0.dx_cols_per_group);
+}
+
+void LinearKernels::f16_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
+                             int64_t n_out, int64_t n_in) {
+  frozen_gemm(kF16, s, Y, w, X, T, n_out, n_in);
+}
+void LinearKernels::f16_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch,
+                           int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) {
+  frozen_dx(kF16, s, dX, w, dY, scratch, T, n_out, n_in, j_start, j_end, accumulate);
+}
+size_t LinearKernels::f16_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in) {
+  return dx_scratch_bytes(T, n_rows, n_in, kF16.dx_cols_per_group);
 }
 
 void LinearKernels::f32_gemm(const char* shader, Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B,

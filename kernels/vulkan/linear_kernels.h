@@ -1,5 +1,6 @@
 // Host side of the Vulkan linear kernels: checks shapes and buffer sizes, then records dispatches into a
-// Sequence. Same contracts as kernels/cpu/linear.h. Pipelines are built on first use and kept.
+// Sequence. Same contracts as kernels/cpu/linear.h. Pipelines are built on first use and kept. Frozen weights
+// come as raw GGML bytes: Q4_0 or Q8_0 blocks (n_in a multiple of 32), or F16 halves (n_in even here).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -11,6 +12,8 @@
 #include "kernels/vulkan/sequence.h"
 
 namespace q4t::vk {
+
+struct FrozenFormat;  // the shaders and checks of one frozen weight format, Q8_0 or F16 (linear_kernels.cpp)
 
 class LinearKernels {
  public:
@@ -26,6 +29,19 @@ class LinearKernels {
   void q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
                int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
   static size_t q4_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
+
+  // The same for a Q8_0 weight and an F16 weight; gemm with T = 1 runs the format's GEMV, dx with T = 1 needs
+  // `scratch` of at least the matching *_dx_scratch_bytes.
+  void q8_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
+                 int64_t n_in);
+  void q8_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
+               int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
+  static size_t q8_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
+  void f16_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
+                int64_t n_in);
+  void f16_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
+              int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
+  static size_t f16_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
 
   // f32 GEMMs, row-major: nt: C[M,N] (+)= A[M,K]·B[N,K]ᵀ; nn: A[M,K]·B[K,N]; tn: A[K,M]ᵀ·B[K,N].
   void gemm_nt(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N, int64_t K,
@@ -45,6 +61,14 @@ class LinearKernels {
                            const std::vector<uint32_t>& spec = {});
   void f32_gemm(const char* shader, Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M,
                 int64_t N, int64_t K, uint32_t lda, uint32_t ldb, bool accumulate);
+  void frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
+                   int64_t n_out, int64_t n_in);
+  void frozen_dx(const FrozenFormat& f, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
+                 const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
+                 bool accumulate);
+  // The one-token dx's second pass: dX (+)= Σ_c scratch[c, :], chunks in order.
+  void dx_reduce(Sequence& s, const Buffer& dX, const Buffer& scratch, int64_t n_in, int64_t n_chunks,
+                 bool accumulate);
 
   Device& dev_;
   std::map<std::string, std::unique_ptr<Pipeline>> pipelines_;

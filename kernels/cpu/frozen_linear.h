@@ -1,0 +1,19 @@
+// The CPU frozen linear for any weight format with FrozenRowKernels (Q8_0, F16): the fused row loops for one
+// token, and for more tokens small tiles of W decoded to f32 and multiplied with the Q4_0 kernel set's
+// packed-panel GEMM (x86 SIMD sets) or with Eigen (portable set). W is never decoded as a whole. Shapes and
+// sizes are checked by the callers (linear_q8_0.cpp, linear_f16.cpp).
+#pragma once
+#include <cstdint>
+
+#include "kernels/cpu/frozen_rows.h"
+
+namespace q4t::cpu::detail {
+
+// Y[T, n_out] = X[T, n_in] · Wᵀ
+void frozen_gemm(const FrozenRowKernels& k, float* Y, const uint8_t* w, const float* X, int64_t T, int64_t n_out,
+                 int64_t n_in);
+// dX[T, n_in] (+)= dY[T, n_out][:, j_start:j_end] · W[j_start:j_end, :]
+void frozen_dx(const FrozenRowKernels& k, float* dX, const uint8_t* w, const float* dY, int64_t T, int64_t n_out,
+               int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
+
+}  // namespace q4t::cpu::detail

@@ -1,0 +1,35 @@
+// The inner loops of the CPU Q8_0 and F16 linears, one set per instruction set (frozen_linear.cpp tiles and
+// threads them). A weight row is a run of blocks of block_elems weights stored in block_bytes bytes each
+// (Q8_0: 32 weights in 34 bytes; F16: 1 weight in 2 bytes), raw GGML bytes with no alignment assumed; rows lie
+// row_bytes apart. Every range of weights below starts at a block boundary.
+#pragma once
+#include <cstdint>
+
+namespace q4t::cpu::detail {
+
+struct FrozenRowKernels {
+  const char* name;
+  int64_t block_elems, block_bytes;
+  // y[r] = W[r, 0:n) · x[0:n) for r in [0, n_rows); w points at row 0. Activations stay f32.
+  void (*dot_rows)(float* y, const uint8_t* w, int64_t row_bytes, const float* x, int64_t n_rows, int64_t n);
+  // dx[0:n) += Σ_r s[r] · W[r, 0:n) over n_rows rows; w points at the range's first weight in row 0
+  // (the T = 1 backward).
+  void (*axpy_rows)(float* dx, const uint8_t* w, int64_t row_bytes, const float* s, int64_t n_rows, int64_t n);
+  // y[0:n) = the n weights starting at w, widened to f32 (exact).
+  void (*decode)(float* y, const uint8_t* w, int64_t n);
+};
+
+// Byte offset of weight `col` within a row (col on a block boundary).
+inline int64_t byte_offset(const FrozenRowKernels& k, int64_t col) { return col / k.block_elems * k.block_bytes; }
+
+// The loops matching the Q4_0 kernel set in use (q4_0_kernels().isa), so use_q4_0_kernels switches these too and
+// the tests cover each set. The AVX-512 set shares the AVX2 loops: one token is bound by memory, not lanes.
+const FrozenRowKernels& q8_0_row_kernels();
+const FrozenRowKernels& f16_row_kernels();
+
+#if defined(__x86_64__) || defined(__i386__)
+extern const FrozenRowKernels kQ8_0Avx2;
+extern const FrozenRowKernels kF16Avx2;
+#endif
+
+}  // namespace q4t::cpu::detail

@@ -1,0 +1,373 @@
+// q4tune's model forward against llama.cpp itself, the reference implementation of GGUF models, run through
+// npm's node-llama-cpp CPU prebuilt (install_node_llama.sh installs it, llama_ref.mjs drives it).
+// For each architecture (llama, qwen2) x output (tied, untied) x weight type (q4_0, f32): q4tune init-model
+// writes a random model, and the logits at every position of a random id sequence, from q4tune on the CPU and
+// on Vulkan, must agree with llama.cpp's: max_v |q4tune - llama.cpp| <= 1e-3 * max_v |llama.cpp| per position.
+// The same holds with a random GGUF LoRA adapter applied by both.
+//
+// Quantized models: llama.cpp's CPU matmuls round the activations to Q8_0 before a Q4_0 (or Q8_0) dot product
+// (ggml's vec_dot_type), which moves these small random models' logits by a few percent of their max; q4tune
+// multiplies f32 activations by the exactly dequantized weights. So the 1e-3 comparison runs llama.cpp on an
+// "exact" copy of the model: every quantized matmul weight dequantized to F32 by this file's own decoder (from
+// ggml-common.h's block layouts), token_embd.weight kept quantized so that llama.cpp's own decoder (its row
+// lookup dequantizes exactly) checks the block layout, and for a tied model an F32 output.weight holding the
+// dequantized token_embd (the same model, untied). llama.cpp on the original quantized file is compared with
+// `q4tune logits --llama-cpp-numerics`, which rounds the activations the same way. That agrees to ~5e-7 until an
+// activation sits on a rounding boundary and the two sides' last-bit differences round it to neighbouring Q8_0
+// steps; one such step moves the logits by up to ~1e-2 of their max, and through the keys and values every
+// later position. So that comparison is held to kRoundingFlipTolerance, which a misread block layout (1.9) breaks
+// by far, and the positions within 1e-3 are reported.
+// Needs node >= 20 and npm, and the npm registry the first time; ctest label "interop".
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "data/gguf.h"
+
+namespace fs = std::filesystem;
+namespace gguf = q4t::gguf;
+
+namespace {
+
+constexpr int kSeqLen = 40;          // ids per sequence
+constexpr double kTolerance = 1e-3;  // of the position's largest |llama.cpp logit|
+constexpr double kRoundingFlipTolerance = 0.05;
+
+struct CmdResult {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+CmdResult run(const std::string& cmd) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, "popen failed: " + cmd};
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string quoted(const fs::path& p) {
+  std::string q = "'";
+  for (char c : p.string()) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Logits as written by `q4tune logits` and llama_ref.mjs: {"logits": [[n_vocab] per position]}.
+using Logits = std::vector<std::vector<double>>;
+
+Logits read_logits(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in) throw std::runtime_error("cannot read " + file.string());
+  return nlohmann::json::parse(in).at("logits").get<Logits>();
+}
+
+struct Agreement {
+  double worst_ratio = 0;  // max over positions of max_v |got - want| / max_v |want|
+  int worst_position = -1;
+  int within_tolerance = 0;  // positions whose ratio is <= kTolerance
+};
+
+Agreement compare(const Logits& got, const Logits& want) {
+  Agreement a;
+  for (size_t p = 0; p < want.size(); ++p) {
+    double diff = 0, scale = 0;
+    for (size_t v = 0; v < want[p].size(); ++v) {
+      diff = std::max(diff, std::abs(got[p][v] - want[p][v]));
+      scale = std::max(scale, std::abs(want[p][v]));
+    }
+    const double ratio = diff / scale;
+    a.within_tolerance += ratio <= kTolerance ? 1 : 0;
+    if (!(ratio <= a.worst_ratio)) {  // NaN wins too
+      a.worst_ratio = ratio;
+      a.worst_position = int(p);
+    }
+  }
+  return a;
+}
+
+// ---- The exact-arithmetic copy of a quantized model (see the top of the file) ----
+
+float half_to_float(uint16_t h) {
+  const int sign = h >> 15, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  float magnitude;
+  if (exponent == 0)
+    magnitude = std::ldexp(float(mantissa), -24);  // zero and subnormals
+  else if (exponent == 31)
+    magnitude = mantissa ? NAN : INFINITY;
+  else
+    magnitude = std::ldexp(float(mantissa | 0x400), exponent - 25);
+  return sign ? -magnitude : magnitude;
+}
+
+uint16_t load_u16(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
+
+// Q4_0 block (18 bytes, 32 weights): f16 d; u8 qs[16]; weight j<16 = ((qs[j] & 0xF) - 8)·d, j>=16 = ((qs[j-16] >> 4) - 8)·d.
+// Q8_0 block (34 bytes, 32 weights): f16 d; i8 qs[32]; weight j = qs[j]·d. F16: one half per weight.
+std::vector<float> dequantize(const gguf::TensorInfo& t) {
+  int64_t n = 1;
+  for (int64_t d : t.ne) n *= d;
+  std::vector<float> w(size_t(n), 0.0f);
+  const uint8_t* p = t.data;
+  switch (t.type) {
+    case gguf::GgmlType::Q4_0:
+      for (int64_t b = 0; b < n / 32; ++b, p += 18) {
+        const float d = half_to_float(load_u16(p));
+        for (int j = 0; j < 16; ++j) {
+          w[size_t(b * 32 + j)] = float((p[2 + j] & 0xF) - 8) * d;
+          w[size_t(b * 32 + j + 16)] = float((p[2 + j] >> 4) - 8) * d;
+        }
+      }
+      break;
+    case gguf::GgmlType::Q8_0:
+      for (int64_t b = 0; b < n / 32; ++b, p += 34) {
+        const float d = half_to_float(load_u16(p));
+        for (int j = 0; j < 32; ++j) w[size_t(b * 32 + j)] = float(int8_t(p[2 + j])) * d;
+      }
+      break;
+    case gguf::GgmlType::F16:
+      for (int64_t i = 0; i < n; ++i) w[size_t(i)] = half_to_float(load_u16(p + 2 * i));
+      break;
+    default:
+      throw std::runtime_error(t.name + ": no decoder for type " + gguf::type_name(t.type));
+  }
+  return w;
+}
+
+std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
+  std::vector<uint8_t> b(v.size() * 4);
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// Writes the exact copy of `model` to `out`; false (nothing written) when the model has no quantized tensor.
+bool write_exact_copy(const fs::path& model, const fs::path& out) {
+  const auto f = gguf::File::open(model.string());
+  const bool quantized = std::any_of(f->tensors().begin(), f->tensors().end(),
+                                     [](const gguf::TensorInfo& t) { return t.type != gguf::GgmlType::F32; });
+  if (!quantized) return false;
+  gguf::Writer w;
+  for (const auto& [key, value] : f->metadata()) w.set(key, value);
+  for (const gguf::TensorInfo& t : f->tensors()) {
+    if (t.type == gguf::GgmlType::F32 || t.name == "token_embd.weight")
+      w.add_tensor(t.name, t.ne, t.type, std::vector<uint8_t>(t.data, t.data + t.bytes));
+    else
+      w.add_tensor(t.name, t.ne, gguf::GgmlType::F32, f32_bytes(dequantize(t)));
+  }
+  const gguf::TensorInfo* embd = f->tensor("token_embd.weight");
+  if (!f->tensor("output.weight") && embd && embd->type != gguf::GgmlType::F32)
+    w.add_tensor("output.weight", embd->ne, gguf::GgmlType::F32, f32_bytes(dequantize(*embd)));
+  w.write(out.string());
+  return true;
+}
+
+// A rank-4 adapter on every attention and MLP projection, A and B both random (a trained B is not zero), written
+// in the GGUF LoRA layout llama.cpp loads: <base>.lora_a ne = [n_in, r], <base>.lora_b ne = [r, n_out].
+void write_random_adapter(const fs::path& model_path, const fs::path& out, uint32_t seed) {
+  constexpr int64_t r = 4;
+  constexpr float alpha = 8;
+  const auto model = gguf::File::open(model_path.string());
+  const std::string arch = model->get_string("general.architecture");
+  gguf::Writer w;
+  w.set("general.architecture", gguf::Value::str(arch));
+  w.set("general.type", gguf::Value::str("adapter"));
+  w.set("adapter.type", gguf::Value::str("lora"));
+  w.set("adapter.lora.alpha", gguf::Value::f32(alpha));
+  std::mt19937 rng(seed);  // mt19937 itself is the same everywhere; the <random> distributions are not
+  auto random_f32 = [&](int64_t n) {  // uniform in [-0.1, 0.1)
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = float(0.2 * (double(rng()) / 4294967296.0 - 0.5));
+    return f32_bytes(v);
+  };
+  const uint64_t n_layers = model->get_uint(arch + ".block_count");
+  for (uint64_t l = 0; l < n_layers; ++l) {
+    for (const char* proj : {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) {
+      const std::string base = "blk." + std::to_string(l) + "." + proj + ".weight";
+      const gguf::TensorInfo* t = model->tensor(base);
+      ASSERT_NE(t, nullptr) << base;
+      const int64_t n_in = t->ne[0], n_out = t->ne[1];
+      w.add_tensor(base + ".lora_a", {n_in, r}, gguf::GgmlType::F32, random_f32(n_in * r));
+      w.add_tensor(base + ".lora_b", {r, n_out}, gguf::GgmlType::F32, random_f32(r * n_out));
+    }
+  }
+  w.write(out.string());
+}
+
+// ---- The test ----
+
+// Where install_node_llama.sh put node-llama-cpp, or why it could not; filled once per process.
+struct NodeLlama {
+  fs::path dir;
+  std::string error;
+};
+NodeLlama g_node_llama;
+
+struct Variant {
+  const char* arch;
+  bool tied;
+  const char* type;
+  uint32_t seed;  // of init-model, the ids and the adapter
+  std::string name() const { return std::string(arch) + (tied ? "_tied_" : "_untied_") + type; }
+};
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name(); }
+
+class LlamaCppAgreement : public ::testing::TestWithParam<Variant> {
+ protected:
+  // Under ctest the install already ran as the fixture test interop.install_node_llama; this is then instant.
+  static void SetUpTestSuite() {
+    if (!g_node_llama.dir.empty() || !g_node_llama.error.empty()) return;
+    const CmdResult r = run(quoted(fs::path(Q4T_INTEROP_DIR) / "install_node_llama.sh"));
+    std::string last_line = r.out.substr(0, r.out.find_last_not_of('\n') + 1);
+    last_line = last_line.substr(last_line.find_last_of('\n') + 1);
+    if (r.code != 0 || last_line.empty())
+      g_node_llama.error = "install_node_llama.sh failed (exit " + std::to_string(r.code) + "):\n" + r.out;
+    else
+      g_node_llama.dir = last_line;
+  }
+
+  void SetUp() override {
+    ASSERT_TRUE(g_node_llama.error.empty()) << g_node_llama.error;
+    std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();  // "Test/variant"
+    std::replace(test.begin(), test.end(), '/', '-');
+    dir_ = fs::temp_directory_path() / ("q4t-interop-" + test + "-" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+
+  void TearDown() override {
+    if (HasFailure())
+      std::printf("files of the failed comparison kept in %s\n", dir_.c_str());
+    else
+      fs::remove_all(dir_);
+  }
+
+  fs::path init_model(uint32_t seed) {
+    const Variant& v = GetParam();
+    const fs::path model = dir_ / "m.gguf";
+    const CmdResult r = run(std::string(Q4TUNE_BIN) + " init-model --arch " + v.arch + " --type " + v.type +
+                            (v.tied ? " --tied" : "") + " --seed " + std::to_string(seed) + " --out " + quoted(model));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return model;
+  }
+
+  // kSeqLen ids drawn uniformly from [3, n_vocab): no <unk>, <s> or </s>, whose handling is not the point here.
+  fs::path write_ids(const fs::path& model, uint32_t seed) {
+    const auto f = gguf::File::open(model.string());
+    const int64_t n_vocab = int64_t(f->get_array("tokenizer.ggml.tokens", gguf::ValueType::STRING).size());
+    const uint64_t n_ctx = f->get_uint(f->get_string("general.architecture") + ".context_length");
+    EXPECT_GE(n_ctx, uint64_t(kSeqLen)) << "init-model's default context is shorter than the test sequence";
+    std::mt19937 rng(seed);
+    std::vector<int64_t> ids(kSeqLen);
+    for (auto& t : ids) t = 3 + int64_t(rng() % uint32_t(n_vocab - 3));
+    const fs::path file = dir_ / "ids.json";
+    std::ofstream(file) << nlohmann::json(ids).dump();
+    return file;
+  }
+
+  Logits q4tune_logits(const fs::path& model, const fs::path& ids, const std::string& device,
+                       const std::string& adapter_args, const std::string& extra = "") {
+    const fs::path out = dir_ / ("q4tune_" + device + ".json");
+    const CmdResult r = run(std::string(Q4TUNE_BIN) + " logits " + quoted(model) + " --ids-file " + quoted(ids) +
+                            " --device " + device + adapter_args + extra + " --out " + quoted(out));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return r.code == 0 ? read_logits(out) : Logits{};
+  }
+
+  Logits llama_cpp_logits(const fs::path& model, const fs::path& ids, const std::string& lora_args) {
+    const fs::path out = dir_ / ("llama_cpp_" + model.stem().string() + ".json");
+    const CmdResult r = run("node " + quoted(fs::path(Q4T_INTEROP_DIR) / "llama_ref.mjs") + " --node-llama " +
+                            quoted(g_node_llama.dir) + " --model " + quoted(model) + " --ids-file " + quoted(ids) +
+                            lora_args + " --out " + quoted(out));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return r.code == 0 ? read_logits(out) : Logits{};
+  }
+
+  // The whole comparison for one model, with or without an adapter (scale 0.75).
+  void check_agreement(const fs::path& model, const fs::path& ids, const fs::path& adapter) {
+    const std::string label = GetParam().name() + (adapter.empty() ? "" : "+lora");
+    const std::string scale = "0.75";
+    const std::string lora_args = adapter.empty() ? "" : " --lora " + quoted(adapter) + " --lora-scale " + scale;
+    const std::string adapter_args =
+        adapter.empty() ? "" : " --adapter " + quoted(adapter) + " --adapter-scale " + scale;
+
+    const fs::path exact = dir_ / "exact.gguf";
+    const bool quantized = write_exact_copy(model, exact);
+    const Logits want = llama_cpp_logits(quantized ? exact : model, ids, lora_args);
+    const Logits cpu = q4tune_logits(model, ids, "cpu", adapter_args);
+    const Logits vulkan = q4tune_logits(model, ids, "vulkan", adapter_args);
+    ASSERT_FALSE(HasFailure());
+    ASSERT_EQ(want.size(), size_t(kSeqLen));
+    for (const Logits* got : {&cpu, &vulkan}) {
+      ASSERT_EQ(got->size(), want.size());
+      for (size_t p = 0; p < got->size(); ++p) ASSERT_EQ((*got)[p].size(), want[0].size()) << "position " << p;
+    }
+
+    const Agreement a_cpu = compare(cpu, want), a_vk = compare(vulkan, want);
+    std::printf("%-24s worst max|q4tune - llama.cpp| / max|llama.cpp| over %d positions: cpu %.3g (position %d), "
+                "vulkan %.3g (position %d)\n",
+                label.c_str(), kSeqLen, a_cpu.worst_ratio, a_cpu.worst_position, a_vk.worst_ratio,
+                a_vk.worst_position);
+    EXPECT_LE(a_cpu.worst_ratio, kTolerance) << "cpu, position " << a_cpu.worst_position;
+    EXPECT_LE(a_vk.worst_ratio, kTolerance) << "vulkan, position " << a_vk.worst_position;
+
+    if (quantized) {
+      // llama.cpp on the quantized file itself, against q4tune rounding the activations as llama.cpp does.
+      const Logits rounded = llama_cpp_logits(model, ids, lora_args);
+      const std::string numerics = " --llama-cpp-numerics";
+      const Logits cpu_r = q4tune_logits(model, ids, "cpu", adapter_args, numerics);
+      const Logits vk_r = q4tune_logits(model, ids, "vulkan", adapter_args, numerics);
+      ASSERT_EQ(rounded.size(), want.size());
+      ASSERT_EQ(cpu_r.size(), want.size());
+      ASSERT_EQ(vk_r.size(), want.size());
+      const Agreement r_cpu = compare(cpu_r, rounded), r_vk = compare(vk_r, rounded), plain = compare(cpu, rounded);
+      std::printf("%-24s on the quantized file itself with --llama-cpp-numerics: within 1e-3 at %d/%d (cpu) and "
+                  "%d/%d (vulkan) positions, worst cpu %.3g, vulkan %.3g; without it (f32 activations) cpu %.3g\n",
+                  label.c_str(), r_cpu.within_tolerance, kSeqLen, r_vk.within_tolerance, kSeqLen, r_cpu.worst_ratio,
+                  r_vk.worst_ratio, plain.worst_ratio);
+      for (const Agreement* a : {&r_cpu, &r_vk})
+        EXPECT_LE(a->worst_ratio, kRoundingFlipTolerance) << "position " << a->worst_position;
+    }
+  }
+
+  fs::path dir_;
+};
+
+TEST_P(LlamaCppAgreement, LogitsMatchLlamaCppAtEveryPosition) {
+  const uint32_t seed = GetParam().seed;
+  const fs::path model = init_model(seed);
+  ASSERT_FALSE(HasFailure());
+  check_agreement(model, write_ids(model, seed), {});
+}
+
+TEST_P(LlamaCppAgreement, LogitsWithALoraAdapterMatchLlamaCpp) {
+  const uint32_t seed = GetParam().seed + 100;
+  const fs::path model = init_model(seed);
+  ASSERT_FALSE(HasFailure());
+  const fs::path adapter = dir_ / "adapter.gguf";
+  write_random_adapter(model, adapter, seed);
+  ASSERT_FALSE(HasFailure());
+  check_agreement(model, write_ids(model, seed), adapter);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, LlamaCppAgreement,
+                         ::testing::Values(Variant{"llama", false, "q4_0", 1}, Variant{"llama", true, "q4_0", 2},
+                                           Variant{"llama", false, "f32", 3}, Variant{"llama", true, "f32", 4},
+                                           Variant{"qwen2", false, "q4_0", 5}, Variant{"qwen2", true, "q4_0", 6},
+                                           Variant{"qwen2", false, "f32", 7}, Variant{"qwen2", true, "f32", 8}),
+                         [](const ::testing::TestParamInfo<Variant>& info) { return info.param.name(); });
+
+}  // namespace

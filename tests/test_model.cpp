@@ -1,0 +1,134 @@
+// The llama-family model over GGUF weights: whole-model gradient checks for the LoRA parameters of every target
+// (llama and qwen2), the memory of a loaded model (quantized weights stay quantized), and bad files.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include "autograd/gradcheck.h"
+#include "kernels/shapes.h"
+#include "malformed_gguf.h"
+#include "train/commands.h"
+#include "train/model/model.h"
+
+namespace q4t::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string temp_dir() {
+  const fs::path d = fs::temp_directory_path() / ("q4t_test_model_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d.string();
+}
+
+std::string tiny_model(const std::string& arch, const std::string& type, bool tied) {
+  const std::string path = temp_dir() + "/" + arch + "_" + type + (tied ? "_tied" : "") + ".gguf";
+  if (!fs::exists(path)) {
+    InitModelOptions o;
+    o.arch = arch;
+    o.type = type;
+    o.tied = tied;
+    o.out = path;
+    o.dim = 32, o.layers = 1, o.heads = 2, o.kv_heads = 1, o.ff = 64, o.ctx = 64;
+    std::ostringstream sink;
+    run_init_model(o, sink);
+  }
+  return path;
+}
+
+// Logits of a one-layer model with random (non-zero) LoRA A and B on all seven targets; the parameters are the
+// adapters only (the weights are frozen).
+ag::GradcheckCase model_case(const std::string& arch, bool tied) {
+  const std::string path = tiny_model(arch, "q4_0", tied);
+  auto models = std::make_shared<std::map<ag::Backend*, std::unique_ptr<Model>>>();
+  return {"model " + arch + (tied ? " tied" : ""), [path, models](ag::Graph& g, std::mt19937& r) {
+            auto& m = (*models)[&g.backend()];
+            if (!m) m = Model::load(path, g.backend());
+            static thread_local std::unique_ptr<ModelGraph> keep;
+            keep = std::make_unique<ModelGraph>(*m, g);
+            for (const std::string& t : all_lora_targets()) {
+              const std::string name = target_tensor_name(0, t);
+              ag::Var w = keep->weight(name);
+              ag::Var a = ag::random_param(g, r, {2, w.shape()[1]}, name + ".lora_a", -0.5, 0.5);
+              ag::Var b = ag::random_param(g, r, {w.shape()[0], 2}, name + ".lora_b", -0.5, 0.5);
+              keep->set_adapter(name, ag::LoraLinear(w, a, b, 1.5));
+            }
+            return keep->logits(ag::ids_constant(g, {1, 70, 200, 3, 258}, "ids"), 2);
+          }};
+}
+
+class ModelGradients : public ::testing::TestWithParam<std::pair<std::string, bool>> {};
+
+TEST_P(ModelGradients, LoraGradientsOfEveryTargetMatchFiniteDifferences) {
+  auto dev = vk::Device::open({-1, false});
+  auto cpu32 = ag::Backend::cpu(ag::DType::F32);
+  auto vulkan = ag::Backend::vulkan(*dev);
+  const auto c = model_case(GetParam().first, GetParam().second);
+  const ag::GradcheckResult r = ag::run_gradcheck(c, {cpu32.get(), vulkan.get()});
+  ASSERT_TRUE(r.error.empty()) << r.error;
+  EXPECT_GE(r.fd_points, 14 * 10) << "every target's A and B should be probed";
+  EXPECT_LE(r.fd_error, c.fd_bound);
+  for (const auto& b : r.backends) {
+    EXPECT_LE(b.forward_error, c.device_bound) << b.backend;
+    EXPECT_LE(b.backward_error, c.device_bound) << b.backend;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, ModelGradients,
+                         ::testing::Values(std::pair{std::string("llama"), false}, std::pair{std::string("llama"), true},
+                                           std::pair{std::string("qwen2"), false}));
+
+TEST(ModelMemory, LoadingKeepsQuantizedWeightsQuantizedWithNoExtraCopy) {
+  auto dev = vk::Device::open({-1, false});
+  auto be = ag::Backend::vulkan(*dev);
+  const std::string path = tiny_model("llama", "q4_0", false);
+  auto f = gguf::File::open(path);
+  int64_t file_bytes = 0;
+  for (const auto& t : f->tensors()) file_bytes += int64_t(t.bytes);
+  const int64_t before = dev->bytes_allocated();
+  dev->reset_peak();
+  auto m = Model::load(path, *be);
+  const int64_t used = dev->bytes_allocated() - before, peak = dev->peak_bytes_allocated() - before;
+  // Device buffers are rounded up to whole words: at most 3 bytes per tensor.
+  EXPECT_GE(used, file_bytes);
+  EXPECT_LE(used, file_bytes + 4 * int64_t(f->tensors().size()));
+  EXPECT_EQ(peak, used) << "a temporary device copy existed while loading";
+  for (const auto& t : f->tensors()) {
+    if (t.ne.size() != 2) continue;
+    EXPECT_EQ(m->weight(t.name).dtype(), ag::DType::Q4_0) << t.name;
+    EXPECT_EQ(m->weight(t.name).bytes(), t.bytes) << t.name;
+  }
+  EXPECT_EQ(m->weight_bytes(), file_bytes);
+}
+
+TEST(ModelFiles, EveryMalformedFileIsOneClearErrorFromTheLoader) {
+  auto be = ag::Backend::cpu();
+  const auto cases = test::write_malformed_ggufs(temp_dir() + "/malformed");
+  ASSERT_GE(cases.size(), 30u);
+  for (const auto& c : cases) {
+    try {
+      Model::load(c.path, *be);
+      ADD_FAILURE() << c.name << ": loaded";
+    } catch (const gguf::FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.expected_error_substring), std::string::npos)
+          << c.name << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.path), std::string::npos) << c.name << ": " << e.what();
+    }
+  }
+}
+
+TEST(ModelFiles, EveryWeightTypeLoadsAndStaysInItsStoredType) {
+  auto be = ag::Backend::cpu();
+  const std::map<std::string, ag::DType> want = {
+      {"q4_0", ag::DType::Q4_0}, {"q8_0", ag::DType::Q8_0}, {"f16", ag::DType::F16}, {"f32", ag::DType::F32}};
+  for (const auto& [type, dtype] : want) {
+    auto m = Model::load(tiny_model("llama", type, false), *be);
+    EXPECT_EQ(m->weight("blk.0.attn_q.weight").dtype(), dtype) << type;
+    EXPECT_EQ(m->weight("blk.0.attn_norm.weight").dtype(), ag::DType::F32) << type;
+  }
+}
+
+}  // namespace
+}  // namespace q4t::model

@@ -1,0 +1,221 @@
+#include "train/model/model.h"
+
+#include <cstring>
+
+namespace q4t::model {
+
+namespace {
+
+const std::map<std::string, std::string> kTargetTensor = {
+    {"q", "attn_q"}, {"k", "attn_k"}, {"v", "attn_v"}, {"o", "attn_output"},
+    {"gate", "ffn_gate"}, {"up", "ffn_up"}, {"down", "ffn_down"}};
+
+std::string ne_str(const std::vector<int64_t>& ne) {
+  std::string s = "[";
+  for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+  return s + "]";
+}
+
+// The autograd dtype a frozen matrix of this GGML type is stored as, or false when q4tune cannot use it.
+bool matrix_dtype(gguf::GgmlType t, ag::DType real, ag::DType* out) {
+  switch (t) {
+    case gguf::GgmlType::F32: *out = real; return true;
+    case gguf::GgmlType::Q4_0: *out = ag::DType::Q4_0; return true;
+    case gguf::GgmlType::Q8_0: *out = ag::DType::Q8_0; return true;
+    case gguf::GgmlType::F16: *out = ag::DType::F16; return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+const std::vector<std::string>& all_lora_targets() {
+  static const std::vector<std::string> t = {"q", "k", "v", "o", "gate", "up", "down"};
+  return t;
+}
+
+std::string target_tensor_name(int64_t layer, const std::string& target) {
+  auto it = kTargetTensor.find(target);
+  if (it == kTargetTensor.end())
+    throw std::invalid_argument("unknown LoRA target '" + target + "' (known: q, k, v, o, gate, up, down)");
+  return "blk." + std::to_string(layer) + "." + it->second + ".weight";
+}
+
+void Model::load_tensor(const gguf::File& f, const std::string& name, const std::vector<int64_t>& ne, bool matrix) {
+  const gguf::TensorInfo* t = f.tensor(name);
+  if (!t) throw gguf::FormatError(f.path() + ": tensor '" + name + "' is missing");
+  if (t->ne != ne)
+    throw gguf::FormatError(f.path() + ": tensor '" + name + "' has ne " + ne_str(t->ne) + ", expected " +
+                            ne_str(ne));
+  ag::DType dt = be_.real();
+  const bool ok = matrix ? matrix_dtype(t->type, be_.real(), &dt) : t->type == gguf::GgmlType::F32;
+  if (!ok)
+    throw gguf::FormatError(f.path() + ": tensor '" + name + "' has type " + gguf::type_name(t->type) +
+                            ", which q4tune cannot use here (supported: " + (matrix ? "f32, f16, q8_0, q4_0" : "f32") + ")");
+  // Shape as a row-major matrix [n_out, n_in] (ne reversed); vectors stay [n].
+  const ag::Shape shape = ne.size() == 2 ? ag::Shape{ne[1], ne[0]} : ag::Shape{ne[0]};
+  if (ag::is_frozen_storage(dt)) {
+    weights_[name] = be_.quantized({t->data, t->bytes}, shape, dt);
+    return;
+  }
+  weights_[name] = be_.from_host(std::span<const float>(reinterpret_cast<const float*>(t->data), t->bytes / 4), shape);
+}
+
+std::unique_ptr<Model> Model::load(const std::string& path, ag::Backend& be) {
+  auto f = gguf::File::open(path);
+  std::unique_ptr<Model> m(new Model(be));
+  m->cfg_ = ModelConfig::from_gguf(*f);
+  const ModelConfig& c = m->cfg_;
+  const int64_t C = c.n_embd, q_out = c.n_head * c.head_dim, kv_out = c.n_head_kv * c.head_dim;
+  m->load_tensor(*f, "token_embd.weight", {C, c.n_vocab}, true);
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    m->load_tensor(*f, b + "attn_norm.weight", {C}, false);
+    m->load_tensor(*f, b + "attn_q.weight", {C, q_out}, true);
+    m->load_tensor(*f, b + "attn_k.weight", {C, kv_out}, true);
+    m->load_tensor(*f, b + "attn_v.weight", {C, kv_out}, true);
+    m->load_tensor(*f, b + "attn_output.weight", {q_out, C}, true);
+    if (c.qkv_bias) {
+      m->load_tensor(*f, b + "attn_q.bias", {q_out}, false);
+      m->load_tensor(*f, b + "attn_k.bias", {kv_out}, false);
+      m->load_tensor(*f, b + "attn_v.bias", {kv_out}, false);
+    }
+    m->load_tensor(*f, b + "ffn_norm.weight", {C}, false);
+    m->load_tensor(*f, b + "ffn_gate.weight", {C, c.n_ff}, true);
+    m->load_tensor(*f, b + "ffn_up.weight", {C, c.n_ff}, true);
+    m->load_tensor(*f, b + "ffn_down.weight", {c.n_ff, C}, true);
+  }
+  m->load_tensor(*f, "output_norm.weight", {C}, false);
+  if (!c.tied) m->load_tensor(*f, "output.weight", {C, c.n_vocab}, true);
+  return m;
+}
+
+const ag::Tensor& Model::weight(const std::string& name) const {
+  auto it = weights_.find(name);
+  if (it == weights_.end()) throw std::out_of_range("model has no tensor '" + name + "'");
+  return it->second;
+}
+
+int64_t Model::weight_bytes() const {
+  int64_t n = 0;
+  for (const auto& [name, t] : weights_) n += int64_t(t.bytes());
+  return n;
+}
+
+ModelGraph::ModelGraph(const Model& m, ag::Graph& g, bool llama_cpp_numerics)
+    : m_(m), g_(g), llama_cpp_numerics_(llama_cpp_numerics) {
+  const ModelConfig& c = m.config();
+  auto bind = [&](const std::string& name) { vars_[name] = g.constant(m.weight(name), name); };
+  bind("token_embd.weight");
+  bind("output_norm.weight");
+  if (!c.tied) bind("output.weight");
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    for (const char* n : {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                          "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+                          "ffn_down.weight"})
+      bind(b + n);
+    if (c.qkv_bias)
+      for (const char* n : {"attn_q.bias", "attn_k.bias", "attn_v.bias"}) bind(b + n);
+  }
+}
+
+void ModelGraph::add_adapters(const LoraSpec& spec, std::mt19937& rng) {
+  const int64_t n_layer = m_.config().n_layer;
+  const int64_t end = spec.layer_end < 0 ? n_layer : spec.layer_end;
+  if (spec.layer_begin < 0 || end > n_layer || spec.layer_begin >= end)
+    throw std::invalid_argument("LoRA layer range [" + std::to_string(spec.layer_begin) + ", " +
+                                std::to_string(end) + ") is outside the model's " + std::to_string(n_layer) +
+                                " layers");
+  for (int64_t l = spec.layer_begin; l < end; ++l)
+    for (const std::string& t : spec.targets) {
+      const std::string name = target_tensor_name(l, t);
+      adapters_.insert_or_assign(name, ag::LoraLinear::create(vars_.at(name), spec.cfg, name.substr(0, name.size() - 7), rng));
+    }
+}
+
+ag::Var ModelGraph::frozen_linear(ag::Var x, ag::Var w) const {
+  // llama.cpp rounds the input of Q4_0 and Q8_0 matrices to Q8_0 blocks (its F16 matrices round it to f16,
+  // which is not reproduced here).
+  const bool round = llama_cpp_numerics_ && ag::is_quantized(w.value().dtype());
+  return ag::linear(round ? ag::act_round_q8_0(x) : x, w);
+}
+
+ag::Var ModelGraph::project(ag::Var x, int64_t layer, const std::string& target) const {
+  const std::string name = target_tensor_name(layer, target);
+  ag::Var base = frozen_linear(x, vars_.at(name));
+  auto it = adapters_.find(name);
+  return it != adapters_.end() ? ag::add(base, it->second.delta(x)) : base;
+}
+
+ag::Var ModelGraph::output_weight() const {
+  return m_.config().tied ? vars_.at("token_embd.weight") : vars_.at("output.weight");
+}
+
+ag::Var ModelGraph::hidden(ag::Var ids, int64_t pos) const {
+  const ModelConfig& c = m_.config();
+  ag::Var x = ag::embedding(vars_.at("token_embd.weight"), ids);
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    ag::Var h = ag::rms_norm(x, vars_.at(b + "attn_norm.weight"), c.rms_eps);
+    ag::Var q = project(h, l, "q"), k = project(h, l, "k"), v = project(h, l, "v");
+    if (c.qkv_bias) {
+      q = ag::add(q, vars_.at(b + "attn_q.bias"));
+      k = ag::add(k, vars_.at(b + "attn_k.bias"));
+      v = ag::add(v, vars_.at(b + "attn_v.bias"));
+    }
+    q = ag::rope(q, c.n_head, c.head_dim, c.rope_mode, c.rope_base, pos);
+    k = ag::rope(k, c.n_head_kv, c.head_dim, c.rope_mode, c.rope_base, pos);
+    x = ag::add(x, project(ag::attention(q, k, v, c.n_head, c.n_head_kv), l, "o"));
+    h = ag::rms_norm(x, vars_.at(b + "ffn_norm.weight"), c.rms_eps);
+    x = ag::add(x, project(ag::swiglu(project(h, l, "gate"), project(h, l, "up")), l, "down"));
+  }
+  return ag::rms_norm(x, vars_.at("output_norm.weight"), c.rms_eps);
+}
+
+ag::Var ModelGraph::logits(ag::Var ids, int64_t pos) const { return frozen_linear(hidden(ids, pos), output_weight()); }
+
+}  // namespace q4t::model
+
+namespace q4t::model {
+
+void ModelGraph::load_adapters(const gguf::File& a, double user_scale) {
+  auto fail = [&](const std::string& what) { throw gguf::FormatError(a.path() + ": " + what); };
+  if (a.get_string("general.type") != "adapter") fail("general.type is not 'adapter'");
+  if (a.get_string("adapter.type") != "lora") fail("adapter.type '" + a.get_string("adapter.type") + "' is not 'lora'");
+  if (a.get_string("general.architecture") != m_.config().arch)
+    fail("adapter for architecture '" + a.get_string("general.architecture") + "', the model is '" +
+         m_.config().arch + "'");
+  const double alpha = a.get_float("adapter.lora.alpha");
+  ag::Backend& be = g_.backend();
+  int found = 0;
+  for (const gguf::TensorInfo& ta : a.tensors()) {
+    const std::string suffix = ".lora_a";
+    if (ta.name.size() <= suffix.size() || ta.name.compare(ta.name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string base = ta.name.substr(0, ta.name.size() - suffix.size());
+    const gguf::TensorInfo* tb = a.tensor(base + ".lora_b");
+    if (!tb) fail("tensor '" + base + ".lora_b' is missing (its lora_a is present)");
+    auto w = vars_.find(base);
+    if (w == vars_.end() || !m_.has_weight(base) || w->second.shape().size() != 2)
+      fail("tensor '" + ta.name + "' adapts '" + base + "', which the model has no matrix for");
+    const int64_t n_out = w->second.shape()[0], n_in = w->second.shape()[1];
+    if (ta.ne.size() != 2 || tb->ne.size() != 2 || ta.ne[0] != n_in || tb->ne[1] != n_out || ta.ne[1] != tb->ne[0])
+      fail("tensors '" + base + ".lora_a' " + ne_str(ta.ne) + " and '.lora_b' " + ne_str(tb->ne) +
+           " do not fit the weight [" + std::to_string(n_out) + ", " + std::to_string(n_in) +
+           "] (want lora_a ne [n_in, r], lora_b ne [r, n_out])");
+    if (ta.type != gguf::GgmlType::F32 || tb->type != gguf::GgmlType::F32)
+      fail("tensor '" + base + "' LoRA matrices must be f32");
+    const int64_t r = ta.ne[1];
+    auto as_var = [&](const gguf::TensorInfo& t, ag::Shape shape) {
+      return g_.constant(be.from_host(std::span<const float>(reinterpret_cast<const float*>(t.data), t.bytes / 4), shape),
+                         t.name);
+    };
+    adapters_.insert_or_assign(base, ag::LoraLinear(w->second, as_var(ta, {r, n_in}), as_var(*tb, {n_out, r}),
+                                                    user_scale * alpha / double(r)));
+    ++found;
+  }
+  if (found == 0) fail("no '*.lora_a' tensors");
+}
+
+}  // namespace q4t::model

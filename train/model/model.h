@@ -1,0 +1,88 @@
+// A llama-family transformer (llama, qwen2) built from autograd ops over frozen GGUF weights.
+// Weights go to the backend as they are stored: quantized matrices stay quantized (no dequantised copy of any
+// 2-D weight exists), norms and biases are f32. A Model holds the weights; a ModelGraph binds them into one
+// graph as constants, with optional LoRA adapters on the seven projection targets.
+#pragma once
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "autograd/lora.h"
+#include "autograd/ops.h"
+#include "data/gguf.h"
+#include "train/model/config.h"
+
+namespace q4t::model {
+
+// LoRA targets by short name: q, k, v, o (attention), gate, up, down (feed-forward).
+const std::vector<std::string>& all_lora_targets();
+// "blk.N.attn_q.weight" etc. for a short target name.
+std::string target_tensor_name(int64_t layer, const std::string& target);
+
+struct LoraSpec {
+  std::vector<std::string> targets = all_lora_targets();
+  ag::LoraConfig cfg;
+  int64_t layer_begin = 0, layer_end = -1;  // [begin, end) of the layers to adapt; end -1: all
+};
+
+class Model {
+ public:
+  // Opens, validates (keys, every tensor's presence, shape and type) and uploads the weights to `be`.
+  static std::unique_ptr<Model> load(const std::string& path, ag::Backend& be);
+
+  const ModelConfig& config() const { return cfg_; }
+  ag::Backend& backend() const { return be_; }
+  const ag::Tensor& weight(const std::string& name) const;
+  bool has_weight(const std::string& name) const { return weights_.count(name) != 0; }
+  // Bytes of all weights as stored on the backend.
+  int64_t weight_bytes() const;
+
+ private:
+  Model(ag::Backend& be) : be_(be) {}
+  void load_tensor(const gguf::File& f, const std::string& name, const std::vector<int64_t>& ne, bool matrix);
+
+  ag::Backend& be_;
+  ModelConfig cfg_;
+  std::map<std::string, ag::Tensor> weights_;
+};
+
+// The model's weights bound into one graph, plus its adapters (keyed by the base tensor name).
+class ModelGraph {
+ public:
+  // llama_cpp_numerics: round the input of every Q4_0 matrix the way llama.cpp's CPU matmuls do (Q8_0
+  // activation blocks), to reproduce its logits exactly; training and the default forward keep f32 activations.
+  ModelGraph(const Model& m, ag::Graph& g, bool llama_cpp_numerics = false);
+  const Model& model() const { return m_; }
+  ag::Graph& graph() const { return g_; }
+  ag::Var weight(const std::string& name) const { return vars_.at(name); }
+
+  // New trainable adapters (A random, B zero) on the spec's targets and layers.
+  void add_adapters(const LoraSpec& spec, std::mt19937& rng);
+  // Adapters from a GGUF LoRA file (general.type "adapter", adapter.type "lora"), as constants, with
+  // scale = user_scale * alpha / r. Throws gguf::FormatError naming the file and the tensor.
+  void load_adapters(const gguf::File& adapter, double user_scale);
+  const std::map<std::string, ag::LoraLinear>& adapters() const { return adapters_; }
+  void set_adapter(const std::string& tensor_name, ag::LoraLinear l) { adapters_.insert_or_assign(tensor_name, l); }
+
+  // Logits [T, V] for token ids [T] (i32) at positions pos_offset .. pos_offset + T - 1.
+  ag::Var logits(ag::Var ids, int64_t pos_offset = 0) const;
+  // The final hidden state [T, C] (after the output norm), for losses that fuse the output projection.
+  ag::Var hidden(ag::Var ids, int64_t pos_offset = 0) const;
+  // The output matrix [V, C] (output.weight, or token_embd.weight when tied).
+  ag::Var output_weight() const;
+
+ private:
+  ag::Var project(ag::Var x, int64_t layer, const std::string& target) const;
+  // linear(x, w), with llama.cpp's activation rounding when asked and w is quantized.
+  ag::Var frozen_linear(ag::Var x, ag::Var w) const;
+
+  const Model& m_;
+  ag::Graph& g_;
+  std::map<std::string, ag::Var> vars_;
+  std::map<std::string, ag::LoraLinear> adapters_;
+  bool llama_cpp_numerics_;
+};
+
+}  // namespace q4t::model

@@ -1,0 +1,251 @@
+// q4tune init-model, quantize and logits: making small models, converting F32/F16 GGUFs to Q4_0, and running
+// the forward on given token ids (for users debugging a model or an adapter, and for the interop tests).
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "autograd/ops.h"
+#include "data/atomic_file.h"
+#include "data/gguf.h"
+#include "kernels/quant/f16.h"
+#include "kernels/quant/q4_0.h"
+#include "kernels/quant/q8_0.h"
+#include "train/commands.h"
+#include "train/device_choice.h"
+#include "train/model/model.h"
+
+namespace q4t {
+
+namespace {
+
+using gguf::GgmlType;
+using gguf::Value;
+using gguf::ValueType;
+
+// A byte-level SentencePiece-style vocabulary: <unk>, <s>, </s>, then one byte-fallback token per byte.
+void write_byte_vocab(gguf::Writer& w) {
+  std::vector<Value> tokens, scores, types;
+  auto push = [&](const std::string& t, int32_t type) {
+    tokens.push_back(Value::str(t));
+    scores.push_back(Value::f32(0.0f));
+    types.push_back(Value::i32(type));
+  };
+  push("<unk>", 2);  // UNKNOWN
+  push("<s>", 3);    // CONTROL
+  push("</s>", 3);
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    push(name, 6);  // BYTE
+  }
+  w.set("tokenizer.ggml.model", Value::str("llama"));
+  w.set("tokenizer.ggml.tokens", Value::array(ValueType::STRING, std::move(tokens)));
+  w.set("tokenizer.ggml.scores", Value::array(ValueType::F32, std::move(scores)));
+  w.set("tokenizer.ggml.token_type", Value::array(ValueType::I32, std::move(types)));
+  w.set("tokenizer.ggml.unknown_token_id", Value::u32(0));
+  w.set("tokenizer.ggml.bos_token_id", Value::u32(1));
+  w.set("tokenizer.ggml.eos_token_id", Value::u32(2));
+  w.set("tokenizer.ggml.add_bos_token", Value::boolean(true));
+}
+
+std::vector<uint8_t> as_bytes(const std::vector<float>& v) {
+  std::vector<uint8_t> b(v.size() * 4);
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// A matrix [n_out, n_in] stored as `type`: the GGUF ne is {n_in, n_out}.
+void add_matrix(gguf::Writer& w, const std::string& name, const std::vector<float>& v, int64_t n_out, int64_t n_in,
+                GgmlType type) {
+  // As llama-quantize: a matrix whose rows are not whole blocks stays F32.
+  if ((type == GgmlType::Q4_0 || type == GgmlType::Q8_0) && n_in % 32 != 0) type = GgmlType::F32;
+  std::vector<uint8_t> data;
+  if (type == GgmlType::F32) {
+    data = as_bytes(v);
+  } else if (type == GgmlType::F16) {
+    data.resize(v.size() * 2);
+    for (size_t i = 0; i < v.size(); ++i) {
+      const uint16_t h = quant::f32_to_f16(v[i]);
+      std::memcpy(&data[i * 2], &h, 2);
+    }
+  } else if (type == GgmlType::Q4_0) {
+    data.resize(size_t(n_out * q4_0_row_bytes(n_in)));
+    quant::quantize_q4_0(data, v, n_out, n_in);
+  } else if (type == GgmlType::Q8_0) {
+    data.resize(size_t(n_out * (n_in / 32) * 34));
+    quant::quantize_q8_0(data, v, n_out, n_in);
+  } else {
+    throw std::invalid_argument(std::string("--type ") + gguf::type_name(type) + " is not supported by init-model");
+  }
+  w.add_tensor(name, {n_in, n_out}, type, std::move(data));
+}
+
+uint32_t file_type(GgmlType t) {
+  switch (t) {
+    case GgmlType::F16: return 1;
+    case GgmlType::Q4_0: return 2;
+    case GgmlType::Q8_0: return 7;
+    default: return 0;
+  }
+}
+
+GgmlType parse_type(const std::string& s) {
+  if (s == "f32") return GgmlType::F32;
+  if (s == "f16") return GgmlType::F16;
+  if (s == "q4_0") return GgmlType::Q4_0;
+  if (s == "q8_0") return GgmlType::Q8_0;
+  throw std::invalid_argument("--type: '" + s + "' is not one of q4_0, q8_0, f16, f32");
+}
+
+}  // namespace
+
+int run_init_model(const InitModelOptions& o, std::ostream& out) {
+  if (o.arch != "llama" && o.arch != "qwen2") throw std::invalid_argument("--arch: '" + o.arch + "' is not llama or qwen2");
+  if (o.dim <= 0 || o.layers <= 0 || o.heads <= 0 || o.kv_heads <= 0 || o.ff <= 0 || o.ctx <= 0)
+    throw std::invalid_argument("init-model: --dim, --layers, --heads, --kv-heads, --ff and --ctx must be positive");
+  if (o.dim % o.heads != 0 || o.heads % o.kv_heads != 0 || (o.dim / o.heads) % 2 != 0)
+    throw std::invalid_argument("init-model: --heads must divide --dim into an even head size, and --kv-heads must divide --heads");
+  const GgmlType type = parse_type(o.type);
+  const int64_t C = o.dim, H = o.heads, Hkv = o.kv_heads, D = C / H, F = o.ff, V = 259;
+  std::mt19937 rng(o.seed);
+  auto uniform = [&](int64_t n, double a) {
+    std::uniform_real_distribution<float> u(float(-a), float(a));
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = u(rng);
+    return v;
+  };
+  // Unit-gain weights (variance 1/n_in) keep activations O(1) through the layers.
+  auto matrix = [&](const std::string& name, int64_t n_out, int64_t n_in, gguf::Writer& w) {
+    add_matrix(w, name, uniform(n_out * n_in, std::sqrt(3.0 / double(n_in))), n_out, n_in, type);
+  };
+  auto norm = [&](const std::string& name, gguf::Writer& w) {
+    std::vector<float> v = uniform(C, 0.2);
+    for (float& x : v) x += 1.0f;
+    w.add_tensor(name, {C}, GgmlType::F32, as_bytes(v));
+  };
+
+  gguf::Writer w;
+  const std::string a = o.arch + ".";
+  w.set("general.architecture", Value::str(o.arch));
+  w.set("general.name", Value::str("q4tune random " + o.arch));
+  w.set("general.file_type", Value::u32(file_type(type)));
+  w.set(a + "context_length", Value::u32(uint32_t(o.ctx)));
+  w.set(a + "embedding_length", Value::u32(uint32_t(C)));
+  w.set(a + "block_count", Value::u32(uint32_t(o.layers)));
+  w.set(a + "feed_forward_length", Value::u32(uint32_t(F)));
+  w.set(a + "attention.head_count", Value::u32(uint32_t(H)));
+  w.set(a + "attention.head_count_kv", Value::u32(uint32_t(Hkv)));
+  w.set(a + "rope.dimension_count", Value::u32(uint32_t(D)));
+  w.set(a + "rope.freq_base", Value::f32(float(o.rope_base)));
+  w.set(a + "attention.layer_norm_rms_epsilon", Value::f32(1e-5f));
+  write_byte_vocab(w);
+
+  add_matrix(w, "token_embd.weight", uniform(V * C, 1.0), V, C, type);
+  for (int64_t l = 0; l < o.layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    norm(b + "attn_norm.weight", w);
+    matrix(b + "attn_q.weight", H * D, C, w);
+    matrix(b + "attn_k.weight", Hkv * D, C, w);
+    matrix(b + "attn_v.weight", Hkv * D, C, w);
+    matrix(b + "attn_output.weight", C, H * D, w);
+    if (o.arch == "qwen2") {
+      w.add_tensor(b + "attn_q.bias", {H * D}, GgmlType::F32, as_bytes(uniform(H * D, 0.1)));
+      w.add_tensor(b + "attn_k.bias", {Hkv * D}, GgmlType::F32, as_bytes(uniform(Hkv * D, 0.1)));
+      w.add_tensor(b + "attn_v.bias", {Hkv * D}, GgmlType::F32, as_bytes(uniform(Hkv * D, 0.1)));
+    }
+    norm(b + "ffn_norm.weight", w);
+    matrix(b + "ffn_gate.weight", F, C, w);
+    matrix(b + "ffn_up.weight", F, C, w);
+    matrix(b + "ffn_down.weight", C, F, w);
+  }
+  norm("output_norm.weight", w);
+  if (!o.tied) matrix("output.weight", V, C, w);
+  w.write(o.out);
+  out << "wrote " << o.out << ": " << o.arch << ", dim " << C << ", " << o.layers << " layers, " << H << " heads ("
+      << Hkv << " kv), ff " << F << ", vocab " << V << ", " << o.type << (o.tied ? ", tied output" : "") << "\n";
+  return 0;
+}
+
+int run_quantize(const std::string& in, const std::string& out_path, const std::string& type_name, std::ostream& out) {
+  const GgmlType type = parse_type(type_name);
+  if (type != GgmlType::Q4_0 && type != GgmlType::Q8_0)
+    throw std::invalid_argument("quantize: --type " + type_name + " is not a quantized type (q4_0, q8_0)");
+  auto f = gguf::File::open(in);
+  gguf::Writer w;
+  for (const auto& [key, value] : f->metadata())
+    if (key != "general.alignment") w.set(key, value);
+  w.set("general.file_type", Value::u32(file_type(type)));
+  int quantized = 0;
+  for (const gguf::TensorInfo& t : f->tensors()) {
+    const bool weight = t.ne.size() == 2 && t.ne[0] % 32 == 0 &&
+                        (t.type == GgmlType::F32 || t.type == GgmlType::F16);
+    if (!weight) {
+      w.add_tensor(t.name, t.ne, t.type, std::vector<uint8_t>(t.data, t.data + t.bytes));
+      continue;
+    }
+    const int64_t n_in = t.ne[0], n_out = t.ne[1];
+    std::vector<float> v(static_cast<size_t>(n_in * n_out));
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (t.type == GgmlType::F32) {
+        std::memcpy(&v[i], t.data + 4 * i, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, t.data + 2 * i, 2);
+        v[i] = quant::f16_to_f32(h);
+      }
+    }
+    add_matrix(w, t.name, v, n_out, n_in, type);
+    ++quantized;
+  }
+  w.write(out_path);
+  out << "wrote " << out_path << ": " << quantized << " of " << f->tensors().size() << " tensors as " << type_name << "\n";
+  return 0;
+}
+
+int run_logits(const LogitsOptions& o, const DeviceChoice& dev, std::ostream& out) {
+  std::vector<int32_t> ids;
+  if (!o.ids_file.empty()) {
+    std::ifstream in(o.ids_file);
+    if (!in) throw std::invalid_argument("--ids-file: cannot read " + o.ids_file);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument("--ids-file " + o.ids_file + ": not JSON (" + e.what() + ")");
+    }
+    if (!j.is_array()) throw std::invalid_argument("--ids-file " + o.ids_file + ": expected a JSON array of token ids");
+    for (const auto& x : j) {
+      if (!x.is_number_integer()) throw std::invalid_argument("--ids-file " + o.ids_file + ": " + x.dump() + " is not a token id");
+      ids.push_back(x.get<int32_t>());
+    }
+  } else {
+    ids = o.ids;
+  }
+  if (ids.empty()) throw std::invalid_argument("logits: give the token ids with --ids 1,2,3 or --ids-file F.json");
+  auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan);
+  auto m = model::Model::load(o.model, *be);
+  const int64_t V = m->config().n_vocab;
+  for (int32_t id : ids)
+    if (id < 0 || id >= V)
+      throw std::invalid_argument("logits: token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  ag::Graph g(*be);
+  model::ModelGraph mg(*m, g, o.llama_cpp_numerics);
+  if (!o.adapter.empty()) mg.load_adapters(*gguf::File::open(o.adapter), o.adapter_scale);
+  ag::Var idv = g.constant(be->from_host_i32(ids, {int64_t(ids.size())}), "ids");
+  ag::Var logits = mg.logits(idv);
+  g.forward();
+  const std::vector<double> v = be->to_host(logits.value());
+  nlohmann::json rows = nlohmann::json::array();
+  for (size_t t = 0; t < ids.size(); ++t)
+    rows.push_back(std::vector<double>(v.begin() + long(t * size_t(V)), v.begin() + long((t + 1) * size_t(V))));
+  const std::string text = nlohmann::json{{"logits", rows}}.dump();
+  if (o.out.empty())
+    out << text << "\n";
+  else
+    write_file_atomic(o.out, text);
+  return 0;
+}
+
+}  // namespace q4t
