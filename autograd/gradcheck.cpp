@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/quant/f16.h"
 #include "kernels/quant/q4_0.h"
+#include "kernels/quant/q8_0.h"
 #include "kernels/shapes.h"
 
 namespace q4t::ag {
@@ -83,6 +85,19 @@ Var random_q4_0(Graph& g, std::mt19937& rng, int64_t n_out, int64_t n_in, const 
   std::vector<uint8_t> bytes(size_t(n_out * q4_0_row_bytes(n_in)));
   quant::quantize_q4_0(bytes, uniform(rng, n_out * n_in, -1, 1), n_out, n_in);
   return g.constant(g.backend().quantized(bytes, {n_out, n_in}, DType::Q4_0), name);
+}
+
+Var random_frozen(Graph& g, std::mt19937& rng, DType t, int64_t n_out, int64_t n_in, const std::string& name) {
+  if (t == DType::Q4_0) return random_q4_0(g, rng, n_out, n_in, name);
+  const std::vector<float> v = uniform(rng, n_out * n_in, -1, 1);
+  std::vector<uint8_t> bytes(storage_bytes(t, {n_out, n_in}));
+  if (t == DType::Q8_0)
+    quant::quantize_q8_0(bytes, v, n_out, n_in);
+  else if (t == DType::F16)
+    quant::f32_row_to_f16(bytes.data(), v.data(), n_out * n_in);
+  else
+    throw GraphError(std::string("random_frozen: ") + dtype_name(t) + " is not a frozen storage type");
+  return g.constant(g.backend().quantized(bytes, {n_out, n_in}, t), name);
 }
 
 Var ids_constant(Graph& g, const std::vector<int32_t>& ids, const std::string& name) {

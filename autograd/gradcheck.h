@@ -29,6 +29,8 @@ Var random_param(Graph& g, std::mt19937& rng, const Shape& shape, const std::str
 Var random_constant(Graph& g, std::mt19937& rng, const Shape& shape, const std::string& name, double lo = -1,
                     double hi = 1);
 Var random_q4_0(Graph& g, std::mt19937& rng, int64_t n_out, int64_t n_in, const std::string& name);
+// W [n_out, n_in] of uniform [-1, 1) values stored as frozen `t` (Q4_0, Q8_0 or F16).
+Var random_frozen(Graph& g, std::mt19937& rng, DType t, int64_t n_out, int64_t n_in, const std::string& name);
 Var ids_constant(Graph& g, const std::vector<int32_t>& ids, const std::string& name);
 
 struct BackendCheck {

@@ -446,18 +446,6 @@ const OpDef kCrossEntropyOp{"cross_entropy", cross_entropy_shape, cross_entropy_
 const OpDef kLinearCrossEntropyOp{"linear_cross_entropy", linear_ce_shape, linear_ce_prepare, linear_ce_forward,
                                   linear_ce_backward};
 
-// W [n_out, n_in] of uniform [-1, 1) values stored as Q8_0 blocks or halves (random_q4_0 does Q4_0).
-Var random_frozen(Graph& g, std::mt19937& r, DType t, int64_t n_out, int64_t n_in, const std::string& name) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(size_t(n_out * n_in));
-  for (float& e : v) e = u(r);
-  std::vector<uint8_t> bytes(storage_bytes(t, {n_out, n_in}));
-  if (t == DType::Q8_0)
-    quant::quantize_q8_0(bytes, v, n_out, n_in);
-  else
-    quant::f32_row_to_f16(bytes.data(), v.data(), n_out * n_in);
-  return g.constant(g.backend().quantized(bytes, {n_out, n_in}, t), name);
-}
 
 void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back({"embedding f32 table V=11 C=6, repeated ids", [](Graph& g, std::mt19937& r) {

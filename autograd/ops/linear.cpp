@@ -219,25 +219,12 @@ void matmul_backward(OpContext& c) {
 const OpDef kLinearOp{"linear", linear_shape, linear_prepare, linear_forward, linear_backward};
 const OpDef kMatmulOp{"matmul_nt", matmul_shape, nullptr, matmul_forward, matmul_backward};
 
-// W [n_out, n_in] of uniform [-1, 1) values stored as Q8_0 blocks or halves (random_q4_0 does Q4_0).
-Var random_frozen(Graph& g, std::mt19937& r, DType t, int64_t n_out, int64_t n_in, const std::string& name) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(size_t(n_out * n_in));
-  for (float& e : v) e = u(r);
-  std::vector<uint8_t> bytes(storage_bytes(t, {n_out, n_in}));
-  if (t == DType::Q8_0)
-    quant::quantize_q8_0(bytes, v, n_out, n_in);
-  else
-    quant::f32_row_to_f16(bytes.data(), v.data(), n_out * n_in);
-  return g.constant(g.backend().quantized(bytes, {n_out, n_in}, t), name);
-}
-
 // x is the parameter: the frozen weight itself never has a gradient.
 GradcheckCase linear_case(DType t, int64_t T, int64_t n_out, int64_t n_in) {
   return {std::string("linear ") + dtype_name(t) + " T=" + std::to_string(T) + " " + std::to_string(n_out) + "x" +
               std::to_string(n_in),
           [=](Graph& g, std::mt19937& r) {
-            Var w = t == DType::Q4_0 ? random_q4_0(g, r, n_out, n_in, "w") : random_frozen(g, r, t, n_out, n_in, "w");
+            Var w = random_frozen(g, r, t, n_out, n_in, "w");
             return linear(random_param(g, r, {T, n_in}, "x"), w);
           }};
 }
