@@ -39,6 +39,14 @@ struct LogitsOptions {
 // Forward on the token ids; writes {"logits": [[n_vocab floats] per position]} to out (or stdout).
 int run_logits(const LogitsOptions& o, const DeviceChoice& dev, std::ostream& out);
 
+struct TokenizeOptions {
+  std::string model, text, file, json_in, out;
+  bool decode = false, parse_special = false, add_special = false;
+};
+// Prints the ids of the text (or file) on one line, and with decode the text they decode to; with json_in
+// (a JSON array of strings) writes a JSON array of id arrays to out (or stdout). BOS/EOS only with add_special.
+int run_tokenize(const TokenizeOptions& o, std::ostream& out);
+
 struct BenchOptions {
   std::vector<std::string> kernels;  // empty: all
   std::vector<std::string> shapes;   // "n_outxn_in"; empty: the default set

@@ -98,6 +98,19 @@ int main(int argc, char** argv) {
                    "its logits exactly (the default keeps f32 activations, as training does)");
   logits->add_option("--out", logits_opt.out, "write {\"logits\": [[...], ...]} here instead of stdout");
 
+  q4t::TokenizeOptions tok_opt;
+  auto* tokenize = app.add_subcommand("tokenize", "Print the token ids of a text with the model's tokenizer");
+  tokenize->add_option("MODEL", tok_opt.model, "GGUF model")->required();
+  auto* tok_text = tokenize->add_option("TEXT", tok_opt.text, "text to tokenize");
+  auto* tok_file = tokenize->add_option("--file", tok_opt.file, "tokenize this file's contents")->excludes(tok_text);
+  tokenize->add_option("--json-in", tok_opt.json_in, "JSON array of strings: write a JSON array of id arrays")
+      ->excludes(tok_text)
+      ->excludes(tok_file);
+  tokenize->add_option("--out", tok_opt.out, "with --json-in: write here instead of stdout");
+  tokenize->add_flag("--decode", tok_opt.decode, "also print the text the ids decode to");
+  tokenize->add_flag("--parse-special", tok_opt.parse_special, "recognise control tokens (\"<s>\", ...) written in the text");
+  tokenize->add_flag("--add-special", tok_opt.add_special, "add BOS/EOS as the model's add_bos_token/add_eos_token say");
+
   DeviceFlags bench_dev;
   q4t::BenchOptions bench_opt;
   auto* bench = app.add_subcommand("bench",
@@ -124,6 +137,7 @@ int main(int argc, char** argv) {
     if (*init_model) return q4t::run_init_model(init_opt, std::cout);
     if (*quantize) return q4t::run_quantize(quant_in, quant_out, quant_type, std::cout);
     if (*logits) return q4t::run_logits(logits_opt, logits_dev.open(), std::cout);
+    if (*tokenize) return q4t::run_tokenize(tok_opt, std::cout);
     if (*bench) return q4t::run_bench(bench_dev.open(), bench_opt, std::cout);
   } catch (const std::exception& e) {
     std::fflush(stdout);

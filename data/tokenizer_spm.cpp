@@ -1,0 +1,179 @@
+// tokenizer.ggml.model "llama": SentencePiece-style BPE over token scores, as llama.cpp's llm_tokenizer_spm.
+// The text (with "▁" for every space, and one leading "▁" when add_space_prefix) starts as one symbol per UTF-8
+// character; the adjacent pair whose concatenation is the highest-scoring token merges first (ties: leftmost),
+// until no pair is a token. A final symbol that is not a token falls back to its bytes' <0xXX> tokens.
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <queue>
+
+#include "data/tokenizer_impl.h"
+#include "data/unicode.h"
+
+namespace q4t::tok::detail {
+namespace {
+
+constexpr std::string_view kSpaceMark = "\xE2\x96\x81";  // U+2581 "▁"
+
+class SpmTokenizer final : public VocabTokenizer {
+ public:
+  explicit SpmTokenizer(const gguf::File& f) {
+    bos_ = 1;  // llama.cpp's defaults for this model when the keys are absent
+    eos_ = 2;
+    add_bos_ = true;
+    load_common(f);
+    try {
+      add_space_prefix_ = f.get_bool_or("tokenizer.ggml.add_space_prefix", true);
+      if (!f.find("tokenizer.ggml.scores"))
+        throw TokenizerError(f.path() + ": tokenizer.ggml.model 'llama' needs tokenizer.ggml.scores");
+      const auto& scores = f.get_array("tokenizer.ggml.scores", gguf::ValueType::F32);
+      if (scores.size() != tokens_.size())
+        throw TokenizerError(f.path() + ": tokenizer.ggml.scores has " + std::to_string(scores.size()) +
+                             " entries for " + std::to_string(tokens_.size()) + " tokens");
+      for (const auto& s : scores) scores_.push_back(float(std::get<double>(s.v)));
+    } catch (const gguf::FormatError& e) {
+      throw TokenizerError(e.what());
+    }
+    for (int b = 0; b < 256; ++b) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "<0x%02X>", b);
+      byte_token_[size_t(b)] = find(hex);
+      if (byte_token_[size_t(b)] < 0) byte_token_[size_t(b)] = find(std::string(1, char(b)));
+    }
+    Hasher h;
+    h.add("llama");
+    h.add_u64(add_space_prefix_);
+    for (size_t i = 0; i < tokens_.size(); ++i) {
+      h.add(tokens_[i]);
+      h.add_u64(uint64_t(types_[i]));
+      uint32_t bits;
+      std::memcpy(&bits, &scores_[i], 4);
+      h.add_u64(bits);
+    }
+    hash_ = h.h;
+  }
+
+  std::vector<int32_t> encode(std::string_view text, bool parse_special) const override {
+    std::vector<int32_t> out;
+    bool after_special = true;  // the text start counts as "after a special token": it gets the prefix space
+    std::string escaped;
+    for (const Fragment& frag : partition(text, parse_special)) {
+      if (frag.token >= 0) {
+        out.push_back(frag.token);
+        after_special = true;
+        continue;
+      }
+      escaped.clear();
+      if (add_space_prefix_ && after_special) escaped += kSpaceMark;
+      for (char c : frag.text) {
+        if (c == ' ') escaped += kSpaceMark;
+        else escaped += c;
+      }
+      encode_piece(escaped, out);
+      after_special = false;
+    }
+    return out;
+  }
+
+  std::string decode(std::span<const int32_t> ids) const override {
+    std::string out;
+    bool strip_space = add_space_prefix_;  // llama.cpp drops the first token's leading space
+    for (const int32_t id : ids) {
+      const int32_t t = type_of(id);
+      const std::string& piece = token_text(id);
+      std::string text;
+      if (t == kControl) {
+        text.clear();
+      } else if (t == kByte && piece.size() == 6 && piece.starts_with("<0x")) {
+        text = char(std::stoi(piece.substr(3, 2), nullptr, 16));
+      } else if (t == kUserDefined) {
+        text = piece;  // written as is, "▁" included
+      } else if (t == kUnknown) {
+        text = "\xE2\x96\x85";  // "▅", llama.cpp's rendering of the unknown token
+      } else {
+        for (size_t i = 0; i < piece.size();) {
+          if (std::string_view(piece).substr(i).starts_with(kSpaceMark)) {
+            text += ' ';
+            i += kSpaceMark.size();
+          } else {
+            text += piece[i++];
+          }
+        }
+      }
+      if (strip_space && !text.empty() && text[0] == ' ') text.erase(0, 1);
+      strip_space = false;
+      out += text;
+    }
+    return out;
+  }
+
+ private:
+  struct Symbol {
+    int32_t prev, next;
+    size_t begin, len;  // bytes of the piece; len 0 once merged into its left neighbour
+  };
+  struct Bigram {
+    int32_t left, right;
+    float score;
+    size_t len;
+    // priority_queue keeps the largest on top: highest score, then the leftmost pair.
+    bool operator<(const Bigram& o) const { return score < o.score || (score == o.score && left > o.left); }
+  };
+
+  void encode_piece(std::string_view s, std::vector<int32_t>& out) const {
+    std::vector<Symbol> sym;
+    for (size_t at = 0; at < s.size();) {
+      const size_t n = std::min(s.size() - at, utf8_len(s[at]));
+      sym.push_back({int32_t(sym.size()) - 1, int32_t(sym.size()) + 1, at, n});
+      at += n;
+    }
+    if (sym.empty()) return;
+    sym.back().next = -1;
+    std::priority_queue<Bigram> queue;
+    auto try_pair = [&](int32_t l, int32_t r) {
+      if (l < 0 || r < 0) return;
+      const size_t len = sym[size_t(l)].len + sym[size_t(r)].len;
+      const int32_t id = find(s.substr(sym[size_t(l)].begin, len));
+      if (id >= 0) queue.push({l, r, scores_[size_t(id)], len});
+    };
+    for (int32_t i = 1; i < int32_t(sym.size()); ++i) try_pair(i - 1, i);
+    while (!queue.empty()) {
+      const Bigram b = queue.top();
+      queue.pop();
+      Symbol& l = sym[size_t(b.left)];
+      Symbol& r = sym[size_t(b.right)];
+      if (l.len == 0 || r.len == 0 || l.len + r.len != b.len) continue;  // outdated by an earlier merge
+      l.len += r.len;
+      r.len = 0;
+      l.next = r.next;
+      if (r.next >= 0) sym[size_t(r.next)].prev = b.left;
+      try_pair(l.prev, b.left);
+      try_pair(b.left, l.next);
+    }
+    for (int32_t i = 0; i != -1; i = sym[size_t(i)].next) {
+      const std::string_view piece = s.substr(sym[size_t(i)].begin, sym[size_t(i)].len);
+      const int32_t id = find(piece);
+      if (id >= 0) {
+        out.push_back(id);
+        continue;
+      }
+      for (char c : piece) {
+        const int32_t byte_id = byte_token_[uint8_t(c)];
+        if (byte_id < 0)
+          throw TokenizerError("the vocabulary has no byte token <0x" + std::to_string(uint8_t(c)) +
+                               "> (decimal) for a character it cannot spell");
+        out.push_back(byte_id);
+      }
+    }
+  }
+
+  std::vector<float> scores_;
+  bool add_space_prefix_ = true;
+  std::array<int32_t, 256> byte_token_{};
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> make_spm(const gguf::File& f) { return std::make_unique<SpmTokenizer>(f); }
+
+}  // namespace q4t::tok::detail

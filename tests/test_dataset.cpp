@@ -1,0 +1,521 @@
+// The dataset pipeline: formats, loss masks, chat templates, batching, shuffling, the validation split, bad
+// data, and the tokenized cache. Vocabularies are real GGUF files written by the tests (init-model's
+// byte-level SentencePiece vocabulary, plus control tokens for the chat markers).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "data/chat_template.h"
+#include "data/dataset.h"
+#include "data/dataset_cache.h"
+#include "data/gguf.h"
+#include "data/tokenizer.h"
+#include "train/commands.h"
+
+namespace q4t::data {
+namespace {
+
+namespace fs = std::filesystem;
+using gguf::Value;
+using gguf::ValueType;
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path d = fs::path(testing::TempDir()) / ("q4t_dataset_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string write(const fs::path& p, const std::string& body) {
+  std::ofstream(p, std::ios::binary) << body;
+  return p.string();
+}
+
+std::unique_ptr<tok::Tokenizer> load_tok(const std::string& gguf_path) {
+  auto f = gguf::File::open(gguf_path);
+  return tok::Tokenizer::from_gguf(*f);
+}
+
+// init-model's vocabulary: <unk>, <s>, </s>, <0x00>..<0xFF>.
+std::unique_ptr<tok::Tokenizer> byte_tokenizer(const fs::path& dir) {
+  InitModelOptions o;
+  o.out = (dir / "tiny.gguf").string();
+  std::ostringstream log;
+  EXPECT_EQ(run_init_model(o, log), 0) << log.str();
+  return load_tok(o.out);
+}
+
+// The same byte vocabulary with extra CONTROL tokens and a chat template: the markers of chat templates.
+std::unique_ptr<tok::Tokenizer> chat_tokenizer(const fs::path& dir, const std::vector<std::string>& controls,
+                                               const std::string& jinja) {
+  std::vector<Value> tokens, scores, types;
+  auto push = [&](const std::string& t, int32_t type) {
+    tokens.push_back(Value::str(t));
+    scores.push_back(Value::f32(0.0f));
+    types.push_back(Value::i32(type));
+  };
+  push("<unk>", 2);
+  push("<s>", 3);
+  push("</s>", 3);
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    push(name, 6);
+  }
+  for (const auto& c : controls) push(c, 3);
+  gguf::Writer w;
+  w.set("general.architecture", Value::str("llama"));
+  w.set("tokenizer.ggml.model", Value::str("llama"));
+  w.set("tokenizer.ggml.tokens", Value::array(ValueType::STRING, std::move(tokens)));
+  w.set("tokenizer.ggml.scores", Value::array(ValueType::F32, std::move(scores)));
+  w.set("tokenizer.ggml.token_type", Value::array(ValueType::I32, std::move(types)));
+  w.set("tokenizer.ggml.bos_token_id", Value::u32(1));
+  w.set("tokenizer.ggml.eos_token_id", Value::u32(2));
+  w.set("tokenizer.ggml.add_bos_token", Value::boolean(true));
+  w.set("tokenizer.chat_template", Value::str(jinja));
+  std::string path = (dir / "chat.gguf").string();
+  w.write(path);
+  return load_tok(path);
+}
+
+DatasetOptions opts(const fs::path& dir, int64_t seq_len = 64) {
+  DatasetOptions o;
+  o.seq_len = seq_len;
+  o.use_cache = false;
+  o.cache_dir = (dir / "cache").string();
+  return o;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+const std::vector<chat::Message> kConversation = {
+    {"system", "You are terse."}, {"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Bye"}, {"assistant", "Bye!"}};
+
+struct Rendered {
+  std::string text, counted;
+};
+
+Rendered render(chat::Template t, const std::string& bos = "<s>", const std::string& eos = "</s>") {
+  Rendered r;
+  for (const auto& s : chat::render(t, kConversation, bos, eos)) {
+    r.text += s.text;
+    if (s.assistant) r.counted += s.text;
+  }
+  return r;
+}
+
+TEST(ChatTemplate, ChatmlRendersAThreeTurnConversation) {
+  Rendered r = render(chat::Template::chatml);
+  EXPECT_EQ(r.text,
+            "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+            "<|im_start|>assistant\nBye!<|im_end|>\n");
+  EXPECT_EQ(r.counted, "Hello!<|im_end|>Bye!<|im_end|>");
+}
+
+TEST(ChatTemplate, Llama3RendersAThreeTurnConversation) {
+  Rendered r = render(chat::Template::llama3, "<|begin_of_text|>", "<|end_of_text|>");
+  EXPECT_EQ(r.text,
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nBye!<|eot_id|>");
+  EXPECT_EQ(r.counted, "Hello!<|eot_id|>Bye!<|eot_id|>");
+}
+
+TEST(ChatTemplate, Llama2RendersAThreeTurnConversation) {
+  Rendered r = render(chat::Template::llama2);
+  EXPECT_EQ(r.text,
+            "<s>[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi [/INST] Hello! </s>"
+            "<s>[INST] Bye [/INST] Bye! </s>");
+  EXPECT_EQ(r.counted, "Hello! </s>Bye! </s>");
+}
+
+TEST(ChatTemplate, MistralRendersAThreeTurnConversation) {
+  Rendered r = render(chat::Template::mistral);
+  EXPECT_EQ(r.text, "<s>[INST] You are terse.\n\nHi [/INST]Hello!</s>[INST] Bye [/INST]Bye!</s>");
+  EXPECT_EQ(r.counted, "Hello!</s>Bye!</s>");
+}
+
+TEST(ChatTemplate, ZephyrRendersAThreeTurnConversation) {
+  Rendered r = render(chat::Template::zephyr);
+  EXPECT_EQ(r.text,
+            "<|system|>\nYou are terse.</s>\n<|user|>\nHi</s>\n<|assistant|>\nHello!</s>\n"
+            "<|user|>\nBye</s>\n<|assistant|>\nBye!</s>\n");
+  EXPECT_EQ(r.counted, "Hello!</s>Bye!</s>");
+}
+
+TEST(ChatTemplate, GemmaRendersAThreeTurnConversation) {
+  Rendered r = render(chat::Template::gemma, "<bos>", "<eos>");
+  EXPECT_EQ(r.text,
+            "<bos><start_of_turn>user\nYou are terse.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
+            "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\nBye!<end_of_turn>\n");
+  EXPECT_EQ(r.counted, "Hello!<end_of_turn>Bye!<end_of_turn>");
+}
+
+TEST(ChatTemplate, Phi3RendersAThreeTurnConversation) {
+  Rendered r = render(chat::Template::phi3);
+  EXPECT_EQ(r.text,
+            "<|system|>\nYou are terse.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello!<|end|>\n"
+            "<|user|>\nBye<|end|>\n<|assistant|>\nBye!<|end|>\n");
+  EXPECT_EQ(r.counted, "Hello!<|end|>Bye!<|end|>");
+}
+
+TEST(ChatTemplate, FamiliesAreRecognisedFromTheirJinjaText) {
+  using chat::Template;
+  EXPECT_EQ(chat::detect_template("{{'<|im_start|>' + message['role']}}"), Template::chatml);
+  EXPECT_EQ(chat::detect_template("'<|start_header_id|>' + message['role'] + '<|end_header_id|>'"),
+            Template::llama3);
+  EXPECT_EQ(chat::detect_template("'[INST] ' + '<<SYS>>\\n' + system"), Template::llama2);
+  EXPECT_EQ(chat::detect_template("'[INST] ' + message['content'] + ' [/INST]'"), Template::mistral);
+  EXPECT_EQ(chat::detect_template("'<|user|>\\n' ... '<|assistant|>\\n' + eos_token"), Template::zephyr);
+  EXPECT_EQ(chat::detect_template("'<start_of_turn>' + role"), Template::gemma);
+  EXPECT_EQ(chat::detect_template("'<|user|>' + content + '<|end|>' '<|assistant|>'"), Template::phi3);
+  EXPECT_EQ(chat::template_by_name("gemma"), Template::gemma);
+}
+
+TEST(ChatTemplate, UnknownTemplatesAreErrorsListingTheKnownNames) {
+  std::string e = error_of([] { chat::template_by_name("vicuna"); });
+  EXPECT_NE(e.find("unknown chat template 'vicuna'"), std::string::npos) << e;
+  EXPECT_NE(e.find("chatml, llama3, llama2, mistral, zephyr, gemma, phi3"), std::string::npos) << e;
+  e = error_of([] { chat::detect_template("{{ messages }}"); });
+  EXPECT_NE(e.find("chatml, llama3"), std::string::npos) << e;
+}
+
+TEST(Dataset, JsonlTextCountsEveryTokenAfterBos) {
+  fs::path d = fresh_dir("text");
+  auto tok = byte_tokenizer(d);
+  std::string f = write(d / "t.jsonl", "{\"text\": \"abc\"}\n\n{\"text\": \"de\"}\n");
+  TokenizedFile tf = tokenize_file(f, *tok, opts(d));
+  ASSERT_EQ(tf.examples.size(), 2u);
+  const Example& e = tf.examples[0];
+  std::vector<int32_t> want = {tok->bos()};
+  for (int32_t id : tok->encode("abc")) want.push_back(id);
+  want.push_back(tok->eos());
+  EXPECT_EQ(e.ids, want);
+  EXPECT_EQ(e.mask.front(), 0);
+  for (size_t t = 1; t < e.mask.size(); ++t) EXPECT_EQ(e.mask[t], 1) << t;
+}
+
+TEST(Dataset, PromptCompletionCountsOnlyTheCompletionAndEos) {
+  fs::path d = fresh_dir("pc");
+  auto tok = byte_tokenizer(d);
+  std::string f = write(d / "pc.jsonl", "{\"prompt\": \"Q: two plus two?\\nA:\", \"completion\": \" four\"}\n");
+  TokenizedFile tf = tokenize_file(f, *tok, opts(d));
+  ASSERT_EQ(tf.examples.size(), 1u);
+  std::string shown = show_mask(*tok, tf.examples[0]);
+  std::cout << "mask: " << shown << "\n";
+  EXPECT_EQ(shown, "<s> Q: two plus two?\nA:[ four</s>]");
+
+  DatasetOptions all = opts(d);
+  all.train_on_prompt = true;
+  shown = show_mask(*tok, tokenize_file(f, *tok, all).examples[0]);
+  EXPECT_EQ(shown, "<s>[ Q: two plus two?\nA: four</s>]");
+}
+
+TEST(Dataset, ChatCountsOnlyAssistantTurnsWithTheirEndMarker) {
+  fs::path d = fresh_dir("chat");
+  auto tok = chat_tokenizer(d, {"<|im_start|>", "<|im_end|>"}, "{{ '<|im_start|>' + message['role'] }}");
+  std::string f = write(d / "c.jsonl",
+                        "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, "
+                        "{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Hey\"}]}\n");
+  TokenizedFile tf = tokenize_file(f, *tok, opts(d, 256));
+  ASSERT_EQ(tf.examples.size(), 1u);
+  EXPECT_EQ(tf.n_truncated, 0);
+  const Example& e = tf.examples[0];
+  std::string shown = show_mask(*tok, e);
+  std::cout << "mask: " << shown << "\n";
+  // The SentencePiece space prefix follows every control token, as in llama.cpp.
+  EXPECT_EQ(shown,
+            "<s><|im_start|> system\nBe brief.<|im_end|> \n<|im_start|> user\nHi<|im_end|> \n"
+            "<|im_start|> assistant\n[Hey<|im_end|>] \n");
+  // The markers are single control tokens, not spelt out in bytes.
+  int32_t im_end = tok->n_vocab() - 1;
+  EXPECT_EQ(std::count(e.ids.begin(), e.ids.end(), im_end), 3);
+}
+
+TEST(Dataset, Llama3ChatFromTheGgufTemplateCountsAnswersWithEotId) {
+  fs::path d = fresh_dir("llama3");
+  auto tok = chat_tokenizer(d, {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"},
+                            "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>' }}");
+  std::string f = write(d / "c.jsonl",
+                        "{\"messages\": [{\"role\": \"user\", \"content\": \" Hi \"}, "
+                        "{\"role\": \"assistant\", \"content\": \"Yo\"}]}\n");
+  const Example e = tokenize_file(f, *tok, opts(d, 256)).examples.at(0);
+  EXPECT_EQ(std::count(e.ids.begin(), e.ids.end(), tok->bos()), 1);
+  EXPECT_EQ(show_mask(*tok, e),
+            "<s><|start_header_id|> user<|end_header_id|> \n\nHi<|eot_id|><|start_header_id|> assistant"
+            "<|end_header_id|> \n\n[Yo<|eot_id|>]");
+}
+
+TEST(Dataset, Llama2ChatKeepsOneBosAndCountsTheAnswer) {
+  fs::path d = fresh_dir("llama2");
+  auto tok = chat_tokenizer(d, {}, "{{ bos_token + '[INST] ' + '<<SYS>>\\n' }}");
+  std::string f = write(d / "c.jsonl",
+                        "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, "
+                        "{\"role\": \"assistant\", \"content\": \"Yo\"}]}\n");
+  const Example e = tokenize_file(f, *tok, opts(d)).examples.at(0);
+  EXPECT_EQ(std::count(e.ids.begin(), e.ids.end(), tok->bos()), 1);
+  EXPECT_EQ(e.ids.front(), tok->bos());
+  EXPECT_EQ(e.ids.back(), tok->eos());
+  EXPECT_EQ(show_mask(*tok, e), "<s> [INST] Hi [/INST] [Yo </s>]");
+}
+
+TEST(Dataset, TextFilesArePackedIntoOverlappingWindows) {
+  fs::path d = fresh_dir("txt");
+  auto tok = byte_tokenizer(d);
+  std::string text = "The quick brown fox.\n\nJumps over the lazy dog.\n";
+  std::string f = write(d / "t.txt", text);
+  TokenizedFile tf = tokenize_file(f, *tok, opts(d, 8));
+  std::vector<int32_t> stream = {tok->bos()};
+  for (int32_t id : tok->encode(text)) stream.push_back(id);
+  stream.push_back(tok->eos());
+  ASSERT_EQ(tf.examples.size(), (stream.size() - 1 + 7) / 8);
+  std::vector<int32_t> joined;
+  for (size_t i = 0; i < tf.examples.size(); ++i) {
+    const auto& ids = tf.examples[i].ids;
+    EXPECT_LE(ids.size(), 9u);
+    joined.insert(joined.end(), ids.begin() + (i == 0 ? 0 : 1), ids.end());
+  }
+  EXPECT_EQ(joined, stream);
+  // Every token after the first is a label exactly once over an epoch.
+  Dataset ds(tf.examples, opts(d, 8), tok->eos());
+  EXPECT_EQ(ds.batch_at(0, int64_t(ds.size())).n_label_tokens(), int64_t(stream.size()) - 1);
+}
+
+std::vector<Example> hand_examples() {
+  return {{{10, 11, 12, 13}, {0, 0, 1, 1}}, {{20, 21, 22}, {0, 1, 1}}};
+}
+
+TEST(Batching, PaddedRowsMaskPaddingAndShiftLabels) {
+  DatasetOptions o;
+  o.seq_len = 5;
+  Dataset ds(hand_examples(), o, 2);
+  Batch b = ds.batch_at(0, 2);
+  ASSERT_EQ(b.B, 2);
+  ASSERT_EQ(b.T, 5);
+  EXPECT_EQ(b.ids, (std::vector<int32_t>{10, 11, 12, 2, 2, 20, 21, 2, 2, 2}));
+  EXPECT_EQ(b.labels, (std::vector<int32_t>{-100, 12, 13, -100, -100, 21, 22, -100, -100, -100}));
+  EXPECT_EQ(b.attn_mask, (std::vector<uint8_t>{1, 1, 1, 0, 0, 1, 1, 0, 0, 0}));
+  EXPECT_EQ(b.segment_ids, (std::vector<int32_t>{1, 1, 1, 0, 0, 1, 1, 0, 0, 0}));
+  EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 0, 0, 0, 1, 0, 0, 0}));
+}
+
+TEST(Batching, PackedRowsKeepExamplesApartWithSegmentsAndPositions) {
+  DatasetOptions o;
+  o.seq_len = 6;
+  o.pack = true;
+  Dataset ds(hand_examples(), o, 2);
+  ASSERT_EQ(ds.size(), 1u);
+  Batch b = ds.batch_at(0, 1);
+  EXPECT_EQ(b.ids, (std::vector<int32_t>{10, 11, 12, 20, 21, 2}));
+  EXPECT_EQ(b.labels, (std::vector<int32_t>{-100, 12, 13, 21, 22, -100}));
+  EXPECT_EQ(b.attn_mask, (std::vector<uint8_t>{1, 1, 1, 1, 1, 0}));
+  EXPECT_EQ(b.segment_ids, (std::vector<int32_t>{1, 1, 1, 2, 2, 0}));
+  EXPECT_EQ(b.positions, (std::vector<int32_t>{0, 1, 2, 0, 1, 0}));
+  o.seq_len = 4;  // 3 + 2 positions no longer fit one row
+  EXPECT_EQ(Dataset(hand_examples(), o, 2).size(), 2u);
+}
+
+std::vector<Example> numbered_examples(int n) {
+  std::vector<Example> ex;
+  for (int i = 0; i < n; ++i) ex.push_back({{100 + i, 200 + i}, {0, 1}});
+  return ex;
+}
+
+std::vector<int32_t> first_ids(Dataset& ds, int batches) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < batches; ++i) out.push_back(ds.next_batch(1).ids[0]);
+  return out;
+}
+
+TEST(Shuffle, IsDeterministicPerSeedAndCoversEveryRowEachEpoch) {
+  DatasetOptions o;
+  o.seq_len = 4;
+  Dataset a(numbered_examples(20), o, 2), b(numbered_examples(20), o, 2);
+  std::vector<int32_t> ra = first_ids(a, 40), rb = first_ids(b, 40);
+  EXPECT_EQ(ra, rb);
+  EXPECT_EQ(std::set<int32_t>(ra.begin(), ra.begin() + 20).size(), 20u);
+  EXPECT_EQ(std::set<int32_t>(ra.begin() + 20, ra.end()).size(), 20u);
+  EXPECT_NE(std::vector<int32_t>(ra.begin(), ra.begin() + 20), std::vector<int32_t>(ra.begin() + 20, ra.end()));
+  o.seed = 7;
+  Dataset c(numbered_examples(20), o, 2);
+  EXPECT_NE(first_ids(c, 20), std::vector<int32_t>(ra.begin(), ra.begin() + 20));
+}
+
+TEST(Shuffle, ARestoredCursorResumesExactly) {
+  DatasetOptions o;
+  o.seq_len = 4;
+  Dataset a(numbered_examples(9), o, 2);
+  first_ids(a, 13);
+  Cursor c = a.cursor();
+  EXPECT_EQ(c.epoch, 1u);
+  EXPECT_EQ(c.index, 4u);
+  std::vector<int32_t> rest = first_ids(a, 12);
+  Dataset b(numbered_examples(9), o, 2);
+  b.set_cursor(c);
+  EXPECT_EQ(first_ids(b, 12), rest);
+  c.seed = 99;
+  EXPECT_NE(error_of([&] { b.set_cursor(c); }).find("seed 99"), std::string::npos);
+}
+
+std::string numbered_jsonl(int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += "{\"text\": \"example " + std::to_string(i) + "\"}\n";
+  return s;
+}
+
+TEST(Split, ValidationFractionIsDeterministicAndDisjoint) {
+  fs::path d = fresh_dir("split");
+  auto tok = byte_tokenizer(d);
+  std::string f = write(d / "s.jsonl", numbered_jsonl(8));
+  DatasetOptions o = opts(d);
+  o.val_fraction = 0.25;
+  std::ostringstream log;
+  Datasets a = load_datasets(f, *tok, o, log), b = load_datasets(f, *tok, o, log);
+  ASSERT_TRUE(a.val.has_value());
+  EXPECT_EQ(a.train.examples().size(), 6u);
+  EXPECT_EQ(a.val->examples().size(), 2u);
+  std::set<std::vector<int32_t>> seen;
+  for (const auto& e : a.train.examples()) seen.insert(e.ids);
+  for (const auto& e : a.val->examples()) seen.insert(e.ids);
+  EXPECT_EQ(seen.size(), 8u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(a.val->examples()[i].ids, b.val->examples()[i].ids);
+  EXPECT_NE(log.str().find("validation split: 2 examples"), std::string::npos) << log.str();
+}
+
+TEST(Split, ASeparateValidationFileIsUsedWhole) {
+  fs::path d = fresh_dir("valfile");
+  auto tok = byte_tokenizer(d);
+  DatasetOptions o = opts(d);
+  o.val_file = write(d / "v.jsonl", numbered_jsonl(3));
+  o.val_fraction = 0.5;
+  std::ostringstream log;
+  Datasets ds = load_datasets(write(d / "t.jsonl", numbered_jsonl(5)), *tok, o, log);
+  EXPECT_EQ(ds.train.examples().size(), 5u);
+  ASSERT_TRUE(ds.val.has_value());
+  EXPECT_EQ(ds.val->examples().size(), 3u);
+}
+
+// Each bad file gives one error that names the file and line and says what is wrong.
+TEST(BadData, EveryCaseNamesFileAndLine) {
+  fs::path d = fresh_dir("bad");
+  auto tok = byte_tokenizer(d);
+  auto err = [&](const std::string& name, const std::string& body, DatasetOptions o) {
+    std::string f = write(d / name, body);
+    return error_of([&] { tokenize_file(f, *tok, o); });
+  };
+  DatasetOptions o = opts(d, 16);
+  std::string p = (d / "").string();
+  std::string e = err("a.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"ok\"\n", o);
+  EXPECT_EQ(e.rfind(p + "a.jsonl:2: malformed JSON", 0), 0u) << e;
+  e = err("b.jsonl", "{\"text\": \"ok\"}\n\n{\"prompt\": \"p\"}\n", o);
+  EXPECT_EQ(e, p + "b.jsonl:3: missing field 'completion'");
+  e = err("c.jsonl", "{\"text\": 5}\n", o);
+  EXPECT_EQ(e, p + "c.jsonl:1: field 'text' is number, expected a string");
+  e = err("d.jsonl", "", o);
+  EXPECT_EQ(e, p + "d.jsonl: no examples (the file is empty)");
+  e = err("e.txt", "\n\n", o);
+  EXPECT_EQ(e, p + "e.txt: the file is empty");
+  e = err("f.jsonl", "{\"title\": \"x\"}\n", o);
+  EXPECT_EQ(e, p + "f.jsonl:1: expected a field 'text', 'prompt' + 'completion', or 'messages'");
+  e = err("g.jsonl", "[1, 2]\n", o);
+  EXPECT_EQ(e, p + "g.jsonl:1: expected a JSON object, got array");
+  e = err("h.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": 3}]}\n", o);
+  EXPECT_EQ(e, p + "h.jsonl:1: messages[0]: field 'content' is number, expected a string");
+  o.chat_template = "vicuna";
+  e = err("i.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n", o);
+  EXPECT_NE(e.find("i.jsonl:1: unknown chat template 'vicuna'; known: chatml, llama3"), std::string::npos) << e;
+  o.chat_template = "";
+  e = err("j.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n", o);
+  EXPECT_NE(e.find("j.jsonl:1: the model has no tokenizer.chat_template"), std::string::npos) << e;
+  o.chat_template = "mistral";
+  e = err("k.jsonl", "{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\"}]}\n", o);
+  EXPECT_NE(e.find("k.jsonl:1: the mistral template needs user and assistant turns alternating"),
+            std::string::npos) << e;
+}
+
+TEST(BadData, LongExamplesAreTruncatedAndCountedOrRejected) {
+  fs::path d = fresh_dir("long");
+  auto tok = byte_tokenizer(d);
+  std::string f = write(d / "l.jsonl", "{\"text\": \"short\"}\n{\"text\": \"" + std::string(40, 'x') + "\"}\n");
+  DatasetOptions o = opts(d, 16);
+  TokenizedFile tf = tokenize_file(f, *tok, o);
+  EXPECT_EQ(tf.n_truncated, 1);
+  EXPECT_EQ(tf.examples[1].ids.size(), 17u);
+  std::ostringstream log;
+  load_datasets(f, *tok, o, log);
+  EXPECT_NE(log.str().find("1 truncated to the context"), std::string::npos) << log.str();
+  o.no_truncate = true;
+  std::string e = error_of([&] { tokenize_file(f, *tok, o); });
+  EXPECT_EQ(e, f + ":2: example has 45 tokens, more than the context of 16 + 1 (no_truncate is set)");
+}
+
+TEST(Cache, SecondLoadHitsAndCorruptionIsRebuilt) {
+  fs::path d = fresh_dir("cache");
+  auto tok = byte_tokenizer(d);
+  std::string f = write(d / "c.jsonl", numbered_jsonl(5));
+  DatasetOptions o = opts(d);
+  o.use_cache = true;
+  std::ostringstream log;
+  TokenizedFile first = load_tokenized(f, *tok, o, log);
+  EXPECT_FALSE(first.from_cache);
+  TokenizedFile second = load_tokenized(f, *tok, o, log);
+  EXPECT_TRUE(second.from_cache);
+  ASSERT_EQ(second.examples.size(), first.examples.size());
+  for (size_t i = 0; i < first.examples.size(); ++i) {
+    EXPECT_EQ(second.examples[i].ids, first.examples[i].ids);
+    EXPECT_EQ(second.examples[i].mask, first.examples[i].mask);
+  }
+
+  std::string entry = cache_entry_path(f, *tok, o);
+  {
+    std::fstream io(entry, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(60);
+    io.put('\x7f');
+  }
+  TokenizedFile rebuilt = load_tokenized(f, *tok, o, log);
+  EXPECT_FALSE(rebuilt.from_cache);
+  EXPECT_NE(log.str().find("is corrupt (checksum mismatch); rebuilding it"), std::string::npos) << log.str();
+  EXPECT_TRUE(load_tokenized(f, *tok, o, log).from_cache);
+
+  fs::resize_file(entry, fs::file_size(entry) - 3);
+  EXPECT_FALSE(load_tokenized(f, *tok, o, log).from_cache);
+  EXPECT_TRUE(load_tokenized(f, *tok, o, log).from_cache);
+}
+
+TEST(Cache, KeyChangesWithTheTokenizerTheOptionsAndTheFile) {
+  fs::path d = fresh_dir("cachekey");
+  auto tok = byte_tokenizer(d);
+  auto other = chat_tokenizer(d, {"<|im_start|>"}, "");
+  std::string f = write(d / "c.jsonl", numbered_jsonl(2));
+  DatasetOptions o = opts(d);
+  std::string base = cache_entry_path(f, *tok, o);
+  EXPECT_EQ(cache_entry_path(f, *tok, o), base);
+  EXPECT_NE(cache_entry_path(f, *other, o), base);
+  DatasetOptions longer = o;
+  longer.seq_len = 128;
+  EXPECT_NE(cache_entry_path(f, *tok, longer), base);
+  DatasetOptions prompt = o;
+  prompt.train_on_prompt = true;
+  EXPECT_NE(cache_entry_path(f, *tok, prompt), base);
+  write(d / "c.jsonl", numbered_jsonl(3));
+  EXPECT_NE(cache_entry_path(f, *tok, o), base);
+}
+
+}  // namespace
+}  // namespace q4t::data
