@@ -35,6 +35,9 @@ Var rope(Var x, int64_t n_head, int64_t head_dim, RopeMode mode, double freq_bas
 // Causal self-attention with grouped-query heads: q [T, H*D], k and v [T, Hkv*D] (H a multiple of Hkv; query
 // head h reads kv head h / (H/Hkv)); softmax(q·kᵀ / sqrt(D)) in f32 with the row max subtracted. Out [T, H*D].
 Var attention(Var q, Var k, Var v, int64_t n_head, int64_t n_head_kv);
+// The same over packed examples: segment_ids [T] i32 (one id per example, 0 for padding); query i attends key j
+// only if j ≤ i and segment_ids[j] == segment_ids[i].
+Var attention(Var q, Var k, Var v, int64_t n_head, int64_t n_head_kv, Var segment_ids);
 Var silu(Var x);
 // silu(gate) * up, elementwise.
 Var swiglu(Var gate, Var up);

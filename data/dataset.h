@@ -27,7 +27,10 @@
 //                 what is left of a row starts the next one). Attention must stay inside each example: the rows
 //                 carry segment_ids (1, 2, ... per example in the row, 0 at padding) and positions that restart
 //                 at 0 for each example; the model builds the block-diagonal causal mask from segment_ids
-//                 (q attends k iff segment_ids equal and k <= q). The attention op does not use segment_ids yet.
+//                 (q attends k iff segment_ids equal and k <= q): ag::attention's segment_ids input, through
+//                 model::ModelGraph::logits(ids, segment_ids). RoPE scores depend only on the distance k - q,
+//                 so inside a segment the restarting positions and the row's running positions give the same
+//                 attention.
 // Order: rows are shuffled per epoch with a permutation derived from (seed, epoch), identical on every platform;
 // the cursor (epoch, index, seed) is all that exact resume needs.
 #pragma once

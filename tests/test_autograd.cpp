@@ -133,5 +133,62 @@ TEST(GraphRules, AVulkanGraphRecordedOnceSeesNewInputsOnEveryRun) {
   EXPECT_EQ(be.to_host(g.grad(s)), (std::vector<double>{-1, 0, 5}));
 }
 
+
+// Rows [r0, r1) of a row-major [rows, cols] matrix.
+std::vector<double> row_slice(const std::vector<double>& m, int64_t cols, int64_t r0, int64_t r1) {
+  return {m.begin() + r0 * cols, m.begin() + r1 * cols};
+}
+
+TEST(SegmentedAttention, ASegmentAttendsAsIfItRanAlone) {
+  const int64_t T = 7, H = 2, Hkv = 1, D = 8, r0 = 3, r1 = 6;  // the second segment is rows [3, 6)
+  const std::vector<int32_t> seg{1, 1, 1, 2, 2, 2, 3};
+  auto be = Backend::cpu(DType::F64);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(-1, 1);
+  auto random = [&](int64_t n) {
+    std::vector<double> x(static_cast<size_t>(n));
+    for (double& e : x) e = u(rng);
+    return x;
+  };
+  const std::vector<double> q = random(T * H * D), k = random(T * Hkv * D), v = random(T * Hkv * D);
+  // dL/d(out): random on the second segment's rows, zero elsewhere.
+  std::vector<double> dout(size_t(T * H * D), 0.0);
+  for (int64_t n = r0 * H * D; n < r1 * H * D; ++n) dout[size_t(n)] = u(rng);
+
+  Graph packed(*be);
+  Var pq = packed.param(be->from_host(q, {T, H * D}), "q");
+  Var pk = packed.param(be->from_host(k, {T, Hkv * D}), "k");
+  Var pv = packed.param(be->from_host(v, {T, Hkv * D}), "v");
+  Var pout = attention(pq, pk, pv, H, Hkv, ids_constant(packed, seg, "segment_ids"));
+  packed.forward();
+  packed.backward(pout, be->from_host(dout, {T, H * D}));
+
+  const int64_t n = r1 - r0;
+  Graph alone(*be);
+  Var aq = alone.param(be->from_host(row_slice(q, H * D, r0, r1), {n, H * D}), "q");
+  Var ak = alone.param(be->from_host(row_slice(k, Hkv * D, r0, r1), {n, Hkv * D}), "k");
+  Var av = alone.param(be->from_host(row_slice(v, Hkv * D, r0, r1), {n, Hkv * D}), "v");
+  Var aout = attention(aq, ak, av, H, Hkv);
+  alone.forward();
+  alone.backward(aout, be->from_host(row_slice(dout, H * D, r0, r1), {n, H * D}));
+
+  auto expect_near_all = [](const std::vector<double>& got, const std::vector<double>& want, const char* what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t e = 0; e < got.size(); ++e) EXPECT_NEAR(got[e], want[e], 1e-6) << what << " element " << e;
+  };
+  expect_near_all(row_slice(be->to_host(pout.value()), H * D, r0, r1), be->to_host(aout.value()), "out");
+  const std::pair<Var, Var> grads[] = {{pq, aq}, {pk, ak}, {pv, av}};
+  for (const auto& [p, a] : grads) {
+    const int64_t cols = p.shape()[1];
+    const std::vector<double> g = be->to_host(packed.grad(p));
+    expect_near_all(row_slice(g, cols, r0, r1), be->to_host(alone.grad(a)), "gradient of the segment's rows");
+    // No gradient leaks into the other segments, whose outputs have a zero upstream gradient.
+    for (int64_t e = 0; e < T * cols; ++e) {
+      if (e >= r0 * cols && e < r1 * cols) continue;
+      EXPECT_EQ(g[size_t(e)], 0.0) << "gradient element " << e;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace q4t::ag

@@ -80,6 +80,35 @@ INSTANTIATE_TEST_SUITE_P(Archs, ModelGradients,
                          ::testing::Values(std::pair{std::string("llama"), false}, std::pair{std::string("llama"), true},
                                            std::pair{std::string("qwen2"), false}));
 
+TEST(ModelPacking, PackedExamplesGetTheLogitsTheyGetAlone) {
+  for (const char* arch : {"llama", "qwen2"}) {
+    auto be = ag::Backend::cpu(ag::DType::F64);
+    auto m = Model::load(tiny_model(arch, "q4_0", false), *be);
+    const std::vector<int32_t> a = {1, 70, 200, 3}, b = {1, 9, 120, 250, 33};
+    std::vector<int32_t> row = a, seg(a.size(), 1);
+    row.insert(row.end(), b.begin(), b.end());
+    seg.insert(seg.end(), b.size(), 2);
+    auto logits_of = [&](const std::vector<int32_t>& ids, const std::vector<int32_t>* segments) {
+      ag::Graph g(*be);
+      ModelGraph mg(*m, g);
+      ag::Var idv = ag::ids_constant(g, ids, "ids");
+      ag::Var out = segments ? mg.logits(idv, ag::ids_constant(g, *segments, "segments")) : mg.logits(idv);
+      g.forward();
+      return be->to_host(out.value());
+    };
+    const auto packed = logits_of(row, &seg), alone_a = logits_of(a, nullptr), alone_b = logits_of(b, nullptr);
+    const size_t V = size_t(m->config().n_vocab);
+    double worst = 0;
+    for (size_t i = 0; i < alone_a.size(); ++i) worst = std::max(worst, std::abs(packed[i] - alone_a[i]));
+    for (size_t i = 0; i < alone_b.size(); ++i) worst = std::max(worst, std::abs(packed[a.size() * V + i] - alone_b[i]));
+    // RoPE depends only on distances, so b's later absolute positions change nothing beyond rounding.
+    EXPECT_LE(worst, 1e-9) << arch;
+    // Without the segments, b would see a: the test can fail.
+    const auto unmasked = logits_of(row, nullptr);
+    EXPECT_GT(std::abs(unmasked[a.size() * V] - alone_b[0]), 1e-6) << arch;
+  }
+}
+
 TEST(ModelMemory, LoadingKeepsQuantizedWeightsQuantizedWithNoExtraCopy) {
   auto dev = vk::Device::open({-1, false});
   auto be = ag::Backend::vulkan(*dev);

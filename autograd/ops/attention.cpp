@@ -4,6 +4,9 @@
 // Forward, per head h and query token i:
 //   S[h, i, j] = q_i · k_j / sqrt(D) for j ≤ i (causal), P = softmax over j (row max subtracted),
 //   out_i = Σ_j P[h, i, j] v_j.
+// Segmented (an optional fourth input seg [T] i32, one id per packed example): query i attends key j only if
+// j ≤ i and seg[j] == seg[i]. Every sum below then runs over those j only; entries of P (and dS) outside the
+// mask are never written nor read, on the CPU and in every attention_*.comp.
 // Backward, with dO = dL/d(out):
 //   dP = dO · vᵀ, dS = P ∘ (dP - rowsum(dP ∘ P)),
 //   dq = dS · k / sqrt(D), dk = dSᵀ · q / sqrt(D), dv = Pᵀ · dO, dk and dv of a kv head summing over its G heads.
@@ -27,6 +30,8 @@ struct Dims {
   int64_t T, H, Hkv, D;
   int64_t G() const { return H / Hkv; }
 };
+
+bool is_segmented(const OpContext& c) { return c.node.inputs.size() == 4; }
 
 // params.i[0] = n_head, params.i[1] = n_head_kv.
 Dims attention_dims(const OpContext& c) {
@@ -54,6 +59,12 @@ Shape attention_shape(const Graph& g, const Node& n) {
   if (k.cols() != Hkv * D)
     fail("k and v need n_head_kv * D = " + std::to_string(Hkv * D) + " columns for head dim D = " + std::to_string(D));
   if (q.rows() == 0 || D == 0) fail("needs at least one token and a non-empty head");
+  if (n.inputs.size() == 4) {
+    const Tensor& seg = g.node(n.inputs[3]).value;
+    if (seg.dtype() != DType::I32 || seg.shape() != Shape{q.rows()})
+      fail("segment_ids must be an i32 vector [T] = [" + std::to_string(q.rows()) + "], got " +
+           dtype_name(seg.dtype()) + " " + shape_str(seg.shape()));
+  }
   return q.shape();
 }
 
@@ -77,29 +88,37 @@ Real dot(const Real* a, const Real* b, int64_t n) {
   return s;
 }
 
+// Whether query i attends key j ≤ i: always, or within its segment when seg [T] is given.
+bool attends(const int32_t* seg, int64_t i, int64_t j) { return !seg || seg[j] == seg[i]; }
+
 template <class Real>
 void attention_forward_cpu(OpContext& c) {
   const Dims n = attention_dims(c);
   const Real *q = c.in(0).data<Real>(), *k = c.in(1).data<Real>(), *v = c.in(2).data<Real>();
+  const int32_t* seg = is_segmented(c) ? c.in(3).data<int32_t>() : nullptr;
   Real *P = c.node.saved.at(0).data<Real>(), *out = c.node.value.data<Real>();
   const Real scale = Real(1 / std::sqrt(double(n.D)));
   const int64_t qs = n.H * n.D, ks = n.Hkv * n.D;  // row strides of q/out and k/v
   for (int64_t h = 0; h < n.H; ++h) {
     const int64_t kvo = (h / n.G()) * n.D;
     for (int64_t i = 0; i < n.T; ++i) {
-      Real* p = P + (h * n.T + i) * n.T;  // row [T], j ≤ i used
+      Real* p = P + (h * n.T + i) * n.T;  // row [T], attended j ≤ i used
       Real m = -std::numeric_limits<Real>::infinity();
       for (int64_t j = 0; j <= i; ++j) {
+        if (!attends(seg, i, j)) continue;
         p[j] = scale * dot(q + i * qs + h * n.D, k + j * ks + kvo, n.D);
         m = std::max(m, p[j]);
       }
       Real sum = 0;
-      for (int64_t j = 0; j <= i; ++j) sum += p[j] = std::exp(p[j] - m);
-      for (int64_t j = 0; j <= i; ++j) p[j] /= sum;
+      for (int64_t j = 0; j <= i; ++j)
+        if (attends(seg, i, j)) sum += p[j] = std::exp(p[j] - m);
+      for (int64_t j = 0; j <= i; ++j)
+        if (attends(seg, i, j)) p[j] /= sum;
       Real* o = out + i * qs + h * n.D;  // [D]
       for (int64_t d = 0; d < n.D; ++d) o[d] = 0;
       for (int64_t j = 0; j <= i; ++j)
-        for (int64_t d = 0; d < n.D; ++d) o[d] += p[j] * v[j * ks + kvo + d];
+        if (attends(seg, i, j))
+          for (int64_t d = 0; d < n.D; ++d) o[d] += p[j] * v[j * ks + kvo + d];
     }
   }
 }
@@ -110,6 +129,7 @@ void attention_backward_cpu(OpContext& c) {
   const Dims n = attention_dims(c);
   const Real *q = c.in(0).data<Real>(), *k = c.in(1).data<Real>(), *v = c.in(2).data<Real>();
   const Real *P = c.node.saved.at(0).data<Real>(), *dout = c.node.grad.data<Real>();
+  const int32_t* seg = is_segmented(c) ? c.in(3).data<int32_t>() : nullptr;
   Real* dq = c.needs_grad(0) ? c.in_grad(0).data<Real>() : nullptr;
   Real* dk = c.needs_grad(1) ? c.in_grad(1).data<Real>() : nullptr;
   Real* dv = c.needs_grad(2) ? c.in_grad(2).data<Real>() : nullptr;
@@ -123,10 +143,12 @@ void attention_backward_cpu(OpContext& c) {
       const Real* doi = dout + i * qs + h * n.D;
       Real r = 0;
       for (int64_t j = 0; j <= i; ++j) {
+        if (!attends(seg, i, j)) continue;
         dp[size_t(j)] = dot(doi, v + j * ks + kvo, n.D);
         r += p[j] * dp[size_t(j)];
       }
       for (int64_t j = 0; j <= i; ++j) {
+        if (!attends(seg, i, j)) continue;
         const Real ds = scale * p[j] * (dp[size_t(j)] - r);  // dL/d(q_i·k_j)
         for (int64_t d = 0; d < n.D; ++d) {
           if (dq) dq[i * qs + h * n.D + d] += ds * k[j * ks + kvo + d];
@@ -141,34 +163,40 @@ void attention_backward_cpu(OpContext& c) {
 // --- Vulkan ------------------------------------------------------------------------------------------------
 
 // The one push block of every attention_*.comp: s scales the scores or the weighted sums, accumulate makes
-// attention_rows add into y (attention_cols always adds).
+// attention_rows add into y (attention_cols always adds), segmented makes the kernel read its seg buffer.
 struct AttentionPush {
   uint32_t T, H, Hkv, D;
   float s;
-  uint32_t accumulate;
+  uint32_t accumulate, segmented;
 };
 
-AttentionPush attention_push(const Dims& n, float s, bool accumulate) {
-  return {uint32_t(n.T), uint32_t(n.H), uint32_t(n.Hkv), uint32_t(n.D), s, accumulate ? 1u : 0u};
+AttentionPush attention_push(const OpContext& c, float s, bool accumulate) {
+  const Dims n = attention_dims(c);
+  return {uint32_t(n.T), uint32_t(n.H), uint32_t(n.Hkv), uint32_t(n.D), s, accumulate ? 1u : 0u,
+          is_segmented(c) ? 1u : 0u};
 }
+
+// The seg binding every attention kernel has; unsegmented, q's buffer stands in (never read).
+const vk::Buffer& segment_buffer(const OpContext& c) { return c.in(is_segmented(c) ? 3 : 0).buffer(); }
 
 // y (+)= s · Σ_{j ≤ i} W[h, i, j] X[j, kv head of h] (attention_rows), or y += s · Σ_{h, i ≥ j} W[h, i, j] X[i, h]
 // for the kv-head-shaped y (attention_cols).
 void weighted_sum_vk(OpContext& c, const char* shader, const Tensor& y, const Tensor& w, const Tensor& x, float s,
                      bool accumulate) {
-  const AttentionPush push = attention_push(attention_dims(c), s, accumulate);
-  c.seq->dispatch(c.be.pipeline(shader, 3, sizeof(push)), {&y.buffer(), &w.buffer(), &x.buffer()}, push,
-                  groups_for(y.numel(), 64));
+  const AttentionPush push = attention_push(c, s, accumulate);
+  c.seq->dispatch(c.be.pipeline(shader, 4, sizeof(push)),
+                  {&y.buffer(), &w.buffer(), &x.buffer(), &segment_buffer(c)}, push, groups_for(y.numel(), 64));
 }
 
 void attention_forward_vk(OpContext& c) {
   const Dims n = attention_dims(c);
   const Tensor& P = c.node.saved.at(0);
-  const AttentionPush push = attention_push(n, float(1 / std::sqrt(double(n.D))), false);
-  c.seq->dispatch(c.be.pipeline("attention_scores", 3, sizeof(push)),
-                  {&P.buffer(), &c.in(0).buffer(), &c.in(1).buffer()}, push, groups_for(P.numel(), 64));
+  const AttentionPush push = attention_push(c, float(1 / std::sqrt(double(n.D))), false);
+  c.seq->dispatch(c.be.pipeline("attention_scores", 4, sizeof(push)),
+                  {&P.buffer(), &c.in(0).buffer(), &c.in(1).buffer(), &segment_buffer(c)}, push,
+                  groups_for(P.numel(), 64));
   // One workgroup of 64 per row (h, i).
-  c.seq->dispatch(c.be.pipeline("attention_softmax", 1, sizeof(push)), {&P.buffer()}, push,
+  c.seq->dispatch(c.be.pipeline("attention_softmax", 2, sizeof(push)), {&P.buffer(), &segment_buffer(c)}, push,
                   groups_for(n.H * n.T * 64, 64));
   weighted_sum_vk(c, "attention_rows", c.node.value, P, c.in(2), 1.0f, false);
 }
@@ -178,10 +206,11 @@ void attention_backward_vk(OpContext& c) {
   const Tensor &P = c.node.saved.at(0), &dS = c.node.saved.at(1), &dout = c.node.grad;
   const float scale = float(1 / std::sqrt(double(n.D)));
   if (c.needs_grad(0) || c.needs_grad(1)) {
-    const AttentionPush push = attention_push(n, 1.0f, false);
-    c.seq->dispatch(c.be.pipeline("attention_dscores", 5, sizeof(push)),
-                    {&dS.buffer(), &P.buffer(), &dout.buffer(), &c.in(2).buffer(), &c.node.value.buffer()}, push,
-                    groups_for(dS.numel(), 64));
+    const AttentionPush push = attention_push(c, 1.0f, false);
+    c.seq->dispatch(c.be.pipeline("attention_dscores", 6, sizeof(push)),
+                    {&dS.buffer(), &P.buffer(), &dout.buffer(), &c.in(2).buffer(), &c.node.value.buffer(),
+                     &segment_buffer(c)},
+                    push, groups_for(dS.numel(), 64));
   }
   if (c.needs_grad(0)) weighted_sum_vk(c, "attention_rows", c.in_grad(0), dS, c.in(1), scale, true);
   if (c.needs_grad(1)) weighted_sum_vk(c, "attention_cols", c.in_grad(1), dS, c.in(0), scale, true);
@@ -210,11 +239,37 @@ GradcheckCase attention_case(int64_t T, int64_t H, int64_t Hkv, int64_t D, const
           }};
 }
 
+// Packed examples: seg [T] gives each token its example's id (0 = padding, itself one segment).
+GradcheckCase segmented_attention_case(const std::vector<int32_t>& seg, int64_t H, int64_t Hkv, int64_t D,
+                                       const std::string& note = "") {
+  const int64_t T = int64_t(seg.size());
+  return {"attention segmented T=" + std::to_string(T) + " H=" + std::to_string(H) + " Hkv=" + std::to_string(Hkv) +
+              " D=" + std::to_string(D) + note,
+          [=](Graph& g, std::mt19937& r) {
+            Var q = random_param(g, r, {T, H * D}, "q");
+            Var k = random_param(g, r, {T, Hkv * D}, "k");
+            Var v = random_param(g, r, {T, Hkv * D}, "v");
+            return attention(q, k, v, H, Hkv, ids_constant(g, seg, "segment_ids"));
+          }};
+}
+
+// Segments of the given lengths, numbered 1, 2, ...
+std::vector<int32_t> segments_of(std::initializer_list<int32_t> lengths) {
+  std::vector<int32_t> seg;
+  int32_t id = 0;
+  for (int32_t len : lengths) seg.insert(seg.end(), size_t(len), ++id);
+  return seg;
+}
+
 void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back(attention_case(5, 4, 2, 8));
   out.push_back(attention_case(7, 3, 3, 4));
   out.push_back(attention_case(1, 2, 1, 16));
   out.push_back(attention_case(70, 2, 1, 4, " (rows longer than a softmax workgroup)"));
+  out.push_back(segmented_attention_case({1, 1, 1, 2, 2, 3, 3}, 2, 1, 8));
+  out.push_back(segmented_attention_case({1, 1, 2, 2, 2, 0}, 2, 1, 8, " (padding)"));
+  out.push_back(segmented_attention_case({1, 2, 1, 2, 1, 2}, 4, 2, 4, " (interleaved ids)"));
+  out.push_back(segmented_attention_case(segments_of({30, 25, 15}), 2, 1, 4, " (segments past a softmax workgroup)"));
 }
 
 const OpRegistration kRegistration({&kAttentionOp}, add_cases);
@@ -226,6 +281,13 @@ Var attention(Var q, Var k, Var v, int64_t n_head, int64_t n_head_kv) {
   p.i[0] = n_head;
   p.i[1] = n_head_kv;
   return q.g->add(kAttentionOp, {q, k, v}, p);
+}
+
+Var attention(Var q, Var k, Var v, int64_t n_head, int64_t n_head_kv, Var segment_ids) {
+  OpParams p;
+  p.i[0] = n_head;
+  p.i[1] = n_head_kv;
+  return q.g->add(kAttentionOp, {q, k, v, segment_ids}, p);
 }
 
 }  // namespace q4t::ag

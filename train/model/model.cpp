@@ -152,7 +152,7 @@ ag::Var ModelGraph::output_weight() const {
   return m_.config().tied ? vars_.at("token_embd.weight") : vars_.at("output.weight");
 }
 
-ag::Var ModelGraph::hidden(ag::Var ids, int64_t pos) const {
+ag::Var ModelGraph::hidden(ag::Var ids, int64_t pos, ag::Var segments) const {
   const ModelConfig& c = m_.config();
   ag::Var x = ag::embedding(vars_.at("token_embd.weight"), ids);
   for (int64_t l = 0; l < c.n_layer; ++l) {
@@ -166,7 +166,9 @@ ag::Var ModelGraph::hidden(ag::Var ids, int64_t pos) const {
     }
     q = ag::rope(q, c.n_head, c.head_dim, c.rope_mode, c.rope_base, pos);
     k = ag::rope(k, c.n_head_kv, c.head_dim, c.rope_mode, c.rope_base, pos);
-    x = ag::add(x, project(ag::attention(q, k, v, c.n_head, c.n_head_kv), l, "o"));
+    ag::Var a = segments.g ? ag::attention(q, k, v, c.n_head, c.n_head_kv, segments)
+                           : ag::attention(q, k, v, c.n_head, c.n_head_kv);
+    x = ag::add(x, project(a, l, "o"));
     h = ag::rms_norm(x, vars_.at(b + "ffn_norm.weight"), c.rms_eps);
     x = ag::add(x, project(ag::swiglu(project(h, l, "gate"), project(h, l, "up")), l, "down"));
   }
@@ -174,6 +176,10 @@ ag::Var ModelGraph::hidden(ag::Var ids, int64_t pos) const {
 }
 
 ag::Var ModelGraph::logits(ag::Var ids, int64_t pos) const { return frozen_linear(hidden(ids, pos), output_weight()); }
+
+ag::Var ModelGraph::logits(ag::Var ids, ag::Var segments) const {
+  return frozen_linear(hidden(ids, 0, segments), output_weight());
+}
 
 }  // namespace q4t::model
 

@@ -68,8 +68,12 @@ class ModelGraph {
 
   // Logits [T, V] for token ids [T] (i32) at positions pos_offset .. pos_offset + T - 1.
   ag::Var logits(ag::Var ids, int64_t pos_offset = 0) const;
-  // The final hidden state [T, C] (after the output norm), for losses that fuse the output projection.
-  ag::Var hidden(ag::Var ids, int64_t pos_offset = 0) const;
+  // The same for a row of packed examples: segment_ids [T] (i32, one id per example) keeps attention inside
+  // each example, so every example gets the logits it would get alone.
+  ag::Var logits(ag::Var ids, ag::Var segment_ids) const;
+  // The final hidden state [T, C] (after the output norm), for losses that fuse the output projection;
+  // segment_ids as above, or an undefined Var for one sequence.
+  ag::Var hidden(ag::Var ids, int64_t pos_offset = 0, ag::Var segment_ids = {}) const;
   // The output matrix [V, C] (output.weight, or token_embd.weight when tied).
   ag::Var output_weight() const;
 
