@@ -4,6 +4,7 @@
 // are spelt in GPT-2's printable byte alphabet, and the adjacent pair with the lowest merge rank merges first
 // (ties: leftmost) until no pair has a rank.
 #include <queue>
+#include <span>
 
 #include "data/tokenizer_impl.h"
 #include "data/unicode.h"
@@ -16,7 +17,10 @@ namespace {
 //   kLlama3: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
 //            \s*[\r\n]+|\s+(?!\S)|\s+
 //   kQwen2:  the same with \p{N} (one digit per word).
-enum class PreTokenizer { kGpt2, kLlama3, kQwen2 };
+//   kDefault: four regexes, each splitting the words of the one before (llama.cpp's default BPE pre-type, also
+//            what a gpt2 GGUF without tokenizer.ggml.pre gets):
+//            [\p{P}\$\+<=>\^~\|]+   then kGpt2's   then \p{N}+   then [0-9][0-9][0-9]
+enum class PreTokenizer { kGpt2, kLlama3, kQwen2, kDefault };
 
 struct PreName {
   const char* name;
@@ -24,13 +28,13 @@ struct PreName {
 };
 constexpr PreName kPreNames[] = {
     {"gpt-2", PreTokenizer::kGpt2},       {"llama-bpe", PreTokenizer::kLlama3}, {"llama3", PreTokenizer::kLlama3},
-    {"llama-v3", PreTokenizer::kLlama3},  {"qwen2", PreTokenizer::kQwen2},
+    {"llama-v3", PreTokenizer::kLlama3},  {"qwen2", PreTokenizer::kQwen2},   {"default", PreTokenizer::kDefault},
 };
 
 // Word boundaries over code points; the word lengths (in code points) are appended to `lengths`.
 class Splitter {
  public:
-  Splitter(const std::vector<uint32_t>& cps, std::vector<size_t>& lengths) : cps_(cps), out_(lengths) {}
+  Splitter(std::span<const uint32_t> cps, std::vector<size_t>& lengths) : cps_(cps), out_(lengths) {}
 
   void gpt2() {
     for (size_t pos = 0; pos < n();) {
@@ -128,10 +132,74 @@ class Splitter {
     return k > 0 ? k : 1;  // 1: a code point no alternative matches is a word of its own
   }
 
-  const std::vector<uint32_t>& cps_;
+  std::span<const uint32_t> cps_;
   std::vector<size_t>& out_;
   size_t start_ = 0;
 };
+
+// The default pre-tokenizer. llama.cpp runs its regexes one after the other, each only inside the words the
+// previous one made (a match never crosses a word's edge; what lies between matches is a word too). The first and
+// third go through std::regex over "collapsed" text (a code point >= U+0080 becomes one byte for its category,
+// White_Space first), so their classes are an ASCII list plus a category above U+0080, not \p{..} proper.
+
+// [\p{P}\$\+<=>\^~\|] as matched there: ASCII punctuation and symbols except '`', and \p{P} above U+007F.
+bool default_punct(uint32_t cp) {
+  if (cp < 0x80)
+    return (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x40) || (cp >= 0x5B && cp <= 0x5F) ||
+           (cp >= 0x7B && cp <= 0x7E);
+  const CharClass c = char_class(cp);
+  return c.punct && !c.space;
+}
+
+// A regex [set]+ splits a word into its maximal runs inside and outside the set.
+template <class InSet>
+void split_runs(std::span<const uint32_t> cps, InSet in_set, std::vector<size_t>& lengths) {
+  for (size_t start = 0, end = 0; start < cps.size(); start = end) {
+    const bool in = in_set(cps[start]);
+    for (end = start + 1; end < cps.size() && in_set(cps[end]) == in; ++end) {
+    }
+    lengths.push_back(end - start);
+  }
+}
+
+// [0-9][0-9][0-9] searched left to right: each three ASCII digits in a row is a word, the rest between them too.
+void split_digit_triples(std::span<const uint32_t> cps, std::vector<size_t>& lengths) {
+  auto digit = [&](size_t i) { return i < cps.size() && cps[i] >= '0' && cps[i] <= '9'; };
+  size_t gap = 0;  // start of the unmatched text before the next match
+  for (size_t i = 0; i < cps.size();) {
+    if (!(digit(i) && digit(i + 1) && digit(i + 2))) {
+      ++i;
+      continue;
+    }
+    if (i > gap) lengths.push_back(i - gap);
+    lengths.push_back(3);
+    gap = i += 3;
+  }
+  if (gap < cps.size()) lengths.push_back(cps.size() - gap);
+}
+
+// Splits every word of `lengths` (over cps) with split(word, out); the new word lengths replace the old.
+template <class Split>
+void refine(std::span<const uint32_t> cps, std::vector<size_t>& lengths, Split split) {
+  std::vector<size_t> out;
+  size_t at = 0;
+  for (const size_t len : lengths) {
+    split(cps.subspan(at, len), out);
+    at += len;
+  }
+  lengths = std::move(out);
+}
+
+void split_default(std::span<const uint32_t> cps, std::vector<size_t>& lengths) {
+  std::vector<size_t> words;
+  split_runs(cps, default_punct, words);
+  refine(cps, words, [](std::span<const uint32_t> w, std::vector<size_t>& out) { Splitter(w, out).gpt2(); });
+  refine(cps, words, [](std::span<const uint32_t> w, std::vector<size_t>& out) {
+    split_runs(w, [](uint32_t cp) { return char_class(cp).number; }, out);
+  });
+  refine(cps, words, split_digit_triples);
+  lengths.insert(lengths.end(), words.begin(), words.end());
+}
 
 class BpeTokenizer final : public VocabTokenizer {
  public:
@@ -200,9 +268,9 @@ class BpeTokenizer final : public VocabTokenizer {
 void BpeTokenizer::split_words(std::string_view text, std::vector<std::string>& words) const {
   const std::vector<uint32_t> cps = decode_utf8(text);
   std::vector<size_t> lengths;
-  Splitter split(cps, lengths);
-  if (pre_ == PreTokenizer::kGpt2) split.gpt2();
-  else split.llama3(pre_ == PreTokenizer::kLlama3 ? 3 : 1);
+  if (pre_ == PreTokenizer::kDefault) split_default(cps, lengths);
+  else if (pre_ == PreTokenizer::kGpt2) Splitter(cps, lengths).gpt2();
+  else Splitter(cps, lengths).llama3(pre_ == PreTokenizer::kLlama3 ? 3 : 1);
   size_t at = 0;
   std::string utf8;
   for (const size_t len : lengths) {
@@ -323,7 +391,8 @@ std::unique_ptr<Tokenizer> make_bpe(const gguf::File& f, const std::string& pre)
     if (pre == p.name) return std::make_unique<BpeTokenizer>(f, p.kind, pre);
   std::string names;
   for (const PreName& p : kPreNames) names += std::string(names.empty() ? "" : ", ") + p.name;
-  throw TokenizerError(f.path() + ": tokenizer.ggml.pre '" + pre + "' is not supported (supported: " + names + ")");
+  throw TokenizerError(f.path() + ": tokenizer.ggml.pre '" + pre + "' is not supported (supported: " + names +
+                       "; a file without the key means default)");
 }
 
 }  // namespace q4t::tok::detail

@@ -36,17 +36,20 @@ bool decode_one(std::string_view s, size_t* pos, uint32_t* cp) {
 
 // Classes of the Basic Multilingual Plane, looked up in O(1); the rest by binary search over the runs.
 struct ClassTable {
-  std::vector<uint8_t> bmp;  // bit 0 letter, bit 1 number, bit 2 space
+  std::vector<uint8_t> bmp;  // bit 0 letter, bit 1 number, bit 2 space, bit 3 punctuation
   ClassTable() : bmp(0x10000) {
     for (uint32_t cp = 0; cp < 0x10000; ++cp) bmp[cp] = pack(slow(cp));
   }
-  static uint8_t pack(CharClass c) { return uint8_t(c.letter | (c.number << 1) | (c.space << 2)); }
+  static uint8_t pack(CharClass c) {
+    return uint8_t(c.letter | (c.number << 1) | (c.space << 2) | (c.punct << 3));
+  }
   static CharClass slow(uint32_t cp) {
     const uint32_t key = (cp << 2) | 3;
     const auto* run = std::upper_bound(std::begin(kCategoryRuns), std::end(kCategoryRuns), key) - 1;
     CharClass c;
     c.letter = (*run & 3) == 1;
     c.number = (*run & 3) == 2;
+    c.punct = (*run & 3) == 3;
     c.space = std::binary_search(std::begin(kWhiteSpace), std::end(kWhiteSpace), cp);
     return c;
   }
@@ -94,7 +97,7 @@ CharClass char_class(uint32_t cp) {
   static const ClassTable table;
   if (cp < 0x10000) {
     const uint8_t b = table.bmp[cp];
-    return {bool(b & 1), bool(b & 2), bool(b & 4)};
+    return {bool(b & 1), bool(b & 2), bool(b & 4), bool(b & 8)};
   }
   if (cp >= 0x110000) return {};
   return ClassTable::slow(cp);

@@ -1,5 +1,6 @@
 // The Unicode pieces llama.cpp's tokenizers rely on, reproduced to the byte: its lenient UTF-8 decoder, the
-// \p{L} / \p{N} / White_Space classes its pre-tokenizers split on, and GPT-2's byte <-> printable-character map.
+// \p{L} / \p{N} / \p{P} / White_Space classes its pre-tokenizers split on, and GPT-2's byte <-> printable-character
+// map.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -24,7 +25,7 @@ std::vector<uint32_t> decode_utf8(std::string_view text);
 void append_utf8(std::string& out, uint32_t cp);
 
 struct CharClass {
-  bool letter = false, number = false, space = false;
+  bool letter = false, number = false, space = false, punct = false;  // \p{L} \p{N} White_Space \p{P}
 };
 CharClass char_class(uint32_t cp);
 

@@ -1,6 +1,7 @@
 // The tokenizer algorithms on small hand-built vocabularies: SPM score merging, byte fallback and the space
-// prefix; byte-level BPE merge ranks and the three pre-tokenizer families; special tokens; invalid UTF-8;
-// decoding; the errors a user sees. (Agreement with llama.cpp on real vocabularies: tests/interop.)
+// prefix; byte-level BPE merge ranks and the pre-tokenizer families (gpt-2, llama-bpe, qwen2, default); special
+// tokens; invalid UTF-8; decoding; the errors a user sees. (Agreement with llama.cpp on real vocabularies:
+// tests/interop.)
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -240,4 +241,58 @@ TEST(Unicode, ClassesMatchTheRegexCategories) {
   EXPECT_FALSE(char_class(0x1C).space) << "not White_Space, though Python's str.isspace says so";
   EXPECT_FALSE(char_class(0x0301).letter) << "combining marks are \\p{M}";
   EXPECT_TRUE(char_class(0x20000).letter) << "CJK extension B, outside the BMP table";
+}
+
+TEST(Unicode, PunctuationIsGeneralCategoryP) {
+  using q4t::tok::char_class;
+  EXPECT_TRUE(char_class('!').punct);
+  EXPECT_TRUE(char_class(0x00AB).punct) << "« is Pi";
+  EXPECT_TRUE(char_class(0x3002).punct) << "。 is Po";
+  EXPECT_FALSE(char_class('$').punct) << "Sc is a symbol";
+  EXPECT_FALSE(char_class(0x20AC).punct) << "€ is a symbol";
+  EXPECT_FALSE(char_class('a').punct);
+}
+
+// llama.cpp's default pre-tokenizer: [\p{P}\$\+<=>\^~\|]+, then GPT-2's regex, then \p{N}+, then [0-9]{3}, each
+// inside the words of the one before. A merge that would cross a word edge never applies, so the ids show it.
+TEST(BpeDefault, DigitsGoInThreesFromTheLeftAndLoseTheirSpace) {
+  const std::vector<std::string> merges = {"1 2", "12 3", "4 5", "45 6", G + " 1", "3 4"};
+  const auto vocab = bpe_vocab({"12", "123", "45", "456", G + "1", "34"});
+  auto t = make("gpt2", vocab, merges, "default");
+  EXPECT_EQ(t->encode("1234567"), (Ids{257, 259, '7'})) << "123 456 7; \"3 4\" would cross a word edge";
+  EXPECT_EQ(t->encode(" 1"), (Ids{' ', '1'})) << "\\p{N}+ cuts \" 1\" into \" \" and \"1\"";
+  EXPECT_EQ(make("gpt2", vocab, merges, "gpt-2")->encode(" 1"), (Ids{260})) << "gpt-2 keeps the space";
+}
+
+TEST(BpeDefault, PunctuationRunsAreWordsOfTheirOwn) {
+  const std::vector<std::string> merges = {G + " .", "! `", "$ +", "! ?"};
+  const auto vocab = bpe_vocab({G + ".", "!`", "$+", "!?"});
+  auto t = make("gpt2", vocab, merges, "default");
+  EXPECT_EQ(t->encode(" ."), (Ids{' ', '.'})) << "the space does not join the punctuation";
+  EXPECT_EQ(t->encode("!?"), (Ids{259}));
+  EXPECT_EQ(t->encode("$+"), (Ids{258})) << "$ + < = > ^ ~ | count as punctuation";
+  EXPECT_EQ(t->encode("!`"), (Ids{'!', '`'})) << "the backtick does not";
+  auto g = make("gpt2", vocab, merges, "gpt-2");
+  EXPECT_EQ(g->encode(" ."), (Ids{256}));
+  EXPECT_EQ(g->encode("!`"), (Ids{257}));
+}
+
+TEST(BpeDefault, ContractionsAreCutAtTheApostrophe) {
+  // The apostrophe is punctuation, so the first regex separates it before GPT-2's 's|'t|... can match.
+  const auto vocab = bpe_vocab({"'s"});
+  EXPECT_EQ(make("gpt2", vocab, {"' s"}, "default")->encode("it's"), (Ids{'i', 't', '\'', 's'}));
+  EXPECT_EQ(make("gpt2", vocab, {"' s"}, "gpt-2")->encode("it's"), (Ids{'i', 't', 256}));
+}
+
+TEST(BpeDefault, WhitespaceRunsSplitAsInGpt2) {
+  auto t = make("gpt2", bpe_vocab({G + G, G + "b"}), {G + " " + G, G + " b"}, "default");
+  EXPECT_EQ(t->encode("a  b"), (Ids{'a', ' ', 257})) << "\"a\" \" \" \" b\"";
+  EXPECT_EQ(t->encode("a   "), (Ids{'a', 256, ' '})) << "a trailing run is one word, merged from the left";
+}
+
+TEST(BpeDefault, IsWhatAFileWithoutPreTokenizerKeyGets) {
+  const auto vocab = bpe_vocab({"'s"});
+  auto t = make("gpt2", vocab, {"' s"}, "");
+  EXPECT_EQ(t->encode("it's 1234"), make("gpt2", vocab, {"' s"}, "default")->encode("it's 1234"));
+  EXPECT_EQ(t->encode("it's"), (Ids{'i', 't', '\'', 's'}));
 }

