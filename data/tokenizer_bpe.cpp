@@ -290,49 +290,14 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ou
       return;
     }
   }
-  struct Symbol {
-    int32_t prev, next;
-    size_t begin, len;
-  };
-  struct Bigram {
-    int32_t left, right, rank;
-    size_t len;
-    // priority_queue keeps the largest on top: lowest rank, then the leftmost pair.
-    bool operator<(const Bigram& o) const { return rank > o.rank || (rank == o.rank && left > o.left); }
-  };
   const std::string_view w = word;
-  std::vector<Symbol> sym;
-  for (size_t at = 0; at < w.size();) {
-    const size_t len = std::min(w.size() - at, utf8_len(w[at]));
-    sym.push_back({int32_t(sym.size()) - 1, int32_t(sym.size()) + 1, at, len});
-    at += len;
-  }
-  if (sym.empty()) return;
-  sym.back().next = -1;
-  std::priority_queue<Bigram> queue;
-  auto try_pair = [&](int32_t l, int32_t r) {
-    if (l < 0 || r < 0) return;
-    const Symbol& a = sym[size_t(l)];
-    const Symbol& b = sym[size_t(r)];
-    const int32_t rk = rank(w.substr(a.begin, a.len), w.substr(b.begin, b.len));
-    if (rk >= 0) queue.push({l, r, rk, a.len + b.len});
+  // Lower merge rank first.
+  auto priority = [&](std::string_view l, std::string_view r) -> std::optional<double> {
+    const int32_t rk = rank(l, r);
+    if (rk < 0) return std::nullopt;
+    return -double(rk);
   };
-  for (int32_t i = 1; i < int32_t(sym.size()); ++i) try_pair(i - 1, i);
-  while (!queue.empty()) {
-    const Bigram b = queue.top();
-    queue.pop();
-    Symbol& l = sym[size_t(b.left)];
-    Symbol& r = sym[size_t(b.right)];
-    if (l.len == 0 || r.len == 0 || l.len + r.len != b.len) continue;  // outdated by an earlier merge
-    l.len += r.len;
-    r.len = 0;
-    l.next = r.next;
-    if (r.next >= 0) sym[size_t(r.next)].prev = b.left;
-    try_pair(l.prev, b.left);
-    try_pair(b.left, l.next);
-  }
-  for (int32_t i = 0; i != -1; i = sym[size_t(i)].next) {
-    const std::string_view piece = w.substr(sym[size_t(i)].begin, sym[size_t(i)].len);
+  for (const std::string_view piece : merge_pieces(w, priority)) {
     if (const int32_t id = find(piece); id >= 0) {
       out.push_back(id);
       continue;

@@ -108,50 +108,14 @@ class SpmTokenizer final : public VocabTokenizer {
   }
 
  private:
-  struct Symbol {
-    int32_t prev, next;
-    size_t begin, len;  // bytes of the piece; len 0 once merged into its left neighbour
-  };
-  struct Bigram {
-    int32_t left, right;
-    float score;
-    size_t len;
-    // priority_queue keeps the largest on top: highest score, then the leftmost pair.
-    bool operator<(const Bigram& o) const { return score < o.score || (score == o.score && left > o.left); }
-  };
-
+  // Merges by the score of the token a pair spells (highest first); pieces no token spells go out as bytes.
   void encode_piece(std::string_view s, std::vector<int32_t>& out) const {
-    std::vector<Symbol> sym;
-    for (size_t at = 0; at < s.size();) {
-      const size_t n = std::min(s.size() - at, utf8_len(s[at]));
-      sym.push_back({int32_t(sym.size()) - 1, int32_t(sym.size()) + 1, at, n});
-      at += n;
-    }
-    if (sym.empty()) return;
-    sym.back().next = -1;
-    std::priority_queue<Bigram> queue;
-    auto try_pair = [&](int32_t l, int32_t r) {
-      if (l < 0 || r < 0) return;
-      const size_t len = sym[size_t(l)].len + sym[size_t(r)].len;
-      const int32_t id = find(s.substr(sym[size_t(l)].begin, len));
-      if (id >= 0) queue.push({l, r, scores_[size_t(id)], len});
+    auto score = [&](std::string_view l, std::string_view r) -> std::optional<double> {
+      const int32_t id = find(std::string_view(l.data(), l.size() + r.size()));  // adjacent in s
+      if (id < 0) return std::nullopt;
+      return double(scores_[size_t(id)]);
     };
-    for (int32_t i = 1; i < int32_t(sym.size()); ++i) try_pair(i - 1, i);
-    while (!queue.empty()) {
-      const Bigram b = queue.top();
-      queue.pop();
-      Symbol& l = sym[size_t(b.left)];
-      Symbol& r = sym[size_t(b.right)];
-      if (l.len == 0 || r.len == 0 || l.len + r.len != b.len) continue;  // outdated by an earlier merge
-      l.len += r.len;
-      r.len = 0;
-      l.next = r.next;
-      if (r.next >= 0) sym[size_t(r.next)].prev = b.left;
-      try_pair(l.prev, b.left);
-      try_pair(b.left, l.next);
-    }
-    for (int32_t i = 0; i != -1; i = sym[size_t(i)].next) {
-      const std::string_view piece = s.substr(sym[size_t(i)].begin, sym[size_t(i)].len);
+    for (const std::string_view piece : merge_pieces(s, score)) {
       const int32_t id = find(piece);
       if (id >= 0) {
         out.push_back(id);
