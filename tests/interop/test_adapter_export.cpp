@@ -1,0 +1,225 @@
+// Our adapter exports loaded by the other tools. A random tiny f32 model (f32, so that llama.cpp's Q8_0 rounding
+// of activations does not enter) gets random LoRA A and B on every projection; export_gguf_adapter writes it, and
+// llama.cpp (node-llama-cpp's CPU prebuilt, via llama_ref.mjs --lora) must give the logits `q4tune logits
+// --adapter` gives: max_v |Δ| <= 1e-3 · max_v |llama.cpp| at every position. One variant uses alpha = scale·r, the
+// other an unrelated alpha (its ratio folded into B).
+// PEFT: export_peft's folder loaded by PyTorch + peft (peft_check.py) must reproduce q4tune's logits, for a q4_0
+// llama (q/k rows un-permuted) and an f32 qwen2; skipped where python3 lacks torch, transformers or peft.
+// Needs node >= 20 and npm (and the npm registry the first time); ctest label "interop".
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "autograd/gradcheck.h"
+#include "train/commands.h"
+#include "train/export.h"
+
+namespace q4t {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double kTolerance = 1e-3;  // of the position's largest |reference logit|
+constexpr int kSeqLen = 24;
+
+struct CmdResult {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+CmdResult run(const std::string& cmd) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, "popen failed: " + cmd};
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string shell_quoted(const fs::path& p) {
+  std::string q = "'";
+  for (char c : p.string()) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+using Logits = std::vector<std::vector<double>>;
+
+Logits read_logits(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in) throw std::runtime_error("cannot read " + file.string());
+  return nlohmann::json::parse(in).at("logits").get<Logits>();
+}
+
+// max over positions of max_v |got - want| / max_v |want|; NaN or a shape mismatch gives infinity.
+double worst_ratio(const Logits& got, const Logits& want) {
+  if (got.size() != want.size() || want.empty()) return INFINITY;
+  double worst = 0;
+  for (size_t p = 0; p < want.size(); ++p) {
+    if (got[p].size() != want[p].size()) return INFINITY;
+    double diff = 0, scale = 0;
+    for (size_t v = 0; v < want[p].size(); ++v) {
+      diff = std::max(diff, std::abs(got[p][v] - want[p][v]));
+      scale = std::max(scale, std::abs(want[p][v]));
+    }
+    if (!(diff / scale <= worst)) worst = diff / scale;
+  }
+  return worst;
+}
+
+class Workdir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(test.begin(), test.end(), '/', '-');
+    dir_ = fs::temp_directory_path() / ("q4t-adapter-export-" + test + "-" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (HasFailure())
+      std::printf("files of the failed comparison kept in %s\n", dir_.c_str());
+    else
+      fs::remove_all(dir_);
+  }
+
+  // A random model, random rank-4 adapters on every target (scale 0.5), and the ids: everything the exports need.
+  void make_adapted_model(const std::string& arch, const std::string& type, uint32_t seed) {
+    InitModelOptions o;
+    o.arch = arch, o.type = type, o.seed = seed, o.out = (dir_ / "m.gguf").string();
+    std::ostringstream sink;
+    ASSERT_EQ(run_init_model(o, sink), 0) << sink.str();
+    model_ = model::Model::load(o.out, *be_);
+    graph_ = std::make_unique<ag::Graph>(*be_);
+    mg_ = std::make_unique<model::ModelGraph>(*model_, *graph_);
+    std::mt19937 rng(seed);
+    for (int64_t l = 0; l < model_->config().n_layer; ++l)
+      for (const std::string& t : model::all_lora_targets()) {
+        const std::string name = model::target_tensor_name(l, t);
+        ag::Var w = mg_->weight(name);
+        mg_->set_adapter(name, ag::LoraLinear(w, ag::random_param(*graph_, rng, {4, w.shape()[1]}, name + ".a", -0.1, 0.1),
+                                              ag::random_param(*graph_, rng, {w.shape()[0], 4}, name + ".b", -0.1, 0.1),
+                                              0.5));
+      }
+    std::vector<int64_t> ids(kSeqLen);
+    for (auto& id : ids) id = 3 + int64_t(rng() % uint32_t(model_->config().n_vocab - 3));
+    std::ofstream(dir_ / "ids.json") << nlohmann::json(ids).dump();
+  }
+
+  Logits q4tune_logits(const std::string& adapter_args, const std::string& out_name) {
+    const fs::path out = dir_ / out_name;
+    const CmdResult r = run(std::string(Q4TUNE_BIN) + " logits " + shell_quoted(dir_ / "m.gguf") + " --ids-file " +
+                            shell_quoted(dir_ / "ids.json") + " --device cpu" + adapter_args + " --out " + shell_quoted(out));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return r.code == 0 ? read_logits(out) : Logits{};
+  }
+
+  std::unique_ptr<ag::Backend> be_ = ag::Backend::cpu(ag::DType::F32);
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<ag::Graph> graph_;
+  std::unique_ptr<model::ModelGraph> mg_;
+  fs::path dir_;
+};
+
+struct Variant {
+  const char* arch;
+  double alpha;  // of the GGUF export; 2 = scale·r
+  uint32_t seed;
+};
+
+std::string g_node_llama_dir, g_node_llama_error;
+
+class LlamaCppLoadsOurGgufAdapter : public Workdir, public ::testing::WithParamInterface<Variant> {
+ protected:
+  static void SetUpTestSuite() {
+    if (!g_node_llama_dir.empty() || !g_node_llama_error.empty()) return;
+    const CmdResult r = run(shell_quoted(fs::path(Q4T_INTEROP_DIR) / "install_node_llama.sh"));
+    std::string last = r.out.substr(0, r.out.find_last_not_of('\n') + 1);
+    last = last.substr(last.find_last_of('\n') + 1);
+    if (r.code != 0 || last.empty())
+      g_node_llama_error = "install_node_llama.sh failed (exit " + std::to_string(r.code) + "):\n" + r.out;
+    else
+      g_node_llama_dir = last;
+  }
+};
+
+TEST_P(LlamaCppLoadsOurGgufAdapter, AndGivesQ4tunesLogits) {
+  ASSERT_TRUE(g_node_llama_error.empty()) << g_node_llama_error;
+  const Variant v = GetParam();
+  make_adapted_model(v.arch, "f32", v.seed);
+  ASSERT_FALSE(HasFailure());
+  const fs::path adapter = dir_ / "adapter.gguf";
+  export_gguf_adapter(*mg_, v.alpha, adapter.string());
+
+  const Logits ours = q4tune_logits(" --adapter " + shell_quoted(adapter), "q4tune.json");
+  const fs::path ref = dir_ / "llama_cpp.json";
+  const CmdResult r = run("node " + shell_quoted(fs::path(Q4T_INTEROP_DIR) / "llama_ref.mjs") + " --node-llama " +
+                          shell_quoted(g_node_llama_dir) + " --model " + shell_quoted(dir_ / "m.gguf") + " --ids-file " +
+                          shell_quoted(dir_ / "ids.json") + " --lora " + shell_quoted(adapter) + " --out " + shell_quoted(ref));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const Logits want = read_logits(ref);
+  ASSERT_EQ(want.size(), size_t(kSeqLen));
+  // The adapter must matter: without it the logits are far from llama.cpp's adapted ones.
+  const double without = worst_ratio(q4tune_logits("", "q4tune_base.json"), want);
+  const double with = worst_ratio(ours, want);
+  std::printf("%s alpha %g: max|q4tune - llama.cpp| / max|llama.cpp| = %.3g (without the adapter %.3g)\n", v.arch,
+              v.alpha, with, without);
+  EXPECT_LE(with, kTolerance);
+  EXPECT_GT(without, 10 * kTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, LlamaCppLoadsOurGgufAdapter,
+                         ::testing::Values(Variant{"llama", 2.0, 21}, Variant{"llama", 16.0, 22},
+                                           Variant{"qwen2", 2.0, 23}, Variant{"qwen2", 16.0, 24}),
+                         [](const ::testing::TestParamInfo<Variant>& i) {
+                           return std::string(i.param.arch) + (i.param.alpha == 2.0 ? "_alpha_scale_r" : "_alpha_16");
+                         });
+
+class PeftLoadsOurExport : public Workdir, public ::testing::WithParamInterface<std::pair<const char*, const char*>> {};
+
+TEST_P(PeftLoadsOurExport, AndGivesQ4tunesLogits) {
+  const CmdResult probe = run("python3 -c 'import torch, transformers, peft, numpy'");
+  if (probe.code != 0) GTEST_SKIP() << "python3 with torch, transformers, peft and numpy is needed: " << probe.out;
+  const auto [arch, type] = GetParam();
+  make_adapted_model(arch, type, 31);
+  ASSERT_FALSE(HasFailure());
+  const fs::path adapter = dir_ / "adapter.gguf", peft = dir_ / "peft";
+  export_gguf_adapter(*mg_, 2.0, adapter.string());
+  ExportInfo info;
+  info.alpha = 2.0;
+  info.base_model = "q4t-test-" + std::string(arch);
+  export_peft(*mg_, info, peft.string());
+  q4tune_logits("", "base.json");
+  q4tune_logits(" --adapter " + shell_quoted(adapter), "adapted.json");
+  ASSERT_FALSE(HasFailure());
+
+  const fs::path result = dir_ / "peft_result.json";
+  const CmdResult r = run("python3 " + shell_quoted(fs::path(Q4T_INTEROP_DIR) / "peft_check.py") + " --model " +
+                          shell_quoted(dir_ / "m.gguf") + " --peft " + shell_quoted(peft) + " --ids-file " +
+                          shell_quoted(dir_ / "ids.json") + " --logits " + shell_quoted(dir_ / "adapted.json") +
+                          " --base-logits " + shell_quoted(dir_ / "base.json") + " --out " + shell_quoted(result));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(result));
+  std::printf("%s %s: PEFT vs q4tune worst ratio %.3g (bare model %.3g)\n", arch, type, j.at("ratio").get<double>(),
+              j.at("base_ratio").get<double>());
+  EXPECT_LE(j.at("base_ratio").get<double>(), kTolerance);
+  EXPECT_LE(j.at("ratio").get<double>(), kTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, PeftLoadsOurExport,
+                         ::testing::Values(std::pair{"llama", "q4_0"}, std::pair{"qwen2", "f32"}),
+                         [](const auto& i) { return std::string(i.param.first) + "_" + i.param.second; });
+
+}  // namespace
+}  // namespace q4t

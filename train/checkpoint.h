@@ -1,0 +1,56 @@
+// Training checkpoints for an exact resume: LoRA weights, Adam moments, the schedule, the RNG and the data
+// cursor, bitwise as they were. A checkpoint is the directory OUT/checkpoints/step-N/ holding
+//   state.json                      step, adam_t, lr_base (as its bit pattern), rng_state, cursor, the two
+//                                   opaque JSON strings
+//   lora.bin, adam_m.bin, adam_v.bin  tensors: "Q4TTENS1", u64 count, then per tensor u32 name length, name,
+//                                   u32 rank, i64 shape[rank], f32 values (little-endian, row-major)
+//   complete                        written last: JSON listing every file with its size and 64-bit hash
+// It is built in a hidden .tmp-step-N-XXXXXX directory (every file fsynced, then the directory) and renamed
+// into place, so a crash or an error never leaves a step-N that is not whole. One trainer owns OUT at a time:
+// a save removes leftover .tmp-/.old- directories of earlier, interrupted saves.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+
+namespace q4t {
+
+struct NamedTensor {
+  std::string name;
+  std::vector<int64_t> shape;  // row-major, outermost first; {} is a scalar
+  std::vector<float> values;   // product(shape) values
+};
+
+struct CheckpointState {
+  int64_t step = 0;
+  std::vector<NamedTensor> lora;
+  std::vector<NamedTensor> adam_m, adam_v;  // Adam first/second moments, usually one per lora tensor
+  int64_t adam_t = 0;                       // Adam's bias-correction step count
+  double lr_base = 0.0;
+  std::string schedule_json;                // the schedule config, opaque here
+  std::vector<uint64_t> rng_state;          // a serialised generator (mt19937_64 or similar)
+  data::Cursor cursor;
+  std::string config_json;                  // the run's options, compared by the caller on resume
+};
+
+// Writes OUT/checkpoints/step-<s.step>/ atomically (replacing an existing step-N directory), then deletes all
+// but the newest keep_last complete checkpoints (keep_last <= 0 keeps all). Throws std::invalid_argument for
+// a tensor whose values do not match its shape, and std::runtime_error naming the path on any I/O failure;
+// then no new step-N exists and earlier checkpoints are untouched. A failure while pruning old checkpoints
+// throws too, after the new checkpoint is complete (the message says so).
+void save_checkpoint(const std::string& out_dir, const CheckpointState& s, int keep_last);
+
+// The path of the complete, verified checkpoint with the highest step under OUT/checkpoints, or nullopt.
+// Temp directories are ignored silently; a step-N whose marker is missing or whose files fail verification is
+// skipped with one line appended to *warnings (when given).
+std::optional<std::string> newest_checkpoint(const std::string& out_dir,
+                                             std::vector<std::string>* warnings = nullptr);
+
+// Reads and verifies a checkpoint directory (as returned by newest_checkpoint). Throws std::runtime_error
+// naming the file and what is wrong with it.
+CheckpointState load_checkpoint(const std::string& dir);
+
+}  // namespace q4t
