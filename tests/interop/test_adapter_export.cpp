@@ -23,44 +23,16 @@
 #include "autograd/gradcheck.h"
 #include "train/commands.h"
 #include "train/export.h"
+#include "interop_util.h"
 
 namespace q4t {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace q4t::interop;
 
 constexpr double kTolerance = 1e-3;  // of the position's largest |reference logit|
 constexpr int kSeqLen = 24;
-
-struct CmdResult {
-  int code;
-  std::string out;  // stdout and stderr together
-};
-
-CmdResult run(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, "popen failed: " + cmd};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string shell_quoted(const fs::path& p) {
-  std::string q = "'";
-  for (char c : p.string()) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-using Logits = std::vector<std::vector<double>>;
-
-Logits read_logits(const fs::path& file) {
-  std::ifstream in(file);
-  if (!in) throw std::runtime_error("cannot read " + file.string());
-  return nlohmann::json::parse(in).at("logits").get<Logits>();
-}
 
 // max over positions of max_v |got - want| / max_v |want|; NaN or a shape mismatch gives infinity.
 double worst_ratio(const Logits& got, const Logits& want) {
@@ -119,8 +91,8 @@ class Workdir : public ::testing::Test {
 
   Logits q4tune_logits(const std::string& adapter_args, const std::string& out_name) {
     const fs::path out = dir_ / out_name;
-    const CmdResult r = run(std::string(Q4TUNE_BIN) + " logits " + shell_quoted(dir_ / "m.gguf") + " --ids-file " +
-                            shell_quoted(dir_ / "ids.json") + " --device cpu" + adapter_args + " --out " + shell_quoted(out));
+    const CmdResult r = run(std::string(Q4TUNE_BIN) + " logits " + interop::quoted(dir_ / "m.gguf") + " --ids-file " +
+                            interop::quoted(dir_ / "ids.json") + " --device cpu" + adapter_args + " --out " + interop::quoted(out));
     EXPECT_EQ(r.code, 0) << r.out;
     return r.code == 0 ? read_logits(out) : Logits{};
   }
@@ -144,7 +116,7 @@ class LlamaCppLoadsOurGgufAdapter : public Workdir, public ::testing::WithParamI
  protected:
   static void SetUpTestSuite() {
     if (!g_node_llama_dir.empty() || !g_node_llama_error.empty()) return;
-    const CmdResult r = run(shell_quoted(fs::path(Q4T_INTEROP_DIR) / "install_node_llama.sh"));
+    const CmdResult r = run(interop::quoted(fs::path(Q4T_INTEROP_DIR) / "install_node_llama.sh"));
     std::string last = r.out.substr(0, r.out.find_last_not_of('\n') + 1);
     last = last.substr(last.find_last_of('\n') + 1);
     if (r.code != 0 || last.empty())
@@ -162,11 +134,11 @@ TEST_P(LlamaCppLoadsOurGgufAdapter, AndGivesQ4tunesLogits) {
   const fs::path adapter = dir_ / "adapter.gguf";
   export_gguf_adapter(*mg_, v.alpha, adapter.string());
 
-  const Logits ours = q4tune_logits(" --adapter " + shell_quoted(adapter), "q4tune.json");
+  const Logits ours = q4tune_logits(" --adapter " + interop::quoted(adapter), "q4tune.json");
   const fs::path ref = dir_ / "llama_cpp.json";
-  const CmdResult r = run("node " + shell_quoted(fs::path(Q4T_INTEROP_DIR) / "llama_ref.mjs") + " --node-llama " +
-                          shell_quoted(g_node_llama_dir) + " --model " + shell_quoted(dir_ / "m.gguf") + " --ids-file " +
-                          shell_quoted(dir_ / "ids.json") + " --lora " + shell_quoted(adapter) + " --out " + shell_quoted(ref));
+  const CmdResult r = run("node " + interop::quoted(fs::path(Q4T_INTEROP_DIR) / "llama_ref.mjs") + " --node-llama " +
+                          interop::quoted(g_node_llama_dir) + " --model " + interop::quoted(dir_ / "m.gguf") + " --ids-file " +
+                          interop::quoted(dir_ / "ids.json") + " --lora " + interop::quoted(adapter) + " --out " + interop::quoted(ref));
   ASSERT_EQ(r.code, 0) << r.out;
   const Logits want = read_logits(ref);
   ASSERT_EQ(want.size(), size_t(kSeqLen));
@@ -201,14 +173,14 @@ TEST_P(PeftLoadsOurExport, AndGivesQ4tunesLogits) {
   info.base_model = "q4t-test-" + std::string(arch);
   export_peft(*mg_, info, peft.string());
   q4tune_logits("", "base.json");
-  q4tune_logits(" --adapter " + shell_quoted(adapter), "adapted.json");
+  q4tune_logits(" --adapter " + interop::quoted(adapter), "adapted.json");
   ASSERT_FALSE(HasFailure());
 
   const fs::path result = dir_ / "peft_result.json";
-  const CmdResult r = run("python3 " + shell_quoted(fs::path(Q4T_INTEROP_DIR) / "peft_check.py") + " --model " +
-                          shell_quoted(dir_ / "m.gguf") + " --peft " + shell_quoted(peft) + " --ids-file " +
-                          shell_quoted(dir_ / "ids.json") + " --logits " + shell_quoted(dir_ / "adapted.json") +
-                          " --base-logits " + shell_quoted(dir_ / "base.json") + " --out " + shell_quoted(result));
+  const CmdResult r = run("python3 " + interop::quoted(fs::path(Q4T_INTEROP_DIR) / "peft_check.py") + " --model " +
+                          interop::quoted(dir_ / "m.gguf") + " --peft " + interop::quoted(peft) + " --ids-file " +
+                          interop::quoted(dir_ / "ids.json") + " --logits " + interop::quoted(dir_ / "adapted.json") +
+                          " --base-logits " + interop::quoted(dir_ / "base.json") + " --out " + interop::quoted(result));
   ASSERT_EQ(r.code, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(result));
   std::printf("%s %s: PEFT vs q4tune worst ratio %.3g (bare model %.3g)\n", arch, type, j.at("ratio").get<double>(),

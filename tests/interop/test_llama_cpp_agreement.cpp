@@ -35,46 +35,18 @@
 #include <vector>
 
 #include "data/gguf.h"
+#include "interop_util.h"
 
 namespace fs = std::filesystem;
 namespace gguf = q4t::gguf;
 
 namespace {
 
+using namespace q4t::interop;
+
 constexpr int kSeqLen = 40;          // ids per sequence
 constexpr double kTolerance = 1e-3;  // of the position's largest |llama.cpp logit|
 constexpr double kRoundingFlipTolerance = 0.05;
-
-struct CmdResult {
-  int code;
-  std::string out;  // stdout and stderr together
-};
-
-CmdResult run(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, "popen failed: " + cmd};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string quoted(const fs::path& p) {
-  std::string q = "'";
-  for (char c : p.string()) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-// Logits as written by `q4tune logits` and llama_ref.mjs: {"logits": [[n_vocab] per position]}.
-using Logits = std::vector<std::vector<double>>;
-
-Logits read_logits(const fs::path& file) {
-  std::ifstream in(file);
-  if (!in) throw std::runtime_error("cannot read " + file.string());
-  return nlohmann::json::parse(in).at("logits").get<Logits>();
-}
 
 struct Agreement {
   double worst_ratio = 0;  // max over positions of max_v |got - want| / max_v |want|

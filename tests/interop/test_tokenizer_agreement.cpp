@@ -28,6 +28,7 @@
 #include "data/gguf.h"
 #include "data/tokenizer.h"
 #include "data/unicode.h"
+#include "interop_util.h"
 
 namespace fs = std::filesystem;
 namespace gguf = q4t::gguf;
@@ -36,23 +37,7 @@ using gguf::ValueType;
 
 namespace {
 
-struct CmdResult {
-  int code;
-  std::string out;
-};
-
-CmdResult run(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, "popen failed: " + cmd};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }
+using namespace q4t::interop;
 
 std::string last_line(const std::string& s) {
   std::string t = s.substr(0, s.find_last_not_of('\n') + 1);
