@@ -45,7 +45,10 @@ case "${1:-}" in
   demo)
     install_missing
     build
-    "$BUILD_DIR"/q4tune selftest
+    # The embedded default (configs/demo.toml): LoRA on a small random llama, written to ./q4tune-demo/, which
+    # this script clears first (it is the demo's own output directory).
+    rm -rf q4tune-demo
+    "$BUILD_DIR"/q4tune train
     ;;
   test)
     install_missing

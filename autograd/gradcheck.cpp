@@ -70,6 +70,26 @@ double check_finite_differences(Graph& g, Var out, const std::vector<double>& up
   return worst;
 }
 
+constexpr const char* kForwardOnlyParams =
+    "a forward-only case must have no parameters (their gradients would go unchecked)";
+
+// A forward-only case: the forward of every other backend against the double-precision one (ref_out).
+void compare_forward(const GradcheckCase& c, const std::vector<double>& ref_out, const std::vector<Backend*>& others,
+                     uint32_t seed, GradcheckResult& r) {
+  r.pass = true;
+  for (Backend* be : others) {
+    Graph g(*be);
+    std::mt19937 brng(seed);
+    Var o = c.build(g, brng);
+    if (!g.params().empty()) throw GraphError(kForwardOnlyParams);
+    g.forward();
+    BackendCheck bc{be->name()};
+    bc.forward_error = rel_error(be->to_host(o.value()), ref_out);
+    r.pass = r.pass && bc.forward_error <= c.device_bound;
+    r.backends.push_back(bc);
+  }
+}
+
 }  // namespace
 
 Var random_param(Graph& g, std::mt19937& rng, const Shape& shape, const std::string& name, double lo, double hi) {
@@ -114,6 +134,11 @@ GradcheckResult run_gradcheck(const GradcheckCase& c, const std::vector<Backend*
     Var out = c.build(ref, rng);
     ref.forward();
     const Shape out_shape = out.shape();
+    if (c.forward_only) {
+      if (!ref.params().empty()) throw GraphError(kForwardOnlyParams);
+      compare_forward(c, ref_be->to_host(out.value()), others, seed, r);
+      return r;
+    }
     std::mt19937 grng(seed + 1);
     const std::vector<float> g32 = uniform(grng, numel(out_shape), -1, 1);
     const std::vector<double> upstream(g32.begin(), g32.end());

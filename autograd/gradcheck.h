@@ -4,6 +4,9 @@
 //   - on the CPU in double precision: the analytic dL/dp of L = <g, y> against central finite differences;
 //   - on each other backend (the CPU in f32, a Vulkan device): the forward y and every dL/dp against the
 //     double-precision CPU values.
+// A forward-only case (for an inference-only op, one with no backward) has no parameters; only its forward y is
+// compared, on each other backend against the double-precision CPU. It cannot cover an op that has a backward
+// (test_autograd's op-table test requires a full case for those).
 // Errors are norm-wise relative: max_i |got_i - want_i| / max(max_i |want_i|, 1e-7).
 #pragma once
 #include <functional>
@@ -21,6 +24,7 @@ struct GradcheckCase {
   double fd_bound = 1e-6;      // finite differences vs analytic, in double
   double device_bound = 1e-4;  // f32 backends vs the double-precision CPU
   double fd_step = 1e-6;
+  bool forward_only = false;  // no parameters, no backward: compare the forward across backends only
 };
 
 // Helpers for case builders: uniform [lo, hi) reals as a parameter or a constant, and Q4_0 weights.

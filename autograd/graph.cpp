@@ -91,7 +91,7 @@ void Graph::backward(Var out) {
   backward(out, ones_.view(n.value.shape()));
 }
 
-void Graph::backward(Var out, const Tensor& seed) {
+void Graph::backward(Var out, const Tensor& seed, Accumulate acc) {
   if (out.g != this) throw GraphError("backward: the output belongs to another graph");
   const Node& n = node(out.id);
   if (!n.requires_grad)
@@ -99,10 +99,22 @@ void Graph::backward(Var out, const Tensor& seed) {
   if (seed.shape() != n.value.shape() || seed.dtype() != n.value.dtype())
     throw GraphError("backward: seed " + shape_str(seed.shape()) + " does not match the output " +
                      shape_str(n.value.shape()));
-  run_pass(true, out.id, &seed);
+  run_pass(true, out.id, &seed, acc == Accumulate::Params);
 }
 
-void Graph::run_pass(bool backward, int out, const Tensor* seed) {
+void Graph::zero_param_grads() {
+  if (be_.is_cpu()) {
+    for (Node& n : nodes_)
+      if (n.is_param) std::memset(n.grad.data<std::byte>(), 0, n.grad.bytes());
+    return;
+  }
+  be_.device().run_once([&](VkCommandBuffer cb) {
+    for (Node& n : nodes_)
+      if (n.is_param) vkCmdFillBuffer(cb, n.grad.buffer().handle(), 0, VK_WHOLE_SIZE, 0);
+  });
+}
+
+void Graph::run_pass(bool backward, int out, const Tensor* seed, bool keep_param_grads) {
   auto run_op = [&](int id, vk::Sequence* seq) {
     Node& n = nodes_[size_t(id)];
     if (!n.op) return;
@@ -120,7 +132,7 @@ void Graph::run_pass(bool backward, int out, const Tensor* seed) {
       return;
     }
     for (Node& n : nodes_)
-      if (n.requires_grad) std::memset(n.grad.data<std::byte>(), 0, n.grad.bytes());
+      if (n.requires_grad && !(keep_param_grads && n.is_param)) std::memset(n.grad.data<std::byte>(), 0, n.grad.bytes());
     std::memcpy(nodes_[size_t(out)].grad.data<std::byte>(), seed->data<std::byte>(), seed->bytes());
     for (int id : order) run_op(id, nullptr);
     return;
@@ -130,16 +142,16 @@ void Graph::run_pass(bool backward, int out, const Tensor* seed) {
   if (backward) {
     if (!seed_.defined() || seed_.shape() != seed->shape()) {
       seed_ = be_.empty(seed->shape(), seed->dtype());
-      bwd_seq_.reset();
+      bwd_seq_[0].reset(), bwd_seq_[1].reset();
     }
     be_.device().run_once([&](VkCommandBuffer cb) {
       VkBufferCopy region{0, 0, seed->bytes()};
       vkCmdCopyBuffer(cb, seed->buffer().handle(), seed_.buffer().handle(), 1, &region);
     });
   }
-  std::unique_ptr<vk::Sequence>& seq = backward ? bwd_seq_ : fwd_seq_;
+  std::unique_ptr<vk::Sequence>& seq = backward ? bwd_seq_[keep_param_grads] : fwd_seq_;
   const Recorded want{size(), out};
-  Recorded& have = backward ? bwd_recorded_ : fwd_recorded_;
+  Recorded& have = backward ? bwd_recorded_[keep_param_grads] : fwd_recorded_;
   if (!seq || !(have == want)) {
     seq = std::make_unique<vk::Sequence>(be_.device());
     seq->begin();
@@ -147,7 +159,7 @@ void Graph::run_pass(bool backward, int out, const Tensor* seed) {
       for (int id = 0; id < size(); ++id) run_op(id, seq.get());
     } else {
       for (Node& n : nodes_)
-        if (n.requires_grad) seq->fill_zero(n.grad.buffer());
+        if (n.requires_grad && !(keep_param_grads && n.is_param)) seq->fill_zero(n.grad.buffer());
       seq->copy(nodes_[size_t(out)].grad.buffer(), seed_.buffer(), seed_.bytes());
       for (int id : order) run_op(id, seq.get());
     }

@@ -86,8 +86,11 @@ class Graph {
 
   void forward();
   // Backpropagates from `out` with dL/d(out) = seed (must match out's shape); defaults to 1 for a scalar.
+  enum class Accumulate { None, Params };
   void backward(Var out);
-  void backward(Var out, const Tensor& seed);
+  void backward(Var out, const Tensor& seed, Accumulate acc = Accumulate::None);
+  // Zeroes every parameter's gradient (before a run of backward(..., Accumulate::Params)).
+  void zero_param_grads();
 
   const Node& node(int id) const { return nodes_.at(size_t(id)); }
   Node& node(int id) { return nodes_.at(size_t(id)); }
@@ -97,7 +100,7 @@ class Graph {
   std::vector<Var> params();
 
  private:
-  void run_pass(bool backward, int out, const Tensor* seed);
+  void run_pass(bool backward, int out, const Tensor* seed, bool keep_param_grads = false);
   std::vector<int> ancestors(int out) const;
 
   Backend& be_;
@@ -107,8 +110,8 @@ class Graph {
     int nodes = -1, out = -1;
     bool operator==(const Recorded&) const = default;
   };
-  std::unique_ptr<vk::Sequence> fwd_seq_, bwd_seq_;
-  Recorded fwd_recorded_, bwd_recorded_;
+  std::unique_ptr<vk::Sequence> fwd_seq_, bwd_seq_[2];  // backward: [keep_param_grads]
+  Recorded fwd_recorded_, bwd_recorded_[2];
   Tensor ones_;  // the default seed of a scalar output
   Tensor seed_;  // Vulkan: the seed is copied here, so the recorded pass never points at a caller's buffer
 };

@@ -12,7 +12,7 @@ double LoraConfig::scale() const {
 }
 
 LoraLinear LoraLinear::create(Var w, const LoraConfig& cfg, const std::string& name, std::mt19937& rng,
-                              uint64_t dropout_seed) {
+                              uint64_t dropout_seed, Var dropout_salt) {
   const double s = cfg.scale();
   const int64_t n_out = w.shape().at(0), n_in = w.shape().at(1);
   std::vector<float> a(size_t(cfg.rank * n_in));
@@ -27,11 +27,11 @@ LoraLinear LoraLinear::create(Var w, const LoraConfig& cfg, const std::string& n
   Graph& g = *w.g;
   Var va = g.param(g.backend().from_host(a, {cfg.rank, n_in}), name + ".lora_a");
   Var vb = g.param(g.backend().zeros({n_out, cfg.rank}, g.backend().real()), name + ".lora_b");
-  return LoraLinear(w, va, vb, s, cfg.dropout, dropout_seed);
+  return LoraLinear(w, va, vb, s, cfg.dropout, dropout_seed, dropout_salt);
 }
 
-LoraLinear::LoraLinear(Var w_, Var a_, Var b_, double scale_, double dropout_, uint64_t seed)
-    : w(w_), a(a_), b(b_), scale(scale_), dropout(dropout_), dropout_seed(seed) {
+LoraLinear::LoraLinear(Var w_, Var a_, Var b_, double scale_, double dropout_, uint64_t seed, Var salt)
+    : w(w_), a(a_), b(b_), scale(scale_), dropout(dropout_), dropout_seed(seed), dropout_salt(salt) {
   const int64_t n_out = w.shape().at(0), n_in = w.shape().at(1);
   if (a.shape().size() != 2 || a.shape()[1] != n_in || b.shape().size() != 2 || b.shape()[0] != n_out ||
       b.shape()[1] != a.shape()[0])
@@ -40,7 +40,7 @@ LoraLinear::LoraLinear(Var w_, Var a_, Var b_, double scale_, double dropout_, u
 }
 
 Var LoraLinear::delta(Var x) const {
-  Var xin = dropout > 0 ? ag::dropout(x, dropout, dropout_seed) : x;
+  Var xin = dropout > 0 ? ag::dropout(x, dropout, dropout_seed, dropout_salt) : x;
   Var h = matmul_nt(xin, a);                   // [T, r]
   return ag::scale(matmul_nt(h, b), scale);    // [T, n_out]
 }

@@ -21,10 +21,11 @@ struct LoraConfig {
 class LoraLinear {
  public:
   // New adapters: A from cfg.init (kaiming-uniform: U(-1/sqrt(n_in), 1/sqrt(n_in)), or N(0, 1/r)), B = 0.
+  // dropout_salt (i32 [2], optional): see ag::dropout; a trainer rewrites it to draw new masks each micro-batch.
   static LoraLinear create(Var w, const LoraConfig& cfg, const std::string& name, std::mt19937& rng,
-                           uint64_t dropout_seed = 0);
+                           uint64_t dropout_seed = 0, Var dropout_salt = {});
   // Existing adapters (resume, tests): a [r, n_in] and b [n_out, r] must already be parameters of w's graph.
-  LoraLinear(Var w, Var a, Var b, double scale, double dropout = 0, uint64_t dropout_seed = 0);
+  LoraLinear(Var w, Var a, Var b, double scale, double dropout = 0, uint64_t dropout_seed = 0, Var dropout_salt = {});
 
   Var operator()(Var x) const;
   // The adapter's own term, scale · B·(A·dropout(x)) [T, n_out], without the frozen W·x.
@@ -33,6 +34,7 @@ class LoraLinear {
   Var w, a, b;
   double scale, dropout;
   uint64_t dropout_seed;
+  Var dropout_salt;
 };
 
 }  // namespace q4t::ag

@@ -51,8 +51,9 @@ Var linear_cross_entropy(Var x, Var w, Var labels, int64_t vocab_tile);
 // llama.cpp's CPU matmuls round the input of a Q4_0/Q8_0 weight; backward is the identity. Only for
 // reproducing llama.cpp's numbers (q4tune logits --llama-cpp-numerics); cols must be a multiple of 32.
 Var act_round_q8_0(Var x);
-// Inverted dropout with a fixed mask drawn from seed: y = x * mask / (1 - p).
-Var dropout(Var x, double p, uint64_t seed);
+// Inverted dropout y = x * mask / (1 - p), the mask drawn from seed and, when given, salt (i32 [2]): its values
+// are read each time the op runs, so rewriting the salt draws a new mask without rebuilding the graph.
+Var dropout(Var x, double p, uint64_t seed, Var salt = {});
 
 // Every op, registered by its file (see OpRegistration), sorted by name.
 const std::vector<const OpDef*>& op_table();
@@ -64,5 +65,19 @@ struct GradcheckCase;
 struct OpRegistration {
   OpRegistration(std::initializer_list<const OpDef*> ops, void (*add_cases)(std::vector<GradcheckCase>&));
 };
+
+// --- Decoding with a KV cache (autograd/ops/decode.cpp) ------------------------------------------------------
+// start [1] (i32) is the cache position of the first of the T new tokens: a tensor, not a parameter, so the
+// host rewrites it before each forward and one recorded graph serves every step. S = cache rows (max context).
+// The CPU throws std::out_of_range at forward time for positions outside [0, S); Vulkan drops such rows.
+
+// rope() with token t at position start + t (the same rotation and arithmetic); differentiable in x.
+Var rope_at(Var x, Var start, int64_t n_head, int64_t head_dim, RopeMode mode, double freq_base);
+// The cache [S, C] with rows start .. start+T-1 replaced by x [T, C]. The output is the cache itself (same
+// storage, written in place). Inference only: no input may depend on a parameter.
+Var kv_cache_write(Var cache, Var x, Var start);
+// attention() of q [T, H*D] at positions start .. start+T-1 over cache rows k, v [S, Hkv*D]: query t attends
+// rows 0 .. start+t (grouped-query heads, f32 softmax with the row max subtracted). Out [T, H*D]. Inference only.
+Var cached_attention(Var q, Var k_cache, Var v_cache, Var start, int64_t n_head, int64_t n_head_kv);
 
 }  // namespace q4t::ag

@@ -462,7 +462,8 @@ TEST(BadData, LongExamplesAreTruncatedAndCountedOrRejected) {
   EXPECT_NE(log.str().find("1 truncated to the context"), std::string::npos) << log.str();
   o.no_truncate = true;
   std::string e = error_of([&] { tokenize_file(f, *tok, o); });
-  EXPECT_EQ(e, f + ":2: example has 45 tokens, more than the context of 16 + 1 (no_truncate is set)");
+  // BOS + "▁" (the dummy prefix, one token) + 40 x + EOS = 43
+  EXPECT_EQ(e, f + ":2: example has 43 tokens, more than the context of 16 + 1 (no_truncate is set)");
 }
 
 TEST(Cache, SecondLoadHitsAndCorruptionIsRebuilt) {

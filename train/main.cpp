@@ -1,5 +1,6 @@
 // q4tune: LoRA fine-tuning of quantized GGUF models on Vulkan GPUs or the CPU. Entry point and CLI.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -8,6 +9,8 @@
 #include "kernels/vulkan/device.h"
 #include "train/commands.h"
 #include "train/device_choice.h"
+#include "train/generate.h"
+#include "train/train.h"
 
 namespace {
 
@@ -35,6 +38,21 @@ int list_devices() {
     std::cout << "vulkan:" << d.index << "     " << d.name << " (" << d.type << ", Vulkan "
               << VK_API_VERSION_MAJOR(d.api_version) << "." << VK_API_VERSION_MINOR(d.api_version) << ")\n";
   return 0;
+}
+
+// `q4tune train` with neither --config nor --model runs the embedded configs/demo.toml.
+std::vector<std::string> with_demo_config(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  if (args.size() < 2 || args[1] != "train") return args;
+  for (size_t i = 2; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") return args;
+    for (const char* name : {"--config", "--model"})
+      if (a == name || a.rfind(std::string(name) + "=", 0) == 0) return args;
+  }
+  args.push_back("--config");
+  args.push_back(q4t::demo_config_path());
+  return args;
 }
 
 }  // namespace
@@ -128,8 +146,54 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.01, 60.0))
       ->capture_default_str();
 
-  CLI11_PARSE(app, argc, argv);
+  q4t::TrainOptions train_opt;
+  auto* train = app.add_subcommand("train",
+                                   "Train LoRA adapters on a frozen GGUF model; writes adapter.gguf, peft/, metrics.jsonl, "
+                                   "loss.svg and checkpoints/ under --out. With no --model and no --config, runs the "
+                                   "embedded demo (configs/demo.toml)");
+  q4t::add_train_options(train, train_opt);
+
+  DeviceFlags eval_dev;
+  q4t::EvalOptions eval_opt;
+  auto* eval = app.add_subcommand("eval", "Loss and perplexity of a model, with or without an adapter, on a dataset");
+  eval_dev.add(eval);
+  eval->add_option("--model", eval_opt.model, "GGUF base model")->required();
+  eval->add_option("--data", eval_opt.data, "data: .txt or .jsonl, read as by train")->required();
+  eval->add_option("--adapter", eval_opt.adapter, "GGUF LoRA adapter to apply");
+  eval->add_option("--adapter-scale", eval_opt.adapter_scale, "scale of the adapter")->capture_default_str();
+  eval->add_option("--seq-len", eval_opt.seq_len, "tokens per row")->capture_default_str();
+  eval->add_option("--batch-size", eval_opt.batch_size, "rows per forward pass")->capture_default_str();
+  eval->add_option("--max-batches", eval_opt.max_batches, "stop after this many batches (0: all)")->capture_default_str();
+  eval->add_flag("--pack", eval_opt.pack, "pack several examples into each row");
+  eval->add_flag("--train-on-prompt", eval_opt.train_on_prompt, "count prompts and non-assistant turns too");
+  eval->add_option("--chat-template", eval_opt.chat_template, "chat template for messages data");
+
+  q4t::ExportOptions export_opt;
+  auto* exp = app.add_subcommand("export", "Write a checkpoint's adapters as a GGUF LoRA (llama.cpp --lora) or a PEFT folder");
+  exp->add_option("CHECKPOINT", export_opt.checkpoint, "checkpoint directory (OUT/checkpoints/step-N)")->required();
+  exp->add_option("--format", export_opt.format, "gguf or peft")->capture_default_str();
+  exp->add_option("--out", export_opt.out,
+                  "output file (gguf) or directory (peft); default CHECKPOINT/adapter.gguf or CHECKPOINT/peft");
+  exp->add_option("--model", export_opt.model, "the base model, when it has moved since training");
+
+  q4t::GenerateOptions gen_opt;
+  auto* gen = q4t::add_generate_command(app, gen_opt);
+
+  std::vector<std::string> args = with_demo_config(argc, argv);
+  args.erase(args.begin());  // the program name
+  std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last first
   try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::cerr << "q4tune: error: " << e.what() << "\n";
+    return e.get_exit_code();
+  }
+  try {
+    if (*train) return q4t::run_train(train_opt, std::cout);
+    if (*eval) return q4t::run_eval(eval_opt, eval_dev.open(), std::cout);
+    if (*exp) return q4t::run_export(export_opt, std::cout);
+    if (*gen) return q4t::run_generate(gen_opt, std::cout);
     if (*devices) return list_devices();
     if (*selftest) return q4t::run_selftest(selftest_dev.open(), std::cout);
     if (*gradcheck) return q4t::run_gradcheck_cmd(gradcheck_dev.open(), std::cout);

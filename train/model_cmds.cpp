@@ -24,7 +24,8 @@ using gguf::GgmlType;
 using gguf::Value;
 using gguf::ValueType;
 
-// A byte-level SentencePiece-style vocabulary: <unk>, <s>, </s>, then one byte-fallback token per byte.
+// A byte-level SentencePiece-style vocabulary: <unk>, <s>, </s>, one byte-fallback token per byte, then "▁" (the
+// space as SentencePiece writes it), so a space is one token that decodes to " " rather than three bytes of "▁".
 void write_byte_vocab(gguf::Writer& w) {
   std::vector<Value> tokens, scores, types;
   auto push = [&](const std::string& t, int32_t type) {
@@ -40,6 +41,7 @@ void write_byte_vocab(gguf::Writer& w) {
     std::snprintf(name, sizeof name, "<0x%02X>", b);
     push(name, 6);  // BYTE
   }
+  push("\xe2\x96\x81", 1);  // NORMAL
   w.set("tokenizer.ggml.model", Value::str("llama"));
   w.set("tokenizer.ggml.tokens", Value::array(ValueType::STRING, std::move(tokens)));
   w.set("tokenizer.ggml.scores", Value::array(ValueType::F32, std::move(scores)));
@@ -108,7 +110,7 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
   if (o.dim % o.heads != 0 || o.heads % o.kv_heads != 0 || (o.dim / o.heads) % 2 != 0)
     throw std::invalid_argument("init-model: --heads must divide --dim into an even head size, and --kv-heads must divide --heads");
   const GgmlType type = parse_type(o.type);
-  const int64_t C = o.dim, H = o.heads, Hkv = o.kv_heads, D = C / H, F = o.ff, V = 259;
+  const int64_t C = o.dim, H = o.heads, Hkv = o.kv_heads, D = C / H, F = o.ff, V = 260;  // write_byte_vocab's tokens
   std::mt19937 rng(o.seed);
   auto uniform = [&](int64_t n, double a) {
     std::uniform_real_distribution<float> u(float(-a), float(a));

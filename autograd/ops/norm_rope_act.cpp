@@ -264,9 +264,11 @@ void swiglu_backward(OpContext& c) {
 }
 
 // --- dropout: y = x * mask / (1 - p), the mask drawn from (seed, element index) ------------------------------
-// params: f[0] = p; i[0] = the 64-bit seed. The mask is recomputed in the backward, never stored. Element i is
-// kept iff u_i >= p, u_i = (hash(i) >> 8) / 2^24 in [0, 1); the comparison is done on integers against
-// ceil(p * 2^24), so the CPU and the GPU draw the same mask bit for bit.
+// params: f[0] = p; i[0] = the 64-bit seed; i[1] = 1 when input 1 is a salt. The mask is recomputed in the
+// backward, never stored. Element i is kept iff u_i >= p, u_i = (hash(i) >> 8) / 2^24 in [0, 1); the comparison
+// is done on integers against ceil(p * 2^24), so the CPU and the GPU draw the same mask bit for bit. A salt (i32
+// [2], read when the op runs) re-keys the hash: k1' = pcg(k1 ^ salt[0]), k2' = pcg(k2 ^ salt[1]); a trainer
+// rewrites it before each micro-batch, so a graph recorded once still draws a new mask every step.
 
 // PCG output permutation of a 32-bit value (Jarzynski & Olano, "Hash Functions for GPU Rendering", 2020);
 // dropout_apply.comp computes the same function.
@@ -289,17 +291,24 @@ struct DropoutMask {
     threshold = uint32_t(std::ceil(p.f[0] * 16777216.0));
     scale = 1.0 / (1.0 - p.f[0]);
   }
+  void salt(const int32_t* s) { k1 = pcg_hash(k1 ^ uint32_t(s[0])), k2 = pcg_hash(k2 ^ uint32_t(s[1])); }
   bool keep(uint32_t i) const { return (pcg_hash(pcg_hash(i + k1) ^ k2) >> 8u) >= threshold; }
 };
 
 struct DropoutPush {
   uint32_t n, threshold, k1, k2;
   float scale;
-  uint32_t accumulate;
+  uint32_t accumulate, salted;
 };
 
 Shape dropout_shape(const Graph& g, const Node& n) {
   const Tensor& x = g.node(n.inputs[0]).value;
+  if (n.inputs.size() > 1) {
+    const Tensor& s = g.node(n.inputs[1]).value;
+    if (s.dtype() != DType::I32 || s.numel() != 2)
+      throw GraphError("dropout: the salt must be an i32 tensor of 2 values, not " + std::string(dtype_name(s.dtype())) +
+                       " " + shape_str(s.shape()));
+  }
   if (x.numel() > int64_t(std::numeric_limits<uint32_t>::max()))
     throw GraphError("dropout: x " + shape_str(x.shape()) + " has more elements than a 32-bit mask index reaches");
   return x.shape();
@@ -318,14 +327,19 @@ void dropout_cpu(const Tensor& out, const Tensor& in, const DropoutMask& m, bool
 }
 
 void dropout_run(OpContext& c, const Tensor& out, const Tensor& in, bool accumulate) {
-  const DropoutMask m(c.node.params);
+  DropoutMask m(c.node.params);
+  const bool salted = c.node.inputs.size() > 1;
   if (c.be.is_cpu()) {
+    if (salted) m.salt(c.in(1).data<int32_t>());
     if (c.be.real() == DType::F64) return dropout_cpu<double>(out, in, m, accumulate);
     return dropout_cpu<float>(out, in, m, accumulate);
   }
-  const DropoutPush push{uint32_t(in.numel()), m.threshold, m.k1, m.k2, float(m.scale), accumulate ? 1u : 0u};
-  const auto& p = c.be.pipeline("dropout_apply", 2, sizeof(push));
-  c.seq->dispatch(p, {&out.buffer(), &in.buffer()}, push, groups_for(in.numel(), 256));
+  // Unsalted, the input is bound as the (unread) salt buffer too.
+  const DropoutPush push{uint32_t(in.numel()), m.threshold, m.k1,          m.k2, float(m.scale),
+                         accumulate ? 1u : 0u, salted ? 1u : 0u};
+  const auto& p = c.be.pipeline("dropout_apply", 3, sizeof(push));
+  const vk::Buffer& salt = salted ? c.in(1).buffer() : in.buffer();
+  c.seq->dispatch(p, {&out.buffer(), &in.buffer(), &salt}, push, groups_for(in.numel(), 256));
 }
 
 void dropout_forward(OpContext& c) { dropout_run(c, c.node.value, c.in(0), false); }
@@ -356,10 +370,14 @@ GradcheckCase rope_case(RopeMode mode, int64_t H, int64_t D, int64_t T, int64_t 
           }};
 }
 
-GradcheckCase dropout_case(int64_t T, int64_t C, double p, const char* p_text) {
-  return {"dropout p=" + std::string(p_text) + " " + std::to_string(T) + "x" + std::to_string(C),
+GradcheckCase dropout_case(int64_t T, int64_t C, double p, const char* p_text, bool salted = false) {
+  return {"dropout p=" + std::string(p_text) + " " + std::to_string(T) + "x" + std::to_string(C) +
+              (salted ? " salted" : ""),
           [=](Graph& g, std::mt19937& r) {
-            return dropout(random_param(g, r, {T, C}, "x"), p, 0x9e3779b97f4a7c15ull);  // both seed halves non-zero
+            Var x = random_param(g, r, {T, C}, "x");
+            const uint64_t seed = 0x9e3779b97f4a7c15ull;  // both seed halves non-zero
+            return salted ? dropout(x, p, seed, ids_constant(g, {-123456789, 987654321}, "salt"))
+                          : dropout(x, p, seed);
           }};
 }
 
@@ -380,6 +398,7 @@ void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back(dropout_case(5, 33, 0.3, "0.3"));
   out.push_back(dropout_case(7, 129, 0.3, "0.3"));
   out.push_back(dropout_case(3, 7, 0.0, "0 (identity)"));
+  out.push_back(dropout_case(7, 129, 0.3, "0.3", true));
 }
 
 const OpRegistration kRegistration({&kRmsNormOp, &kRopeOp, &kSiluOp, &kSwigluOp, &kDropoutOp}, add_cases);
@@ -414,13 +433,15 @@ Var swiglu(Var gate, Var up) {
   return gate.g->add(kSwigluOp, {gate, up});
 }
 
-Var dropout(Var x, double p, uint64_t seed) {
+Var dropout(Var x, double p, uint64_t seed, Var salt) {
   check_real("dropout", x);
   if (!(p >= 0 && p < 1)) throw GraphError("dropout: p = " + std::to_string(p) + " must lie in [0, 1)");
   OpParams params;
   params.f[0] = p;
   std::memcpy(&params.i[0], &seed, sizeof(seed));
-  return x.g->add(kDropoutOp, {x}, params);
+  if (!salt.g) return x.g->add(kDropoutOp, {x}, params);
+  if (salt.g != x.g) throw GraphError("dropout: the salt belongs to another graph");
+  return x.g->add(kDropoutOp, {x, salt}, params);
 }
 
 }  // namespace q4t::ag

@@ -5,7 +5,8 @@
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) buffer Out { float o[]; };
 layout(std430, binding = 1) readonly buffer In { float x[]; };
-layout(push_constant) uniform Push { uint n; uint threshold; uint k1; uint k2; float scale; uint accumulate; } p;
+layout(std430, binding = 2) readonly buffer Salt { int salt[]; };
+layout(push_constant) uniform Push { uint n; uint threshold; uint k1; uint k2; float scale; uint accumulate; uint salted; } p;
 
 // PCG output permutation of a 32-bit value (Jarzynski & Olano 2020), as pcg_hash in norm_rope_act.cpp.
 uint pcg_hash(uint v) {
@@ -17,7 +18,12 @@ uint pcg_hash(uint v) {
 void main() {
   const uint i = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 256u + gl_LocalInvocationID.x;
   if (i >= p.n) return;
-  const bool keep = (pcg_hash(pcg_hash(i + p.k1) ^ p.k2) >> 8u) >= p.threshold;
+  uint k1 = p.k1, k2 = p.k2;
+  if (p.salted != 0u) {
+    k1 = pcg_hash(k1 ^ uint(salt[0]));
+    k2 = pcg_hash(k2 ^ uint(salt[1]));
+  }
+  const bool keep = (pcg_hash(pcg_hash(i + k1) ^ k2) >> 8u) >= p.threshold;
   const float v = keep ? x[i] * p.scale : 0.0;
   if (p.accumulate != 0u) o[i] += v;
   else o[i] = v;

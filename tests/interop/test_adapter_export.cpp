@@ -189,6 +189,37 @@ TEST_P(PeftLoadsOurExport, AndGivesQ4tunesLogits) {
   EXPECT_LE(j.at("ratio").get<double>(), kTolerance);
 }
 
+// The PEFT folder `q4tune train` writes at the end of a run, loaded by PyTorch + peft: q4tune's logits with the
+// run's adapter.gguf.
+TEST_P(PeftLoadsOurExport, AfterQ4tuneTrain) {
+  const CmdResult probe = run("python3 -c 'import torch, transformers, peft, numpy'");
+  if (probe.code != 0) GTEST_SKIP() << "python3 with torch, transformers, peft and numpy is needed: " << probe.out;
+  const auto [arch, type] = GetParam();
+  make_adapted_model(arch, type, 41);
+  ASSERT_FALSE(HasFailure());
+  const fs::path run_dir = dir_ / "run";
+  const CmdResult t = run(std::string(Q4TUNE_BIN) + " train --model " + interop::quoted(dir_ / "m.gguf") + " --data " +
+                          interop::quoted(fs::path(Q4T_SOURCE_DIR) / "configs" / "demo.jsonl") + " --out " +
+                          interop::quoted(run_dir) + " --steps 30 --seq-len 64 --pack --batch-size 2 --lr 1e-2"
+                          " --lora-rank 8 --lora-alpha 12 --rslora");
+  ASSERT_EQ(t.code, 0) << t.out;
+  q4tune_logits("", "base.json");
+  q4tune_logits(" --adapter " + interop::quoted(run_dir / "adapter.gguf"), "adapted.json");
+  ASSERT_FALSE(HasFailure());
+  const fs::path result = dir_ / "peft_result.json";
+  const CmdResult r = run("python3 " + interop::quoted(fs::path(Q4T_INTEROP_DIR) / "peft_check.py") + " --model " +
+                          interop::quoted(dir_ / "m.gguf") + " --peft " + interop::quoted(run_dir / "peft") +
+                          " --ids-file " + interop::quoted(dir_ / "ids.json") + " --logits " +
+                          interop::quoted(dir_ / "adapted.json") + " --base-logits " +
+                          interop::quoted(dir_ / "base.json") + " --out " + interop::quoted(result));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(result));
+  std::printf("%s %s trained: PEFT vs q4tune worst ratio %.3g (bare model %.3g)\n", arch, type,
+              j.at("ratio").get<double>(), j.at("base_ratio").get<double>());
+  EXPECT_LE(j.at("base_ratio").get<double>(), kTolerance);
+  EXPECT_LE(j.at("ratio").get<double>(), kTolerance);
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, PeftLoadsOurExport,
                          ::testing::Values(std::pair{"llama", "q4_0"}, std::pair{"qwen2", "f32"}),
                          [](const auto& i) { return std::string(i.param.first) + "_" + i.param.second; });

@@ -335,6 +335,31 @@ TEST_P(LlamaCppAgreement, LogitsWithALoraAdapterMatchLlamaCpp) {
   check_agreement(model, write_ids(model, seed), adapter);
 }
 
+// An adapter trained by `q4tune train` (30 steps on the demo data, so B is far from its zero start), exported
+// as adapter.gguf, applied by llama.cpp: the same logits as q4tune's forward with it.
+TEST_P(LlamaCppAgreement, AdapterTrainedByQ4tuneTrainMatchesLlamaCpp) {
+  const uint32_t seed = GetParam().seed + 200;
+  const fs::path model = init_model(seed);
+  ASSERT_FALSE(HasFailure());
+  const fs::path run_dir = dir_ / "run";
+  const CmdResult t = run(std::string(Q4TUNE_BIN) + " train --model " + quoted(model) + " --data " +
+                          quoted(fs::path(Q4T_SOURCE_DIR) / "configs" / "demo.jsonl") + " --out " + quoted(run_dir) +
+                          " --device cpu --steps 30 --seq-len 64 --pack --batch-size 2 --lr 1e-2 --lora-rank 8"
+                          " --lora-alpha 12 --seed " + std::to_string(seed));
+  ASSERT_EQ(t.code, 0) << t.out;
+  const fs::path adapter = run_dir / "adapter.gguf", ids = write_ids(model, seed);
+  // The training moved the adapter: it changes the logits far beyond the tolerance.
+  double moved = 0;
+  {
+    const Logits base = q4tune_logits(model, ids, "cpu", "");
+    const Logits adapted = q4tune_logits(model, ids, "cpu", " --adapter " + quoted(adapter));
+    ASSERT_EQ(base.size(), adapted.size());
+    moved = compare(base, adapted).worst_ratio;
+  }
+  EXPECT_GT(moved, 10 * kTolerance);
+  check_agreement(model, ids, adapter);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllVariants, LlamaCppAgreement,
                          ::testing::Values(Variant{"llama", false, "q4_0", 1}, Variant{"llama", true, "q4_0", 2},
                                            Variant{"llama", false, "f32", 3}, Variant{"llama", true, "f32", 4},

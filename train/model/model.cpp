@@ -127,10 +127,16 @@ void ModelGraph::add_adapters(const LoraSpec& spec, std::mt19937& rng) {
     throw std::invalid_argument("LoRA layer range [" + std::to_string(spec.layer_begin) + ", " +
                                 std::to_string(end) + ") is outside the model's " + std::to_string(n_layer) +
                                 " layers");
+  if (spec.cfg.dropout > 0 && !dropout_salt_.g)
+    dropout_salt_ = g_.constant(g_.backend().zeros({2}, ag::DType::I32), "lora.dropout_salt");
+  uint64_t k = 0;
   for (int64_t l = spec.layer_begin; l < end; ++l)
     for (const std::string& t : spec.targets) {
       const std::string name = target_tensor_name(l, t);
-      adapters_.insert_or_assign(name, ag::LoraLinear::create(vars_.at(name), spec.cfg, name.substr(0, name.size() - 7), rng));
+      // Each adapter's own mask: the seed is its position in the spec, the salt is shared and set per step.
+      const uint64_t dropout_seed = 0x9e3779b97f4a7c15ull * ++k;
+      adapters_.insert_or_assign(name, ag::LoraLinear::create(vars_.at(name), spec.cfg, name.substr(0, name.size() - 7),
+                                                              rng, dropout_seed, dropout_salt_));
     }
 }
 
@@ -154,6 +160,16 @@ ag::Var ModelGraph::output_weight() const {
 
 ag::Var ModelGraph::hidden(ag::Var ids, int64_t pos, ag::Var segments) const {
   const ModelConfig& c = m_.config();
+  return hidden(ids, [&](int64_t, ag::Var q, ag::Var k, ag::Var v) {
+    q = ag::rope(q, c.n_head, c.head_dim, c.rope_mode, c.rope_base, pos);
+    k = ag::rope(k, c.n_head_kv, c.head_dim, c.rope_mode, c.rope_base, pos);
+    return segments.g ? ag::attention(q, k, v, c.n_head, c.n_head_kv, segments)
+                      : ag::attention(q, k, v, c.n_head, c.n_head_kv);
+  });
+}
+
+ag::Var ModelGraph::hidden(ag::Var ids, const AttentionStep& attend) const {
+  const ModelConfig& c = m_.config();
   ag::Var x = ag::embedding(vars_.at("token_embd.weight"), ids);
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
@@ -164,11 +180,7 @@ ag::Var ModelGraph::hidden(ag::Var ids, int64_t pos, ag::Var segments) const {
       k = ag::add(k, vars_.at(b + "attn_k.bias"));
       v = ag::add(v, vars_.at(b + "attn_v.bias"));
     }
-    q = ag::rope(q, c.n_head, c.head_dim, c.rope_mode, c.rope_base, pos);
-    k = ag::rope(k, c.n_head_kv, c.head_dim, c.rope_mode, c.rope_base, pos);
-    ag::Var a = segments.g ? ag::attention(q, k, v, c.n_head, c.n_head_kv, segments)
-                           : ag::attention(q, k, v, c.n_head, c.n_head_kv);
-    x = ag::add(x, project(a, l, "o"));
+    x = ag::add(x, project(attend(l, q, k, v), l, "o"));
     h = ag::rms_norm(x, vars_.at(b + "ffn_norm.weight"), c.rms_eps);
     x = ag::add(x, project(ag::swiglu(project(h, l, "gate"), project(h, l, "up")), l, "down"));
   }

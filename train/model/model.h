@@ -3,6 +3,7 @@
 // 2-D weight exists), norms and biases are f32. A Model holds the weights; a ModelGraph binds them into one
 // graph as constants, with optional LoRA adapters on the seven projection targets.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -58,8 +59,10 @@ class ModelGraph {
   ag::Graph& graph() const { return g_; }
   ag::Var weight(const std::string& name) const { return vars_.at(name); }
 
-  // New trainable adapters (A random, B zero) on the spec's targets and layers.
+  // New trainable adapters (A random, B zero) on the spec's targets and layers. With LoRA dropout, the masks
+  // depend on dropout_salt() (i32 [2]), which the caller rewrites before each micro-batch.
   void add_adapters(const LoraSpec& spec, std::mt19937& rng);
+  ag::Var dropout_salt() const { return dropout_salt_; }
   // Adapters from a GGUF LoRA file (general.type "adapter", adapter.type "lora"), as constants, with
   // scale = user_scale * alpha / r. Throws gguf::FormatError naming the file and the tensor.
   void load_adapters(const gguf::File& adapter, double user_scale);
@@ -74,6 +77,11 @@ class ModelGraph {
   // The final hidden state [T, C] (after the output norm), for losses that fuse the output projection;
   // segment_ids as above, or an undefined Var for one sequence.
   ag::Var hidden(ag::Var ids, int64_t pos_offset = 0, ag::Var segment_ids = {}) const;
+  // The same with a caller's attention step: attend(layer, q, k, v) gets a block's q [T, H*D] and k, v
+  // [T, Hkv*D] (biases added, before RoPE) and returns the attention output [T, H*D]. hidden() above is this with
+  // RoPE at fixed positions and causal attention over the T tokens; the decoder's step reads a KV cache.
+  using AttentionStep = std::function<ag::Var(int64_t layer, ag::Var q, ag::Var k, ag::Var v)>;
+  ag::Var hidden(ag::Var ids, const AttentionStep& attend) const;
   // The output matrix [V, C] (output.weight, or token_embd.weight when tied).
   ag::Var output_weight() const;
 
@@ -86,6 +94,7 @@ class ModelGraph {
   ag::Graph& g_;
   std::map<std::string, ag::Var> vars_;
   std::map<std::string, ag::LoraLinear> adapters_;
+  ag::Var dropout_salt_;
   bool llama_cpp_numerics_;
 };
 

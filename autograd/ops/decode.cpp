@@ -1,0 +1,315 @@
+// The ops of decoding with a KV cache: rope_at, kv_cache_write and cached_attention.
+//   T new tokens, S cache rows (the maximum context), H query heads, Hkv key/value heads, D head dim, C = Hkv*D.
+// A decode graph is recorded once and run at every step, so the one value that changes per step, the cache
+// position of the first new token, is not a push constant but start [1] (i32), a tensor the host rewrites
+// before each forward. Token t of a step sits at position start + t and is stored in cache row start + t.
+//
+// rope_at is rope with that position (the same rotation, in the same arithmetic, as ops rope; differentiable).
+// kv_cache_write and cached_attention are inference only: their shape rules refuse inputs that need a gradient.
+// Positions past the cache are an error on the CPU (std::out_of_range at forward time); a shader cannot throw,
+// so on Vulkan writes past row S-1 are dropped and a query reads rows 0 .. min(start + t, S - 1).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "autograd/gradcheck.h"
+#include "autograd/ops.h"
+#include "autograd/ops/vk_util.h"
+
+namespace q4t::ag {
+
+namespace {
+
+void check_start(const char* op, const Tensor& start) {
+  if (start.dtype() != DType::I32 || start.shape() != Shape{1})
+    throw GraphError(std::string(op) + ": start must be an i32 tensor [1] (the position of the first new token), not " +
+                     dtype_name(start.dtype()) + " " + shape_str(start.shape()));
+}
+
+void check_inference_only(const char* op, const Node& n) {
+  if (n.requires_grad)
+    throw GraphError(std::string(op) + " is for inference and has no backward: none of its inputs may depend on a "
+                     "parameter");
+}
+
+// The start position, read on the CPU at forward time.
+int64_t start_of(const OpContext& c, int k, int64_t rows, int64_t cache_rows, const char* op) {
+  const int64_t start = c.in(k).data<int32_t>()[0];
+  if (start < 0 || (cache_rows > 0 && start + rows > cache_rows))
+    throw std::out_of_range(std::string(op) + ": tokens at positions " + std::to_string(start) + " .. " +
+                            std::to_string(start + rows - 1) +
+                            (cache_rows > 0 ? " do not fit the cache's " + std::to_string(cache_rows) + " rows"
+                                            : " (a position must be non-negative)"));
+  return start;
+}
+
+// --- rope_at: rope of x [T, H*D] with token t at position start + t ------------------------------------------
+// params: i[0] = H, i[1] = D, i[2] = mode (RopeMode); f[0] = freq_base. Inputs: x, start.
+
+struct RopeAtPush {
+  uint32_t n_pairs, n_head, head_dim, mode;
+  float log2_base, sin_sign;
+  uint32_t accumulate;
+};
+
+Shape rope_at_shape(const Graph& g, const Node& n) {
+  const Tensor& x = g.node(n.inputs[0]).value;
+  const int64_t H = n.params.i[0], D = n.params.i[1];
+  const std::string dims = "n_head " + std::to_string(H) + ", head_dim " + std::to_string(D);
+  if (!is_real(x.dtype())) throw GraphError(std::string("rope_at: x is ") + dtype_name(x.dtype()) + ", not real");
+  if (H <= 0 || D <= 0 || D % 2 != 0)
+    throw GraphError("rope_at: " + dims + ": both must be positive and head_dim even (it rotates pairs)");
+  if (x.shape().size() != 2 || x.cols() != H * D)
+    throw GraphError("rope_at: x " + shape_str(x.shape()) + " must be [T, n_head * head_dim] = [T, " +
+                     std::to_string(H * D) + "] for " + dims);
+  if (!(n.params.f[0] > 0)) throw GraphError("rope_at: freq_base " + std::to_string(n.params.f[0]) + " must be positive");
+  check_start("rope_at", g.node(n.inputs[1]).value);
+  return x.shape();
+}
+
+// out = R(sign * theta) in, or out += it; theta, sin and cos in double, as rope's CPU path computes them.
+template <class Real>
+void rope_at_cpu(const Tensor& out, const Tensor& in, int64_t start, const OpParams& p, double sign, bool accumulate) {
+  const int64_t H = p.i[0], D = p.i[1], rows = in.rows();
+  const bool norm = RopeMode(p.i[2]) == RopeMode::Norm;
+  const Real* x = in.data<Real>();
+  Real* y = out.data<Real>();
+  for (int64_t t = 0; t < rows; ++t) {
+    const double pos = double(start + t);
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const double theta = pos * std::pow(p.f[0], -2.0 * double(i) / double(D));
+      const Real cs = Real(std::cos(theta)), sn = Real(sign * std::sin(theta));
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t ia = (t * H + h) * D + (norm ? 2 * i : i), ib = ia + (norm ? 1 : D / 2);
+        const Real a = x[ia], b = x[ib];
+        const Real ya = a * cs - b * sn, yb = a * sn + b * cs;
+        y[ia] = accumulate ? y[ia] + ya : ya;
+        y[ib] = accumulate ? y[ib] + yb : yb;
+      }
+    }
+  }
+}
+
+// The forward is sign +1; the backward sign -1 with accumulate (the transpose of a rotation is its inverse).
+void rope_at_run(OpContext& c, const Tensor& out, const Tensor& in, double sign, bool accumulate) {
+  const OpParams& p = c.node.params;
+  if (c.be.is_cpu()) {
+    const int64_t start = start_of(c, 1, in.rows(), 0, "rope_at");
+    if (c.be.real() == DType::F64) return rope_at_cpu<double>(out, in, start, p, sign, accumulate);
+    return rope_at_cpu<float>(out, in, start, p, sign, accumulate);
+  }
+  const RopeAtPush push{uint32_t(in.numel() / 2), uint32_t(p.i[0]), uint32_t(p.i[1]), uint32_t(p.i[2]),
+                        float(std::log2(p.f[0])), float(sign), accumulate ? 1u : 0u};
+  c.seq->dispatch(c.be.pipeline("rope_at", 3, sizeof(push)), {&out.buffer(), &in.buffer(), &c.in(1).buffer()}, push,
+                  groups_for(in.numel() / 2, 256));
+}
+
+void rope_at_forward(OpContext& c) { rope_at_run(c, c.node.value, c.in(0), 1.0, false); }
+void rope_at_backward(OpContext& c) {
+  if (c.needs_grad(0)) rope_at_run(c, c.in_grad(0), c.node.grad, -1.0, true);
+}
+
+// --- kv_cache_write: cache [S, C] with rows start .. start+T-1 set to x [T, C] -------------------------------
+// Inputs: cache, x, start. The output is the cache itself (prepare makes node.value a view of its storage), so
+// an attention that takes the output reads the updated cache, ordered after the write by the graph.
+
+struct KvWritePush {
+  uint32_t n, cols, cache_rows;
+};
+
+Shape kv_cache_write_shape(const Graph& g, const Node& n) {
+  const Tensor &cache = g.node(n.inputs[0]).value, &x = g.node(n.inputs[1]).value;
+  if (!is_real(cache.dtype()) || !is_real(x.dtype()))
+    throw GraphError(std::string("kv_cache_write: the cache and x must be real tensors, got ") +
+                     dtype_name(cache.dtype()) + " and " + dtype_name(x.dtype()));
+  if (cache.shape().size() != 2 || x.shape().size() != 2 || x.cols() != cache.cols() || x.rows() > cache.rows())
+    throw GraphError("kv_cache_write: x " + shape_str(x.shape()) + " must be [T, C] rows of the cache " +
+                     shape_str(cache.shape()) + " [S, C], with T <= S");
+  check_start("kv_cache_write", g.node(n.inputs[2]).value);
+  check_inference_only("kv_cache_write", n);
+  return cache.shape();
+}
+
+void kv_cache_write_prepare(OpContext& c) { c.node.value = c.in(0).view(c.in(0).shape()); }
+
+template <class Real>
+void kv_cache_write_cpu(OpContext& c) {
+  const Tensor& x = c.in(1);
+  const int64_t start = start_of(c, 2, x.rows(), c.in(0).rows(), "kv_cache_write");
+  std::memcpy(c.node.value.data<Real>() + start * x.cols(), x.data<Real>(), size_t(x.numel()) * sizeof(Real));
+}
+
+void kv_cache_write_forward(OpContext& c) {
+  if (c.be.is_cpu())
+    return c.be.real() == DType::F64 ? kv_cache_write_cpu<double>(c) : kv_cache_write_cpu<float>(c);
+  const Tensor& x = c.in(1);
+  const KvWritePush push{uint32_t(x.numel()), uint32_t(x.cols()), uint32_t(c.in(0).rows())};
+  c.seq->dispatch(c.be.pipeline("kv_cache_write", 3, sizeof(push)),
+                  {&c.node.value.buffer(), &x.buffer(), &c.in(2).buffer()}, push, groups_for(x.numel(), 256));
+}
+
+// --- cached_attention: q [T, H*D] at positions start + t over cache rows k, v [S, Hkv*D] ---------------------
+// Query t attends rows j ≤ start + t; S[h, t, j] = q_t · k_j / sqrt(D), softmax over j (row max subtracted),
+// out_t = Σ_j P[h, t, j] v_j; query head h reads kv head h / (H / Hkv). The CPU sums in the order of ops
+// attention, so both give the same numbers for the same q, k and v; Vulkan runs one pass with an online softmax
+// (cached_attention.comp), so no [H, T, S] scores buffer exists. params: i[0] = H, i[1] = Hkv.
+// Inputs: q, k_cache, v_cache, start.
+
+struct CachedAttentionPush {
+  uint32_t T, S, H, Hkv, D;
+  float scale;
+};
+constexpr int64_t kMaxVulkanHeadDim = 256;  // MAX_D of cached_attention.comp
+
+Shape cached_attention_shape(const Graph& g, const Node& n) {
+  const Tensor &q = g.node(n.inputs[0]).value, &k = g.node(n.inputs[1]).value, &v = g.node(n.inputs[2]).value;
+  const int64_t H = n.params.i[0], Hkv = n.params.i[1];
+  auto fail = [&](const std::string& why) {
+    throw GraphError("cached_attention: " + why + " (q " + shape_str(q.shape()) + ", k cache " + shape_str(k.shape()) +
+                     ", v cache " + shape_str(v.shape()) + ", n_head " + std::to_string(H) + ", n_head_kv " +
+                     std::to_string(Hkv) + ")");
+  };
+  for (const Tensor* t : {&q, &k, &v})
+    if (!is_real(t->dtype())) fail(std::string("inputs must be real tensors, got ") + dtype_name(t->dtype()));
+  if (q.shape().size() != 2 || k.shape().size() != 2 || k.shape() != v.shape())
+    fail("q must be [T, n_head * D] and the caches one shape [S, n_head_kv * D]");
+  if (H <= 0 || Hkv <= 0 || H % Hkv != 0) fail("n_head must be a positive multiple of n_head_kv");
+  if (q.cols() % H != 0) fail("q's columns are not a multiple of n_head");
+  const int64_t D = q.cols() / H;
+  if (k.cols() != Hkv * D) fail("the caches need n_head_kv * D = " + std::to_string(Hkv * D) + " columns");
+  if (q.rows() > k.rows()) fail("more new tokens than cache rows");
+  if (!g.backend().is_cpu() && D > kMaxVulkanHeadDim)
+    fail("the Vulkan kernel takes a head dim of at most " + std::to_string(kMaxVulkanHeadDim));
+  check_start("cached_attention", g.node(n.inputs[3]).value);
+  check_inference_only("cached_attention", n);
+  return q.shape();
+}
+
+template <class Real>
+void cached_attention_cpu(OpContext& c) {
+  const int64_t H = c.node.params.i[0], Hkv = c.node.params.i[1], T = c.in(0).rows(), D = c.in(0).cols() / H;
+  const int64_t start = start_of(c, 3, T, c.in(1).rows(), "cached_attention");
+  const Real *q = c.in(0).data<Real>(), *k = c.in(1).data<Real>(), *v = c.in(2).data<Real>();
+  Real* out = c.node.value.data<Real>();
+  const Real scale = Real(1 / std::sqrt(double(D)));
+  const int64_t qs = H * D, ks = Hkv * D, G = H / Hkv;
+  std::vector<Real> p(size_t(start + T));  // one row of probabilities
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t kvo = (h / G) * D;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t last = start + t;
+      const Real* qt = q + t * qs + h * D;
+      Real m = -std::numeric_limits<Real>::infinity();
+      for (int64_t j = 0; j <= last; ++j) {
+        Real s = 0;
+        for (int64_t d = 0; d < D; ++d) s += qt[d] * k[j * ks + kvo + d];
+        p[size_t(j)] = scale * s;
+        m = std::max(m, p[size_t(j)]);
+      }
+      Real sum = 0;
+      for (int64_t j = 0; j <= last; ++j) sum += p[size_t(j)] = std::exp(p[size_t(j)] - m);
+      for (int64_t j = 0; j <= last; ++j) p[size_t(j)] /= sum;
+      Real* o = out + t * qs + h * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = 0;
+      for (int64_t j = 0; j <= last; ++j)
+        for (int64_t d = 0; d < D; ++d) o[d] += p[size_t(j)] * v[j * ks + kvo + d];
+    }
+  }
+}
+
+void cached_attention_forward(OpContext& c) {
+  if (c.be.is_cpu())
+    return c.be.real() == DType::F64 ? cached_attention_cpu<double>(c) : cached_attention_cpu<float>(c);
+  const int64_t H = c.node.params.i[0], T = c.in(0).rows(), D = c.in(0).cols() / H;
+  const CachedAttentionPush push{uint32_t(T), uint32_t(c.in(1).rows()), uint32_t(H), uint32_t(c.node.params.i[1]),
+                                 uint32_t(D), float(1 / std::sqrt(double(D)))};
+  c.seq->dispatch(c.be.pipeline("cached_attention", 5, sizeof(push)),
+                  {&c.node.value.buffer(), &c.in(0).buffer(), &c.in(1).buffer(), &c.in(2).buffer(), &c.in(3).buffer()},
+                  push, groups_for(H * T * 64, 64));  // one workgroup of 64 per row (h, t)
+}
+
+const OpDef kRopeAtOp{"rope_at", rope_at_shape, nullptr, rope_at_forward, rope_at_backward};
+const OpDef kKvCacheWriteOp{"kv_cache_write", kv_cache_write_shape, kv_cache_write_prepare, kv_cache_write_forward,
+                            nullptr};
+const OpDef kCachedAttentionOp{"cached_attention", cached_attention_shape, nullptr, cached_attention_forward,
+                               nullptr};
+
+// --- cases: rope_at is gradient-checked; the two inference-only ops compare their forward across backends ------
+
+GradcheckCase rope_at_case(RopeMode mode, int64_t H, int64_t D, int64_t T, int32_t start) {
+  return {std::string("rope_at ") + (mode == RopeMode::Norm ? "norm" : "neox") + " H=" + std::to_string(H) +
+              " D=" + std::to_string(D) + " T=" + std::to_string(T) + " start=" + std::to_string(start),
+          [=](Graph& g, std::mt19937& r) {
+            Var x = random_param(g, r, {T, H * D}, "x");
+            return rope_at(x, ids_constant(g, {start}, "start"), H, D, mode, 10000.0);
+          }};
+}
+
+GradcheckCase forward_only(GradcheckCase c) {
+  c.forward_only = true;
+  return c;
+}
+
+GradcheckCase kv_cache_write_case(int64_t S, int64_t C, int64_t T, int32_t start) {
+  return forward_only({"kv_cache_write S=" + std::to_string(S) + " C=" + std::to_string(C) + " T=" +
+                           std::to_string(T) + " start=" + std::to_string(start),
+                       [=](Graph& g, std::mt19937& r) {
+                         Var cache = random_constant(g, r, {S, C}, "cache");
+                         Var x = random_constant(g, r, {T, C}, "x", 2, 3);  // apart from the old rows' values
+                         return kv_cache_write(cache, x, ids_constant(g, {start}, "start"));
+                       }});
+}
+
+GradcheckCase cached_attention_case(int64_t T, int64_t S, int32_t start, int64_t H, int64_t Hkv, int64_t D,
+                                    const std::string& note = "") {
+  return forward_only({"cached_attention T=" + std::to_string(T) + " S=" + std::to_string(S) + " start=" +
+                           std::to_string(start) + " H=" + std::to_string(H) + " Hkv=" + std::to_string(Hkv) +
+                           " D=" + std::to_string(D) + note,
+                       [=](Graph& g, std::mt19937& r) {
+                         Var q = random_constant(g, r, {T, H * D}, "q");
+                         Var k = random_constant(g, r, {S, Hkv * D}, "k_cache");
+                         Var v = random_constant(g, r, {S, Hkv * D}, "v_cache");
+                         return cached_attention(q, k, v, ids_constant(g, {start}, "start"), H, Hkv);
+                       }});
+}
+
+void add_cases(std::vector<GradcheckCase>& out) {
+  out.push_back(rope_at_case(RopeMode::Norm, 3, 8, 5, 7));
+  out.push_back(rope_at_case(RopeMode::Neox, 3, 8, 5, 0));
+  out.push_back(rope_at_case(RopeMode::Neox, 2, 64, 1, 100));
+  out.push_back(kv_cache_write_case(9, 12, 3, 4));
+  out.push_back(kv_cache_write_case(9, 12, 1, 8));
+  out.push_back(cached_attention_case(1, 16, 9, 4, 2, 8));
+  out.push_back(cached_attention_case(5, 12, 3, 2, 1, 16));
+  out.push_back(cached_attention_case(4, 8, 0, 3, 3, 4, " (the prompt's first chunk)"));
+  out.push_back(cached_attention_case(2, 150, 100, 2, 1, 4, " (keys in several blocks of 64)"));
+  out.push_back(cached_attention_case(3, 70, 66, 4, 2, 72, " (more dims than a workgroup's lanes)"));
+}
+
+const OpRegistration kRegistration({&kRopeAtOp, &kKvCacheWriteOp, &kCachedAttentionOp}, add_cases);
+
+}  // namespace
+
+Var rope_at(Var x, Var start, int64_t n_head, int64_t head_dim, RopeMode mode, double freq_base) {
+  if (mode != RopeMode::Norm && mode != RopeMode::Neox)
+    throw GraphError("rope_at: unknown mode " + std::to_string(int64_t(mode)));
+  OpParams p;
+  p.i = {n_head, head_dim, int64_t(mode), 0, 0, 0};
+  p.f[0] = freq_base;
+  return x.g->add(kRopeAtOp, {x, start}, p);
+}
+
+Var kv_cache_write(Var cache, Var x, Var start) { return cache.g->add(kKvCacheWriteOp, {cache, x, start}); }
+
+Var cached_attention(Var q, Var k_cache, Var v_cache, Var start, int64_t n_head, int64_t n_head_kv) {
+  OpParams p;
+  p.i[0] = n_head;
+  p.i[1] = n_head_kv;
+  return q.g->add(kCachedAttentionOp, {q, k_cache, v_cache, start}, p);
+}
+
+}  // namespace q4t::ag

@@ -1,0 +1,105 @@
+#include "train/loss_graph.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "autograd/ops.h"
+
+namespace q4t {
+
+LossGraph::LossGraph(const model::Model& m, int64_t B, int64_t T, int64_t vocab_tile)
+    : g_(std::make_unique<ag::Graph>(m.backend())), B_(B), T_(T), vocab_tile_(vocab_tile) {
+  if (B < 1 || T < 1) throw std::invalid_argument("LossGraph: batch " + std::to_string(B) + "x" + std::to_string(T));
+  if (B * T > std::numeric_limits<int32_t>::max() / 2)
+    throw std::invalid_argument("batch-size * seq-len = " + std::to_string(B * T) + " tokens is too many");
+  mg_ = std::make_unique<model::ModelGraph>(m, *g_);
+}
+
+void LossGraph::build() {
+  if (loss_.g) throw std::logic_error("LossGraph::build twice");
+  ag::Backend& be = g_->backend();
+  const int64_t n = B_ * T_;
+  ids_ = g_->constant(be.zeros({n}, ag::DType::I32), "batch.ids");
+  labels_ = g_->constant(be.zeros({n}, ag::DType::I32), "batch.labels");
+  segments_ = g_->constant(be.zeros({n}, ag::DType::I32), "batch.segments");
+  ag::Var h = mg_->hidden(ids_, 0, segments_);
+  ag::Var w = mg_->output_weight();
+  const int64_t tile = std::clamp<int64_t>(vocab_tile_, 1, w.shape()[0]);
+  loss_ = ag::linear_cross_entropy(h, w, labels_, tile);
+}
+
+int64_t LossGraph::set_batch(const data::Batch& b) {
+  if (!loss_.g) throw std::logic_error("LossGraph::set_batch before build");
+  if (b.B != B_ || b.T != T_)
+    throw std::invalid_argument("batch " + std::to_string(b.B) + "x" + std::to_string(b.T) + " does not fit the graph's " +
+                                std::to_string(B_) + "x" + std::to_string(T_));
+  ag::Backend& be = g_->backend();
+  // Rows become one sequence: each row's segments get ids of their own (row r: r * (T + 1) + s), padding
+  // keeps 0. RoPE depends only on distances inside a segment, so running positions are as good as the
+  // restarting ones.
+  seg_scratch_.resize(b.segment_ids.size());
+  for (int64_t r = 0; r < B_; ++r)
+    for (int64_t t = 0; t < T_; ++t) {
+      const int32_t s = b.segment_ids[size_t(r * T_ + t)];
+      seg_scratch_[size_t(r * T_ + t)] = s == 0 ? 0 : int32_t(r * (T_ + 1)) + s;
+    }
+  be.upload_i32(g_->node(ids_.id).value, b.ids);
+  be.upload_i32(g_->node(labels_.id).value, b.labels);
+  be.upload_i32(g_->node(segments_.id).value, seg_scratch_);
+  return b.n_label_tokens();
+}
+
+double LossGraph::forward() {
+  g_->forward();
+  return g_->backend().to_host(loss_.value()).at(0);
+}
+
+StepLoss accumulate_gradients(LossGraph& lg, const std::vector<data::Batch>& micro,
+                              const std::function<void(size_t)>& before_forward) {
+  ag::Graph& g = lg.graph();
+  ag::Backend& be = g.backend();
+  StepLoss r;
+  for (const data::Batch& b : micro) {
+    r.counted += b.n_label_tokens();
+    for (uint8_t m : b.attn_mask) r.real_tokens += m;
+  }
+  bool first = true;
+  for (size_t i = 0; i < micro.size(); ++i) {
+    const int64_t n = lg.set_batch(micro[i]);
+    if (n == 0) continue;
+    if (before_forward) before_forward(i);
+    const double li = lg.forward();
+    if (!std::isfinite(li)) {
+      r.loss = li;
+      return r;
+    }
+    const double w = double(n) / double(r.counted);
+    r.loss += li * w;
+    const std::vector<float> seed{float(w)};
+    g.backward(lg.loss(), be.from_host(seed, lg.loss().shape()),
+               first ? ag::Graph::Accumulate::None : ag::Graph::Accumulate::Params);
+    first = false;
+  }
+  if (first) g.zero_param_grads();
+  return r;
+}
+
+EvalResult evaluate(LossGraph& lg, const data::Dataset& ds, int64_t max_batches) {
+  EvalResult r;
+  double sum = 0;
+  for (size_t first = 0; first < ds.size(); first += size_t(lg.B())) {
+    if (max_batches > 0 && r.batches >= max_batches) break;
+    const data::Batch b = ds.batch_at(first, lg.B());
+    const int64_t n = lg.set_batch(b);
+    ++r.batches;
+    if (n == 0) continue;
+    sum += lg.forward() * double(n);
+    r.tokens += n;
+  }
+  r.loss = r.tokens > 0 ? sum / double(r.tokens) : std::nan("");
+  return r;
+}
+
+}  // namespace q4t

@@ -1,0 +1,60 @@
+// The loss of a model on one batch [B, T] as a graph of fixed shape: the B rows run as one sequence of B*T
+// tokens, segment ids keeping attention inside each example of each row, and the output projection fused into
+// the vocabulary-tiled cross-entropy (no [B*T, V] logits). Used by `q4tune train` and `q4tune eval`.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "autograd/graph.h"
+#include "data/dataset.h"
+#include "train/model/model.h"
+
+namespace q4t {
+
+class LossGraph {
+ public:
+  // Binds m's weights into a new graph; add adapters through model_graph(), then call build().
+  LossGraph(const model::Model& m, int64_t B, int64_t T, int64_t vocab_tile);
+  ag::Graph& graph() { return *g_; }
+  model::ModelGraph& model_graph() { return *mg_; }
+  void build();
+
+  // Uploads a batch of this graph's shape; returns its counted tokens.
+  int64_t set_batch(const data::Batch& b);
+  // Runs the forward; the mean loss over the batch's counted tokens (NaN when it has none).
+  double forward();
+  ag::Var loss() const { return loss_; }
+  int64_t B() const { return B_; }
+  int64_t T() const { return T_; }
+
+ private:
+  std::unique_ptr<ag::Graph> g_;
+  std::unique_ptr<model::ModelGraph> mg_;
+  int64_t B_, T_, vocab_tile_;
+  ag::Var ids_, labels_, segments_, loss_;
+  std::vector<int32_t> seg_scratch_;
+};
+
+// One optimizer step's gradients from its micro-batches: the loss is the mean over all N counted tokens of all
+// of them, so micro-batch i (n_i counted tokens) backpropagates its own mean with the seed n_i / N, summing into
+// the parameters' gradients (which start from zero). before_forward(i), when given, runs before micro-batch i's
+// forward (the trainer rewrites the dropout salt there). Micro-batches without counted tokens are skipped; with
+// none at all the gradients are zero. Stops at the first non-finite micro-batch loss and returns it.
+struct StepLoss {
+  double loss = 0;          // the token-weighted mean (NaN/Inf when a micro-batch's loss was)
+  int64_t counted = 0;      // N
+  int64_t real_tokens = 0;  // non-padding input tokens
+};
+StepLoss accumulate_gradients(LossGraph& lg, const std::vector<data::Batch>& micro,
+                              const std::function<void(size_t)>& before_forward = {});
+
+struct EvalResult {
+  double loss = 0;        // mean over counted tokens
+  int64_t tokens = 0;     // counted tokens
+  int64_t batches = 0;
+};
+// Mean loss over ds in file order, max_batches batches at most (0: all), each weighted by its counted tokens.
+EvalResult evaluate(LossGraph& lg, const data::Dataset& ds, int64_t max_batches);
+
+}  // namespace q4t

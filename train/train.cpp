@@ -1,0 +1,559 @@
+// q4tune train: the loop (see train.h), checkpoints and resume, the end-of-run exports and summary.
+#include "train/train.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "autograd/optim.h"
+#include "data/atomic_file.h"
+#include "data/dataset_cache.h"
+#include "data/gguf.h"
+#include "data/tokenizer.h"
+#include "kernels/cpu/threads.h"
+#include "train/checkpoint.h"
+#include "train/commands.h"
+#include "train/device_choice.h"
+#include "train/embedded.h"
+#include "train/export.h"
+#include "train/generate.h"
+#include "train/loss_graph.h"
+#include "train/run_log.h"
+#include "train/schedule.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace q4t {
+
+namespace {
+
+std::atomic<int> g_interrupts{0};
+
+extern "C" void on_interrupt(int) {
+  // The first Ctrl-C asks the loop to save and stop after the current step; a second one ends the process now.
+  if (g_interrupts.fetch_add(1) >= 1) _exit(130);
+}
+
+struct InterruptGuard {
+  struct sigaction old_int {}, old_term {};
+  InterruptGuard() {
+    g_interrupts = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_interrupt;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+  }
+  ~InterruptGuard() {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  }
+};
+
+// The shape of the builtin demo model (`q4tune init-model` with these options).
+InitModelOptions demo_model_options() {
+  InitModelOptions m;
+  m.arch = "llama";
+  m.type = "q4_0";
+  m.dim = 128;
+  m.layers = 2;
+  m.heads = 4;
+  m.kv_heads = 2;
+  m.ff = 384;
+  m.ctx = 512;
+  m.seed = 7;
+  return m;
+}
+
+std::string hex64(uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+uint64_t fnv1a(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// splitmix64: the dropout salt of micro-batch i is a pure function of (seed, i), so a resumed run draws the
+// same masks as a straight one.
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+void fail_option(const std::string& name, const std::string& what) {
+  throw std::invalid_argument("--" + name + ": " + what);
+}
+
+// The options that decide the numbers a run computes: a resume must match all of them.
+json identity_json(const TrainOptions& o, const std::string& model_path, const std::string& data_path) {
+  json j;
+  std::error_code ec;
+  const auto size = fs::file_size(model_path, ec);
+  j["model"] = model_path;
+  j["model_bytes"] = ec ? -1 : int64_t(size);
+  j["data"] = data_path;
+  j["val-data"] = o.val_data;
+  j["val-fraction"] = o.val_fraction;
+  j["lora-rank"] = o.lora_rank;
+  j["lora-alpha"] = o.lora_alpha;
+  j["lora-dropout"] = o.lora_dropout;
+  j["lora-targets"] = o.lora_targets;
+  j["rslora"] = o.rslora;
+  j["lora-init"] = o.lora_init;
+  j["lr"] = o.lr;
+  j["schedule"] = o.schedule;
+  j["warmup-steps"] = o.warmup_steps;
+  j["warmup-ratio"] = o.warmup_ratio;
+  j["min-lr"] = o.min_lr;
+  j["adam-beta1"] = o.adam_beta1;
+  j["adam-beta2"] = o.adam_beta2;
+  j["adam-eps"] = o.adam_eps;
+  j["weight-decay"] = o.weight_decay;
+  j["grad-clip"] = o.grad_clip;
+  j["batch-size"] = o.batch_size;
+  j["grad-accum"] = o.grad_accum;
+  j["seq-len"] = o.seq_len;
+  j["pack"] = o.pack;
+  j["train-on-prompt"] = o.train_on_prompt;
+  j["no-truncate"] = o.no_truncate;
+  j["chat-template"] = o.chat_template;
+  j["steps"] = o.steps;
+  j["epochs"] = o.epochs;
+  j["seed"] = o.seed;
+  j["vocab-tile"] = o.vocab_tile;
+  return j;
+}
+
+std::string fmt_bytes(int64_t b) {
+  char s[32];
+  if (b >= (int64_t(1) << 30))
+    std::snprintf(s, sizeof s, "%.2f GiB", double(b) / double(int64_t(1) << 30));
+  else
+    std::snprintf(s, sizeof s, "%.1f MiB", double(b) / double(1 << 20));
+  return s;
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return int64_t(ru.ru_maxrss) * 1024;
+}
+
+// Checkpoint state of the trainable tensors and the optimizer.
+std::vector<NamedTensor> named(const ag::Graph& g, const std::vector<ag::Var>& params,
+                               const std::vector<std::vector<float>>& values) {
+  std::vector<NamedTensor> out;
+  for (size_t i = 0; i < params.size(); ++i) out.push_back({g.node(params[i].id).name, params[i].shape(), values[i]});
+  return out;
+}
+
+std::vector<std::vector<float>> param_values(ag::Backend& be, const std::vector<ag::Var>& params) {
+  std::vector<std::vector<float>> out;
+  for (const ag::Var& p : params) {
+    const std::vector<double> d = be.to_host(p.value());
+    out.emplace_back(d.begin(), d.end());
+  }
+  return out;
+}
+
+// Tensors of a checkpoint in params order, matched by name and shape.
+std::vector<std::vector<float>> match(const std::string& dir, const std::string& what, const ag::Graph& g,
+                                      const std::vector<ag::Var>& params, const std::vector<NamedTensor>& ts) {
+  std::map<std::string, const NamedTensor*> by_name;
+  for (const NamedTensor& t : ts) by_name[t.name] = &t;
+  if (ts.size() != params.size())
+    throw std::runtime_error(dir + ": " + what + " holds " + std::to_string(ts.size()) + " tensors, this run trains " +
+                             std::to_string(params.size()));
+  std::vector<std::vector<float>> out;
+  for (const ag::Var& p : params) {
+    const std::string& name = g.node(p.id).name;
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw std::runtime_error(dir + ": " + what + " has no tensor '" + name + "'");
+    if (it->second->shape != p.shape())
+      throw std::runtime_error(dir + ": " + what + " tensor '" + name + "' is " + ag::shape_str(it->second->shape) +
+                               ", this run's is " + ag::shape_str(p.shape()));
+    out.push_back(it->second->values);
+  }
+  return out;
+}
+
+}  // namespace
+
+void check_vocab(const tok::Tokenizer& tok, const model::Model& m, const std::string& path) {
+  if (tok.n_vocab() > m.config().n_vocab)
+    throw std::runtime_error(path + ": tokenizer.ggml.tokens has " + std::to_string(tok.n_vocab()) +
+                             " tokens but token_embd.weight only " + std::to_string(m.config().n_vocab) + " rows");
+}
+
+std::string resolve_builtin(const std::string& name, std::ostream& log) {
+  const std::string prefix = "builtin:";
+  if (name.rfind(prefix, 0) != 0) return name;
+  const std::string what = name.substr(prefix.size());
+  const std::string dir = data::cache_dir(data::DatasetOptions{});
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error(dir + ": cannot create the cache directory: " + ec.message());
+  if (what == "demo-model") {
+    const InitModelOptions m = demo_model_options();
+    const std::string key = m.arch + m.type + std::to_string(m.dim) + "." + std::to_string(m.layers) + "." +
+                            std::to_string(m.heads) + "." + std::to_string(m.kv_heads) + "." + std::to_string(m.ff) +
+                            "." + std::to_string(m.ctx) + "." + std::to_string(m.seed);
+    const std::string path = dir + "/demo-model-" + hex64(fnv1a(key)).substr(0, 12) + ".gguf";
+    if (!fs::exists(path)) {
+      InitModelOptions make = m;
+      make.out = path;
+      log << "making the demo model (q4tune init-model --dim " << m.dim << " --layers " << m.layers << " --heads "
+          << m.heads << " --kv-heads " << m.kv_heads << " --ff " << m.ff << ") at " << path << "\n";
+      std::ostringstream quiet;
+      run_init_model(make, quiet);
+    }
+    return path;
+  }
+  if (what == "demo-data.jsonl") {
+    const std::string_view text = embedded_file("demo.jsonl");
+    const std::string path = dir + "/demo-data-" + hex64(fnv1a(text)).substr(0, 12) + ".jsonl";
+    if (!fs::exists(path)) write_file_atomic(path, text);
+    return path;
+  }
+  throw std::invalid_argument("'" + name + "' is not a builtin (builtin:demo-model, builtin:demo-data.jsonl)");
+}
+
+void validate_train_options(const TrainOptions& o) {
+  if (o.model.empty()) fail_option("model", "no model given (a GGUF file, or builtin:demo-model)");
+  if (o.model.rfind("builtin:", 0) != 0 && !fs::is_regular_file(o.model))
+    fail_option("model", "'" + o.model + "' does not exist or is not a file");
+  if (o.data.empty()) fail_option("data", "no training data given (a .txt or .jsonl file)");
+  if (o.data.rfind("builtin:", 0) != 0 && !fs::is_regular_file(o.data))
+    fail_option("data", "'" + o.data + "' does not exist or is not a file");
+  if (!o.val_data.empty() && !fs::is_regular_file(o.val_data))
+    fail_option("val-data", "'" + o.val_data + "' does not exist or is not a file");
+  if (o.out.empty()) fail_option("out", "no output directory given");
+  if (o.lora_rank < 1) fail_option("lora-rank", "must be at least 1, not " + std::to_string(o.lora_rank));
+  if (!(o.lora_alpha > 0)) fail_option("lora-alpha", "must be positive");
+  if (!(o.lora_dropout >= 0 && o.lora_dropout < 1)) fail_option("lora-dropout", "must lie in [0, 1)");
+  if (o.lora_targets.empty()) fail_option("lora-targets", "no targets");
+  for (const std::string& t : o.lora_targets) {
+    const auto& all = model::all_lora_targets();
+    if (std::find(all.begin(), all.end(), t) == all.end())
+      fail_option("lora-targets", "'" + t + "' is not one of q, k, v, o, gate, up, down");
+  }
+  if (o.lora_init != "kaiming" && o.lora_init != "gaussian")
+    fail_option("lora-init", "'" + o.lora_init + "' is not kaiming or gaussian");
+  if (!(o.lr >= 0)) fail_option("lr", "must be non-negative");
+  train::ScheduleConfig sc{o.schedule, o.warmup_steps, o.warmup_ratio, o.min_lr};
+  try {
+    train::validate(sc, o.lr);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("schedule: ") + e.what());
+  }
+  if (!(o.adam_beta1 >= 0 && o.adam_beta1 < 1)) fail_option("adam-beta1", "must lie in [0, 1)");
+  if (!(o.adam_beta2 >= 0 && o.adam_beta2 < 1)) fail_option("adam-beta2", "must lie in [0, 1)");
+  if (!(o.adam_eps >= 0)) fail_option("adam-eps", "must be non-negative");
+  if (!(o.weight_decay >= 0)) fail_option("weight-decay", "must be non-negative");
+  if (!(o.grad_clip >= 0)) fail_option("grad-clip", "must be non-negative (0: no clipping)");
+  if (o.batch_size < 1) fail_option("batch-size", "must be at least 1");
+  if (o.grad_accum < 1) fail_option("grad-accum", "must be at least 1");
+  if (o.seq_len < 2) fail_option("seq-len", "must be at least 2");
+  if (o.steps < 0) fail_option("steps", "must be non-negative (0: from --epochs)");
+  if (o.steps == 0 && !(o.epochs > 0)) fail_option("epochs", "must be positive when --steps is not given");
+  if (o.eval_every < 0 || o.save_every < 0 || o.eval_batches < 0)
+    fail_option(o.eval_every < 0 ? "eval-every" : o.save_every < 0 ? "save-every" : "eval-batches", "must be non-negative");
+  if (o.keep_checkpoints < 0) fail_option("keep-checkpoints", "must be non-negative (0: keep all)");
+  if (o.log_every < 1) fail_option("log-every", "must be at least 1");
+  if (o.vocab_tile < 1) fail_option("vocab-tile", "must be at least 1");
+  if (!(o.val_fraction >= 0 && o.val_fraction < 1)) fail_option("val-fraction", "must lie in [0, 1)");
+  if (o.sample_tokens < 0) fail_option("sample-tokens", "must be non-negative");
+  // The output directory: created if missing, and writable (a probe file, removed at once).
+  std::error_code ec;
+  fs::create_directories(o.out, ec);
+  if (ec || !fs::is_directory(o.out))
+    fail_option("out", "cannot create directory '" + o.out + "'" + (ec ? ": " + ec.message() : ""));
+  const std::string probe = (fs::path(o.out) / ".q4tune-write-probe").string();
+  {
+    std::ofstream f(probe);
+    if (!f || !(f << "probe") || !f.flush())
+      fail_option("out", "directory '" + o.out + "' is not writable");
+  }
+  fs::remove(probe, ec);
+  if (o.resume && !o.resume_dir.empty() && !fs::is_directory(o.resume_dir))
+    fail_option("resume", "'" + o.resume_dir + "' is not a directory");
+}
+
+int run_train(const TrainOptions& opt, std::ostream& out) {
+  validate_train_options(opt);
+  using Clock = std::chrono::steady_clock;
+  const auto t_start = Clock::now();
+
+  // Checkpoints of an earlier run in OUT are never overwritten by a new run.
+  std::vector<std::string> warnings;
+  std::optional<std::string> ckpt_dir;
+  if (opt.resume) {
+    ckpt_dir = opt.resume_dir.empty() ? newest_checkpoint(opt.out, &warnings) : std::optional(opt.resume_dir);
+    for (const auto& w : warnings) out << "warning: " << w << "\n";
+    if (!ckpt_dir) out << "no complete checkpoint under " << opt.out << "/checkpoints: starting from step 0\n";
+  } else if (newest_checkpoint(opt.out)) {
+    throw std::invalid_argument("--out: '" + opt.out + "' holds checkpoints of an earlier run: pass --resume to "
+                                "continue it, or choose another output directory");
+  }
+
+  const std::string model_path = resolve_builtin(opt.model, out);
+  const std::string data_path = resolve_builtin(opt.data, out);
+  const json identity = identity_json(opt, model_path, data_path);
+  std::optional<CheckpointState> ckpt;
+  if (ckpt_dir) {
+    ckpt = load_checkpoint(*ckpt_dir);
+    const json had = json::parse(ckpt->config_json);
+    std::string diff;
+    for (auto it = identity.begin(); it != identity.end(); ++it)
+      if (!had.contains(it.key()) || had[it.key()] != it.value())
+        diff += (diff.empty() ? "" : ", ") + it.key() + " was " + (had.contains(it.key()) ? had[it.key()].dump() : "unset") +
+                ", now " + it.value().dump();
+    if (!diff.empty())
+      throw std::invalid_argument("--resume: checkpoint " + *ckpt_dir + " is from a run with other options (" + diff +
+                                  "); resume with the same options, or start a new run in another --out");
+  }
+
+  // Device, model, tokenizer, data.
+  q4t::cpu::set_num_threads(opt.threads);
+  DeviceChoice dev = choose_device(opt.device);
+  auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan);
+  auto file = gguf::File::open(model_path);
+  auto tok = tok::Tokenizer::from_gguf(*file);
+  auto model = model::Model::load(model_path, *be);
+  check_vocab(*tok, *model, model_path);
+  const model::ModelConfig& mc = model->config();
+  out << "model " << model_path << ": " << mc.arch << ", " << mc.n_layer << " layers, dim " << mc.n_embd << ", "
+      << fmt_bytes(model->weight_bytes()) << " of weights on " << dev.name() << "\n";
+
+  data::DatasetOptions dopt;
+  dopt.seq_len = opt.seq_len;
+  dopt.pack = opt.pack;
+  dopt.train_on_prompt = opt.train_on_prompt;
+  dopt.no_truncate = opt.no_truncate;
+  dopt.chat_template = opt.chat_template;
+  dopt.val_fraction = opt.val_fraction;
+  dopt.val_file = opt.val_data;
+  dopt.seed = opt.seed;
+  data::Datasets ds = data::load_datasets(data_path, *tok, dopt, out);
+  if (ds.train.size() == 0) throw std::runtime_error(data_path + ": no training examples");
+
+  const int64_t B = opt.batch_size, K = opt.grad_accum;
+  const int64_t rows_per_step = B * K;
+  const int64_t total_steps =
+      opt.steps > 0 ? opt.steps : std::max<int64_t>(1, int64_t(std::ceil(opt.epochs * double(ds.train.size()) / double(rows_per_step))));
+
+  // The graph: the model, adapters on the targets, the fused loss.
+  LossGraph lg(*model, B, opt.seq_len, opt.vocab_tile);
+  model::LoraSpec spec;
+  spec.targets = opt.lora_targets;
+  spec.cfg.rank = opt.lora_rank;
+  spec.cfg.alpha = opt.lora_alpha;
+  spec.cfg.dropout = opt.lora_dropout;
+  spec.cfg.rslora = opt.rslora;
+  spec.cfg.init = opt.lora_init == "gaussian" ? ag::LoraConfig::Init::Gaussian : ag::LoraConfig::Init::Kaiming;
+  std::mt19937 init_rng(uint32_t(opt.seed));
+  lg.model_graph().add_adapters(spec, init_rng);
+  lg.build();
+  ag::Graph& g = lg.graph();
+  ag::AdamW adam(g, {opt.lr, opt.adam_beta1, opt.adam_beta2, opt.adam_eps, opt.weight_decay});
+  const std::vector<ag::Var>& params = adam.params();
+  int64_t n_trainable = 0;
+  for (const ag::Var& p : params) n_trainable += p.value().numel();
+
+  const train::ScheduleConfig sched{opt.schedule, opt.warmup_steps, opt.warmup_ratio, opt.min_lr};
+  json schedule_json = {{"schedule", opt.schedule}, {"warmup_steps", opt.warmup_steps},
+                        {"warmup_ratio", opt.warmup_ratio}, {"min_lr", opt.min_lr}, {"total_steps", total_steps}};
+
+  int64_t step = 0;
+  uint64_t micro_index = 0;  // micro-batches so far: the dropout salt's counter
+  int64_t tokens_seen = 0;
+  double elapsed_before = 0;
+  if (ckpt) {
+    const auto lora = match(*ckpt_dir, "lora.bin", g, params, ckpt->lora);
+    for (size_t i = 0; i < params.size(); ++i) be->upload(g.node(params[i].id).value, lora[i]);
+    adam.load_state(match(*ckpt_dir, "adam_m.bin", g, params, ckpt->adam_m),
+                    match(*ckpt_dir, "adam_v.bin", g, params, ckpt->adam_v), ckpt->adam_t);
+    ds.train.set_cursor(ckpt->cursor);
+    step = ckpt->step;
+    if (ckpt->rng_state.size() != 2 || ckpt->rng_state[0] != opt.seed)
+      throw std::runtime_error(*ckpt_dir + "/state.json: rng_state does not hold this run's (seed, micro-batch) pair");
+    micro_index = ckpt->rng_state[1];
+    const json sj = json::parse(ckpt->schedule_json);
+    tokens_seen = sj.value("tokens_seen", int64_t(0));
+    elapsed_before = sj.value("elapsed_s", 0.0);
+    out << "resuming from " << *ckpt_dir << " (step " << step << " of " << total_steps << ")\n";
+  }
+  out << "training " << params.size() / 2 << " adapters (" << n_trainable << " parameters, rank " << opt.lora_rank
+      << ") for " << total_steps << " steps of " << K << " x [" << B << ", " << opt.seq_len << "] tokens, "
+      << ds.train.size() << " rows per epoch\n";
+
+  // Run log: metrics.jsonl (a resumed run keeps the lines up to its checkpoint), loss.svg, progress.
+  const std::string metrics_path = (fs::path(opt.out) / "metrics.jsonl").string();
+  const std::string svg_path = (fs::path(opt.out) / "loss.svg").string();
+  train::MetricsLog metrics =
+      train::MetricsLog::open(metrics_path, ckpt ? std::optional<int64_t>(step) : std::nullopt);
+  const std::string title = "q4tune train: " + fs::path(opt.out).filename().string();
+  auto redraw = [&] { train::write_loss_svg(svg_path, metrics.series().train, metrics.series().val, title); };
+  out.flush();
+  train::ProgressOptions popt;
+  popt.total_steps = total_steps;
+  popt.start_step = step;
+  popt.log_every = opt.log_every;
+  train::Progress progress(stdout, popt);
+
+  auto save = [&](const std::string& why) {
+    CheckpointState s;
+    s.step = step;
+    s.lora = named(g, params, param_values(*be, params));
+    s.adam_m = named(g, params, adam.moments_m());
+    s.adam_v = named(g, params, adam.moments_v());
+    s.adam_t = adam.t();
+    s.lr_base = opt.lr;
+    json sj = schedule_json;
+    sj["tokens_seen"] = tokens_seen;
+    sj["elapsed_s"] = elapsed_before + std::chrono::duration<double>(Clock::now() - t_start).count();
+    s.schedule_json = sj.dump();
+    s.rng_state = {opt.seed, micro_index};
+    s.cursor = ds.train.cursor();
+    s.config_json = identity.dump();
+    save_checkpoint(opt.out, s, int(opt.keep_checkpoints));
+    progress.message("saved checkpoint " + opt.out + "/checkpoints/step-" + std::to_string(step) + " (" + why + ")");
+  };
+
+  auto run_eval_now = [&] {
+    if (!ds.val) return;
+    const EvalResult r = evaluate(lg, *ds.val, opt.eval_batches);
+    if (!std::isfinite(r.loss)) {
+      progress.message("eval at step " + std::to_string(step) + ": no counted tokens in the validation set");
+      return;
+    }
+    metrics.log_eval(step, r.loss, {{"val_tokens", r.tokens}});
+    char line[160];
+    std::snprintf(line, sizeof line, "eval at step %lld: val_loss %.4f, perplexity %.2f (%lld tokens)",
+                  static_cast<long long>(step), r.loss, std::exp(r.loss), static_cast<long long>(r.tokens));
+    progress.message(line);
+    redraw();
+  };
+
+  InterruptGuard guard;
+  std::vector<data::Batch> micro(static_cast<size_t>(K));
+  const ag::Tensor salt_tensor = lg.model_graph().dropout_salt().g ? lg.model_graph().dropout_salt().value() : ag::Tensor();
+  const auto loop_start = Clock::now();
+  const int64_t first_step = step;
+  int64_t loop_tokens = 0;
+  double first_loss = std::nan(""), last_loss = std::nan("");
+  bool interrupted = false;
+
+  while (step < total_steps) {
+    if (g_interrupts > 0) {
+      interrupted = true;
+      break;
+    }
+    const auto t0 = Clock::now();
+    const double lr = train::lr_at(step, total_steps, opt.lr, sched);
+    for (auto& b : micro) b = ds.train.next_batch(B);
+    const StepLoss sl = accumulate_gradients(lg, micro, [&](size_t i) {
+      if (!salt_tensor.defined()) return;
+      const uint64_t salt = splitmix64(opt.seed ^ splitmix64(micro_index + i));
+      const int32_t s[2] = {int32_t(uint32_t(salt)), int32_t(uint32_t(salt >> 32))};
+      ag::Tensor t = salt_tensor;
+      be->upload_i32(t, s);
+    });
+    micro_index += uint64_t(K);
+    const double loss = sl.loss;
+    const int64_t n_real = sl.real_tokens;
+    if (!std::isfinite(loss))
+      throw std::runtime_error("step " + std::to_string(step + 1) + ": the loss is " + std::to_string(loss) +
+                               "; stopped without saving (the last good checkpoint, if any, is kept under " +
+                               opt.out + "/checkpoints)");
+    const double norm = opt.grad_clip > 0 ? adam.clip(opt.grad_clip) : adam.grad_norm();
+    if (!std::isfinite(norm))
+      throw std::runtime_error("step " + std::to_string(step + 1) + ": the gradient norm is " + std::to_string(norm) +
+                               "; stopped without saving (the last good checkpoint, if any, is kept under " +
+                               opt.out + "/checkpoints)");
+    adam.step(lr);
+    ++step;
+    tokens_seen += n_real;
+    loop_tokens += n_real;
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double tok_s = double(n_real) / std::max(dt, 1e-9);
+    if (step == first_step + 1) first_loss = loss;
+    last_loss = loss;
+    const double elapsed = elapsed_before + std::chrono::duration<double>(Clock::now() - t_start).count();
+    metrics.log_train(step, loss, lr, tok_s,
+                      {{"grad_norm", norm}, {"tokens", tokens_seen}, {"epoch", ds.train.cursor().epoch},
+                       {"elapsed_s", elapsed}});
+    progress.update(step, loss, lr, double(loop_tokens) / std::chrono::duration<double>(Clock::now() - loop_start).count());
+    if (step % opt.log_every == 0 || step == total_steps) redraw();
+    if (opt.eval_every > 0 && step % opt.eval_every == 0 && step < total_steps) run_eval_now();
+    if (opt.save_every > 0 && step % opt.save_every == 0 && step < total_steps) save("every " + std::to_string(opt.save_every) + " steps");
+  }
+
+  if (interrupted) {
+    save("interrupted");
+    progress.finish();
+    out << "interrupted at step " << step << " of " << total_steps << "; continue with --resume\n";
+    return 130;
+  }
+  run_eval_now();
+  save("final");
+  redraw();
+  progress.finish();
+
+  // Exports.
+  const model::ModelGraph& mg = lg.model_graph();
+  const std::string gguf_path = (fs::path(opt.out) / "adapter.gguf").string();
+  export_gguf_adapter(mg, opt.lora_alpha, gguf_path);
+  ExportInfo info;
+  info.alpha = opt.lora_alpha;
+  info.rslora = opt.rslora;
+  info.dropout = opt.lora_dropout;
+  info.base_model = base_model_name(*file);
+  export_peft(mg, info, (fs::path(opt.out) / "peft").string());
+
+  const double train_s = std::chrono::duration<double>(Clock::now() - loop_start).count();
+  out << "wrote " << gguf_path << " (llama.cpp --lora) and " << (fs::path(opt.out) / "peft").string()
+      << "/ (PEFT)\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "loss %.4f -> %.4f over steps %lld..%lld; %lld tokens in %.1f s (%.1f tok/s)",
+                first_loss, last_loss, static_cast<long long>(first_step + 1), static_cast<long long>(step),
+                static_cast<long long>(loop_tokens), train_s, double(loop_tokens) / std::max(train_s, 1e-9));
+  out << line << "\n";
+  out << "peak memory: " << dev.name() << " "
+      << (dev.is_cpu() ? fmt_bytes(peak_rss_bytes()) + " (process RSS)"
+                       : fmt_bytes(dev.vulkan->peak_bytes_allocated()) + " allocated; host " +
+                             fmt_bytes(peak_rss_bytes()) + " RSS")
+      << "\n";
+
+  if (!opt.sample_prompt.empty() && opt.sample_tokens > 0) {
+    out << "sample with the adapter (greedy):\n" << opt.sample_prompt;
+    out.flush();
+    model::Decoder dec(*model, model::adapter_weights(mg), std::min<int64_t>(mc.n_ctx, 1024));
+    SampleOptions so;
+    so.max_tokens = opt.sample_tokens;
+    so.temperature = 0;
+    generate(dec, *tok, opt.sample_prompt, so, &out);
+    out << "\n";
+  }
+  return 0;
+}
+
+}  // namespace q4t

@@ -1,0 +1,102 @@
+// q4tune train, eval and export: the training loop over a frozen quantized model with LoRA adapters, AdamW,
+// the LR schedule, checkpoints with exact resume, evaluation and the adapter exports.
+//
+// One optimizer step = grad_accum micro-batches of [batch_size, seq_len] tokens. The loss of the step is the
+// mean over every counted token of all its micro-batches: micro-batch i (n_i counted tokens of N in the step)
+// backpropagates its own mean with the seed n_i / N into gradients that sum across the micro-batches, so
+// padding and how the examples fall into micro-batches change nothing.
+//
+// The rows of a micro-batch run as one sequence of batch_size * seq_len tokens whose segment ids keep attention
+// inside each example (data/dataset.h): one graph of fixed shape, recorded once.
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "train/model/model.h"
+
+namespace CLI {
+class App;
+}
+
+namespace q4t {
+
+struct DeviceChoice;
+
+// Every option of `q4tune train` (the CLI flag --foo-bar is the config key foo-bar).
+struct TrainOptions {
+  std::string config;  // the TOML file the other options came from, if any
+  // What to train on, where to write.
+  std::string model, data, val_data, out;
+  double val_fraction = 0;
+  std::string device = "auto";
+  int threads = 0;
+  // LoRA.
+  int64_t lora_rank = 16;
+  double lora_alpha = 32, lora_dropout = 0;
+  std::vector<std::string> lora_targets = model::all_lora_targets();
+  bool rslora = false;
+  std::string lora_init = "kaiming";
+  // Optimizer and schedule.
+  double lr = 2e-4;
+  std::string schedule = "cosine";
+  int64_t warmup_steps = 0;
+  double warmup_ratio = 0, min_lr = 0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8, weight_decay = 0, grad_clip = 1.0;
+  // Data and batching.
+  int64_t batch_size = 1, grad_accum = 1, seq_len = 512;
+  bool pack = false, train_on_prompt = false, no_truncate = false;
+  std::string chat_template;
+  int64_t steps = 0;  // 0: from epochs
+  double epochs = 1;
+  // Evaluation, checkpoints, logging.
+  int64_t eval_every = 0, eval_batches = 0, save_every = 0, keep_checkpoints = 3, log_every = 10;
+  uint64_t seed = 42;
+  bool resume = false;
+  std::string resume_dir;  // "" with resume: the newest checkpoint under out
+  std::string sample_prompt;
+  int64_t sample_tokens = 64;
+  int64_t vocab_tile = 4096;  // rows of the output matrix per tile of the fused loss
+};
+
+// Registers every train option on cmd, plus --config FILE.toml (every flag is a key; flags override the file;
+// an unknown key is an error). Without --config and without --model, the embedded configs/demo.toml applies.
+void add_train_options(CLI::App* cmd, TrainOptions& o);
+// The embedded configs/demo.toml, and the path it is written to for CLI11 to read.
+std::string demo_config_path();
+
+// Checks the options before any work (files, ranges, names, the output directory); throws
+// std::invalid_argument with one message naming the option.
+void validate_train_options(const TrainOptions& o);
+
+// Runs training as configured; progress on `out`. Returns the exit code (130 after an interrupt, which saves a
+// checkpoint). Throws std::runtime_error for errors (non-finite loss, I/O), leaving earlier checkpoints intact.
+int run_train(const TrainOptions& o, std::ostream& out);
+
+struct EvalOptions {
+  std::string model, data, adapter;
+  double adapter_scale = 1.0;
+  int64_t seq_len = 512, batch_size = 1, max_batches = 0;
+  bool pack = false, train_on_prompt = false;
+  std::string chat_template;
+};
+// Loss and perplexity of the model (with the adapter, if any) over every example of data.
+int run_eval(const EvalOptions& o, const DeviceChoice& dev, std::ostream& out);
+
+struct ExportOptions {
+  std::string checkpoint, format = "gguf", out, model;  // model: overrides the path recorded in the checkpoint
+};
+// Writes a checkpoint's adapters as a GGUF LoRA (out: a file) or a PEFT folder (out: a directory).
+int run_export(const ExportOptions& o, std::ostream& out);
+
+// Throws std::runtime_error naming the file when the tokenizer has more tokens than the model's embedding rows.
+void check_vocab(const tok::Tokenizer& tok, const model::Model& m, const std::string& path);
+
+// "builtin:..." names: the demo model (made by init-model on first use and cached) and the shipped demo data.
+// Returns the path to use for a model or data option (unchanged unless it is a builtin name).
+std::string resolve_builtin(const std::string& name, std::ostream& log);
+
+}  // namespace q4t

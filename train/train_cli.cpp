@@ -1,0 +1,178 @@
+// The flags of `q4tune train` (CLI11; each flag is also a key of the --config TOML file) and the embedded demo.
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <set>
+
+#include "data/atomic_file.h"
+#include "data/dataset_cache.h"
+#include "train/embedded.h"
+#include "train/train.h"
+
+namespace q4t {
+
+std::string demo_config_path() {
+  const std::string_view text = embedded_file("demo.toml");
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ull;
+  char name[64];
+  std::snprintf(name, sizeof name, "demo-%012llx.toml", static_cast<unsigned long long>(h & 0xffffffffffffull));
+  const std::string dir = data::cache_dir(data::DatasetOptions{});
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/" + name;
+  if (!std::filesystem::exists(path)) write_file_atomic(path, text);
+  return path;
+}
+
+namespace {
+
+// Applies a TOML file's keys to the options of cmd that the command line did not give, through CLI11's own
+// conversion and checks. Throws CLI::ConfigError / CLI::ParseError whose message names the file and the key.
+void apply_config_file(CLI::App* cmd, const std::string& path) {
+  if (!std::filesystem::is_regular_file(path)) throw CLI::FileError(path + ": no such config file");
+  std::vector<CLI::ConfigItem> items;
+  try {
+    items = CLI::ConfigTOML().from_file(path);
+  } catch (const CLI::Error& e) {
+    throw CLI::ConfigError(path + ": " + e.what());
+  }
+  std::set<std::string> seen;
+  for (const CLI::ConfigItem& item : items) {
+    if (item.name == "++" || item.name == "--") {
+      throw CLI::ConfigError(path + ": sections ([" + (item.parents.empty() ? "" : item.parents.back()) +
+                             "]) are not used: write every key at the top level");
+    }
+    const std::string key = item.fullname();
+    if (!item.parents.empty())
+      throw CLI::ConfigError(path + ": '" + key + "' is not a train option (keys are flags without dashes, at the top level)");
+    CLI::Option* op = cmd->get_option_no_throw("--" + item.name);
+    if (!op || item.name == "config" || item.name == "help")
+      throw CLI::ConfigError(path + ": unknown key '" + key + "' (see q4tune train --help)");
+    if (!seen.insert(item.name).second) throw CLI::ConfigError(path + ": key '" + key + "' is given twice");
+    if (op->count() > 0) continue;  // the command line wins
+    try {
+      std::vector<std::string> values = item.inputs;
+      if (op->get_expected_max() == 0) {  // a flag: true/false
+        if (values.size() != 1 || (values[0] != "true" && values[0] != "false"))
+          throw CLI::ConfigError(path + ": key '" + key + "' is a flag: write true or false, not " +
+                                 (values.empty() ? std::string("nothing") : values[0]));
+      }
+      op->add_result(values);
+      op->run_callback();
+    } catch (const CLI::ConfigError&) {
+      throw;
+    } catch (const CLI::Error& e) {
+      throw CLI::ConfigError(path + ": key '" + key + "': " + e.what());
+    }
+  }
+}
+
+}  // namespace
+
+void add_train_options(CLI::App* cmd, TrainOptions& o) {
+  // CLI11 reads config files for the top-level app only, so the subcommand applies its own (see the callback).
+  auto* config = cmd->add_option("--config", o.config,
+                                 "TOML file of options: each key is a flag without its dashes (lora-rank = 8); flags "
+                                 "given on the command line win. With neither --config nor --model, the embedded "
+                                 "configs/demo.toml is used");
+
+  auto* g = "Data and model";
+  cmd->add_option("--model", o.model, "GGUF base model (frozen; quantized weights stay quantized), or builtin:demo-model")
+      ->group(g);
+  cmd->add_option("--data", o.data, "training data: .txt (one document) or .jsonl (text, prompt/completion or "
+                                    "messages per line), or builtin:demo-data.jsonl")
+      ->group(g);
+  cmd->add_option("--val-data", o.val_data, "validation data, read like --data")->group(g);
+  cmd->add_option("--val-fraction", o.val_fraction, "hold out this fraction of --data for validation when there is no --val-data")
+      ->capture_default_str()->group(g);
+  cmd->add_option("--out", o.out, "output directory: adapter.gguf, peft/, metrics.jsonl, loss.svg, checkpoints/")->group(g);
+  cmd->add_option("--seq-len", o.seq_len, "tokens per row (longer examples are truncated)")->capture_default_str()->group(g);
+  cmd->add_flag("--pack", o.pack, "pack several examples into each row (attention stays inside each example)")->group(g);
+  cmd->add_flag("--train-on-prompt", o.train_on_prompt, "count prompts and non-assistant turns in the loss too")->group(g);
+  cmd->add_flag("--no-truncate", o.no_truncate, "an example longer than --seq-len is an error instead of being cut")->group(g);
+  cmd->add_option("--chat-template", o.chat_template, "chat template for messages data (default: recognised from the model)")
+      ->group(g);
+
+  g = "Device";
+  cmd->add_option("--device", o.device, "auto (best Vulkan device, else the CPU), cpu, vulkan or vulkan:N")
+      ->capture_default_str()->group(g);
+  cmd->add_option("--threads", o.threads, "CPU worker threads (0: one per core)")->capture_default_str()->group(g);
+
+  g = "LoRA";
+  cmd->add_option("--lora-rank", o.lora_rank, "rank r of every adapter")->check(CLI::Range(int64_t(1), int64_t(65536)))
+      ->capture_default_str()->group(g);
+  cmd->add_option("--lora-alpha", o.lora_alpha, "alpha: the adapter output is scaled by alpha/r (alpha/sqrt(r) with --rslora)")
+      ->capture_default_str()->group(g);
+  cmd->add_option("--lora-dropout", o.lora_dropout, "dropout on each adapter's input while training")
+      ->capture_default_str()->group(g);
+  cmd->add_option("--lora-targets", o.lora_targets, "comma-separated projections to adapt: q,k,v,o,gate,up,down")
+      ->delimiter(',')->capture_default_str()->group(g);
+  cmd->add_flag("--rslora", o.rslora, "rank-stabilised scale alpha/sqrt(r)")->group(g);
+  cmd->add_option("--lora-init", o.lora_init, "A's initialisation: kaiming (uniform, as PEFT) or gaussian (N(0, 1/r)); B starts at 0")
+      ->capture_default_str()->group(g);
+
+  g = "Optimizer";
+  cmd->add_option("--lr", o.lr, "peak learning rate (AdamW)")->capture_default_str()->group(g);
+  cmd->add_option("--schedule", o.schedule, "constant, linear or cosine decay after the warmup")->capture_default_str()->group(g);
+  cmd->add_option("--warmup-steps", o.warmup_steps, "linear warmup steps from 0")->capture_default_str()->group(g);
+  cmd->add_option("--warmup-ratio", o.warmup_ratio, "warmup as a fraction of the steps (when --warmup-steps is 0)")
+      ->capture_default_str()->group(g);
+  cmd->add_option("--min-lr", o.min_lr, "where linear and cosine decay end")->capture_default_str()->group(g);
+  cmd->add_option("--adam-beta1", o.adam_beta1, "AdamW beta1")->capture_default_str()->group(g);
+  cmd->add_option("--adam-beta2", o.adam_beta2, "AdamW beta2")->capture_default_str()->group(g);
+  cmd->add_option("--adam-eps", o.adam_eps, "AdamW epsilon")->capture_default_str()->group(g);
+  cmd->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")->capture_default_str()->group(g);
+  cmd->add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to this (0: no clipping)")
+      ->capture_default_str()->group(g);
+
+  g = "Steps";
+  cmd->add_option("--batch-size", o.batch_size, "rows per micro-batch")->capture_default_str()->group(g);
+  cmd->add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step (the loss is the mean over all their "
+                                                "counted tokens)")
+      ->capture_default_str()->group(g);
+  auto* steps = cmd->add_option("--steps", o.steps, "optimizer steps (0: from --epochs)")->capture_default_str()->group(g);
+  cmd->add_option("--epochs", o.epochs, "passes over the training rows, when --steps is 0")->capture_default_str()->group(g);
+  (void)steps;
+  cmd->add_option("--seed", o.seed, "seed of the adapters' initialisation, the data order and the dropout masks")
+      ->capture_default_str()->group(g);
+  cmd->add_option("--vocab-tile", o.vocab_tile, "vocabulary rows per tile of the fused output projection + loss")
+      ->capture_default_str()->group(g);
+
+  g = "Evaluation, checkpoints and output";
+  cmd->add_option("--eval-every", o.eval_every, "evaluate on the validation data every N steps (0: only at the end)")
+      ->capture_default_str()->group(g);
+  cmd->add_option("--eval-batches", o.eval_batches, "batches per evaluation (0: the whole validation set)")
+      ->capture_default_str()->group(g);
+  cmd->add_option("--save-every", o.save_every, "write a checkpoint every N steps (0: only at the end and on Ctrl-C)")
+      ->capture_default_str()->group(g);
+  cmd->add_option("--keep-checkpoints", o.keep_checkpoints, "keep the newest K checkpoints (0: all)")
+      ->capture_default_str()->group(g);
+  cmd->add_option("--log-every", o.log_every, "a plain log line every N steps when the output is not a terminal")
+      ->capture_default_str()->group(g);
+  auto* resume = cmd->add_option("--resume", o.resume_dir,
+                                 "continue from the newest complete checkpoint under --out, or from DIR")
+                     ->expected(0, 1)->group(g);
+  cmd->add_option("--sample-prompt", o.sample_prompt, "after training, print a greedy continuation of this prompt with "
+                                                      "the adapter (\\n and \\t are read as newline and tab)")
+      ->group(g);
+  cmd->add_option("--sample-tokens", o.sample_tokens, "tokens of the sample")->capture_default_str()->group(g);
+
+  cmd->callback([cmd, &o, resume, config] {
+    if (config->count() > 0) apply_config_file(cmd, o.config);
+    o.resume = resume->count() > 0;
+    std::string s;
+    for (size_t i = 0; i < o.sample_prompt.size(); ++i) {
+      if (o.sample_prompt[i] == '\\' && i + 1 < o.sample_prompt.size()) {
+        const char c = o.sample_prompt[i + 1];
+        if (c == 'n' || c == 't' || c == '\\') {
+          s += c == 'n' ? '\n' : c == 't' ? '\t' : '\\';
+          ++i;
+          continue;
+        }
+      }
+      s += o.sample_prompt[i];
+    }
+    o.sample_prompt = s;
+  });
+}
+
+}  // namespace q4t
