@@ -307,11 +307,24 @@ TEST(Resume, KilledThreeTimesEndsWithTheBytesOfAStraightRun) {
   }
   EXPECT_EQ(a.size(), 36u);
   EXPECT_EQ(a, b);
+  // q4tune export on the final checkpoint writes what the run wrote at its end.
+  const Result eg = run({"export", (out / "checkpoints/step-36").string(), "--format", "gguf", "--out",
+                         (dir / "exported.gguf").string()}, dir, "export_gguf");
+  ASSERT_EQ(eg.code, 0) << eg.err;
+  EXPECT_TRUE(read_file(dir / "exported.gguf") == read_file(out / "adapter.gguf"));
+  const Result ep = run({"export", (out / "checkpoints/step-36").string(), "--format", "peft", "--out",
+                         (dir / "exported_peft").string()}, dir, "export_peft");
+  ASSERT_EQ(ep.code, 0) << ep.err;
+  EXPECT_TRUE(read_file(dir / "exported_peft/adapter_model.safetensors") == read_file(out / "peft/adapter_model.safetensors"));
+  EXPECT_TRUE(read_file(dir / "exported_peft/adapter_config.json") == read_file(out / "peft/adapter_config.json"));
+  const Result bad = run({"export", (out / "checkpoints/step-36").string(), "--format", "onnx"}, dir, "export_bad");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_EQ(lines_of(bad.err).size(), 1u) << bad.err;
   fs::remove_all(dir);
 }
 
 // Ctrl-C (SIGINT): the run saves a checkpoint of the step it finished, says how to continue and exits 130;
-// --resume then ends with the bytes of a straight run.
+// --resume DIR then ends with the bytes of a straight run.
 TEST(Resume, InterruptSavesACheckpointThenResumeFinishes) {
   const fs::path dir = temp_dir("interrupt");
   const fs::path model = make_model(dir, 128, 2);
@@ -332,7 +345,8 @@ TEST(Resume, InterruptSavesACheckpointThenResumeFinishes) {
   EXPECT_TRUE(fs::exists(out / "checkpoints" / ("step-" + std::to_string(step)) / "complete")) << r.out;
   EXPECT_FALSE(fs::exists(out / "adapter.gguf"));
   std::vector<std::string> args = resume_args(model, out);
-  args.push_back("--resume");
+  args.push_back("--resume");  // naming the checkpoint this time
+  args.push_back((out / "checkpoints" / ("step-" + std::to_string(step))).string());
   const Result fin = run(args, dir, "final");
   ASSERT_EQ(fin.code, 0) << fin.err;
   EXPECT_TRUE(read_file(dir / "straight" / "adapter.gguf") == read_file(out / "adapter.gguf"));
