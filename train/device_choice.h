@@ -15,7 +15,8 @@ struct DeviceChoice {
   std::unique_ptr<HostKernels> host_kernels() const;
 };
 
-// "auto" falls back to the CPU when no Vulkan device exists; "vulkan"/"vulkan:N" fail with DeviceError instead.
+// "auto" takes the best Vulkan GPU and falls back to the CPU kernels when there is none (a CPU-type Vulkan device
+// such as lavapipe is slower than them; "vulkan" still opens it); "vulkan"/"vulkan:N" fail with DeviceError instead.
 DeviceChoice choose_device(const std::string& spec, bool validation = false);
 
 }  // namespace q4t

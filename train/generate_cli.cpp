@@ -30,7 +30,7 @@ CLI::App* add_generate_command(CLI::App& app, GenerateOptions& opt) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--device", opt.device,
-                  "auto (best Vulkan device, else the CPU), cpu, vulkan (best Vulkan device), or vulkan:N "
+                  "auto (the best Vulkan GPU, else the CPU kernels; a CPU-emulated Vulkan device such as lavapipe only when named), cpu, vulkan (best Vulkan device), or vulkan:N "
                   "(see `q4tune devices`)")
       ->capture_default_str();
   cmd->add_option("--threads", opt.threads, "CPU worker threads (0: one per core)")->check(CLI::NonNegativeNumber);

@@ -19,7 +19,7 @@ struct DeviceFlags {
   int threads = 0;
   void add(CLI::App* app) {
     app->add_option("--device", device,
-                    "auto (best Vulkan device, else the CPU), cpu, vulkan (best Vulkan device), or vulkan:N "
+                    "auto (the best Vulkan GPU, else the CPU kernels; a CPU-emulated Vulkan device such as lavapipe only when named), cpu, vulkan (best Vulkan device), or vulkan:N "
                     "(see `q4tune devices`)")
         ->capture_default_str();
     app->add_option("--threads", threads, "CPU worker threads (0: one per core)")->check(CLI::NonNegativeNumber);

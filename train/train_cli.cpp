@@ -93,7 +93,7 @@ void add_train_options(CLI::App* cmd, TrainOptions& o) {
       ->group(g);
 
   g = "Device";
-  cmd->add_option("--device", o.device, "auto (best Vulkan device, else the CPU), cpu, vulkan or vulkan:N")
+  cmd->add_option("--device", o.device, "auto (the best Vulkan GPU, else the CPU kernels; a CPU-emulated Vulkan device such as lavapipe only when named), cpu, vulkan or vulkan:N")
       ->capture_default_str()->group(g);
   cmd->add_option("--threads", o.threads, "CPU worker threads (0: one per core)")->capture_default_str()->group(g);
 
