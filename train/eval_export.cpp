@@ -83,22 +83,9 @@ int run_export(const ExportOptions& o, std::ostream& out) {
   std::mt19937 rng(0);
   mg.add_adapters(spec, rng);
   // The adapters' tensors, by name, from the checkpoint.
-  std::map<std::string, const NamedTensor*> by_name;
-  for (const NamedTensor& t : s.lora) by_name[t.name] = &t;
-  size_t used = 0;
-  for (const ag::Var& p : g.params()) {
-    const std::string& name = g.node(p.id).name;
-    auto it = by_name.find(name);
-    if (it == by_name.end() || it->second->shape != p.shape())
-      throw std::runtime_error(o.checkpoint + "/lora.bin: tensor '" + name + "' " +
-                               (it == by_name.end() ? "is missing" : "has shape " + ag::shape_str(it->second->shape)) +
-                               " (the model wants " + ag::shape_str(p.shape()) + ")");
-    be->upload(g.node(p.id).value, it->second->values);
-    ++used;
-  }
-  if (used != s.lora.size())
-    throw std::runtime_error(o.checkpoint + "/lora.bin: holds " + std::to_string(s.lora.size()) +
-                             " tensors, the run's options make " + std::to_string(used));
+  const std::vector<ag::Var> params = g.params();
+  const auto values = checkpoint_values(o.checkpoint, "lora.bin", g, params, s.lora);
+  for (size_t i = 0; i < params.size(); ++i) be->upload(g.node(params[i].id).value, values[i]);
   if (o.format == "gguf") {
     const std::string path = o.out.empty() ? (fs::path(o.checkpoint) / "adapter.gguf").string() : o.out;
     export_gguf_adapter(mg, spec.cfg.alpha, path);

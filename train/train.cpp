@@ -174,9 +174,17 @@ std::vector<std::vector<float>> param_values(ag::Backend& be, const std::vector<
   return out;
 }
 
-// Tensors of a checkpoint in params order, matched by name and shape.
-std::vector<std::vector<float>> match(const std::string& dir, const std::string& what, const ag::Graph& g,
-                                      const std::vector<ag::Var>& params, const std::vector<NamedTensor>& ts) {
+}  // namespace
+
+void check_vocab(const tok::Tokenizer& tok, const model::Model& m, const std::string& path) {
+  if (tok.n_vocab() > m.config().n_vocab)
+    throw std::runtime_error(path + ": tokenizer.ggml.tokens has " + std::to_string(tok.n_vocab()) +
+                             " tokens but token_embd.weight only " + std::to_string(m.config().n_vocab) + " rows");
+}
+
+std::vector<std::vector<float>> checkpoint_values(const std::string& dir, const std::string& what,
+                                                  const ag::Graph& g, const std::vector<ag::Var>& params,
+                                                  const std::vector<NamedTensor>& ts) {
   std::map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& t : ts) by_name[t.name] = &t;
   if (ts.size() != params.size())
@@ -195,12 +203,15 @@ std::vector<std::vector<float>> match(const std::string& dir, const std::string&
   return out;
 }
 
-}  // namespace
-
-void check_vocab(const tok::Tokenizer& tok, const model::Model& m, const std::string& path) {
-  if (tok.n_vocab() > m.config().n_vocab)
-    throw std::runtime_error(path + ": tokenizer.ggml.tokens has " + std::to_string(tok.n_vocab()) +
-                             " tokens but token_embd.weight only " + std::to_string(m.config().n_vocab) + " rows");
+std::string cached_embedded_copy(const std::string& name, const std::string& stem) {
+  const std::string_view text = embedded_file(name);
+  const std::string dir = data::cache_dir(data::DatasetOptions{});
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error(dir + ": cannot create the cache directory: " + ec.message());
+  const std::string path = dir + "/" + stem + "-" + hex64(fnv1a(text)).substr(0, 12) + fs::path(name).extension().string();
+  if (!fs::exists(path)) write_file_atomic(path, text);
+  return path;
 }
 
 std::string resolve_builtin(const std::string& name, std::ostream& log) {
@@ -227,12 +238,7 @@ std::string resolve_builtin(const std::string& name, std::ostream& log) {
     }
     return path;
   }
-  if (what == "demo-data.jsonl") {
-    const std::string_view text = embedded_file("demo.jsonl");
-    const std::string path = dir + "/demo-data-" + hex64(fnv1a(text)).substr(0, 12) + ".jsonl";
-    if (!fs::exists(path)) write_file_atomic(path, text);
-    return path;
-  }
+  if (what == "demo-data.jsonl") return cached_embedded_copy("demo.jsonl", "demo-data");
   throw std::invalid_argument("'" + name + "' is not a builtin (builtin:demo-model, builtin:demo-data.jsonl)");
 }
 
@@ -387,10 +393,10 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
   int64_t tokens_seen = 0;
   double elapsed_before = 0;
   if (ckpt) {
-    const auto lora = match(*ckpt_dir, "lora.bin", g, params, ckpt->lora);
+    const auto lora = checkpoint_values(*ckpt_dir, "lora.bin", g, params, ckpt->lora);
     for (size_t i = 0; i < params.size(); ++i) be->upload(g.node(params[i].id).value, lora[i]);
-    adam.load_state(match(*ckpt_dir, "adam_m.bin", g, params, ckpt->adam_m),
-                    match(*ckpt_dir, "adam_v.bin", g, params, ckpt->adam_v), ckpt->adam_t);
+    adam.load_state(checkpoint_values(*ckpt_dir, "adam_m.bin", g, params, ckpt->adam_m),
+                    checkpoint_values(*ckpt_dir, "adam_v.bin", g, params, ckpt->adam_v), ckpt->adam_t);
     ds.train.set_cursor(ckpt->cursor);
     step = ckpt->step;
     if (ckpt->rng_state.size() != 2 || ckpt->rng_state[0] != opt.seed)

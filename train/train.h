@@ -16,6 +16,7 @@
 
 #include "data/dataset.h"
 #include "data/tokenizer.h"
+#include "train/checkpoint.h"
 #include "train/model/model.h"
 
 namespace CLI {
@@ -94,6 +95,15 @@ int run_export(const ExportOptions& o, std::ostream& out);
 
 // Throws std::runtime_error naming the file when the tokenizer has more tokens than the model's embedding rows.
 void check_vocab(const tok::Tokenizer& tok, const model::Model& m, const std::string& path);
+
+// A checkpoint's tensors (ts, from its file `what`) in params order, matched by name and shape; throws
+// std::runtime_error naming dir, the file and the tensor on a missing, extra or misshapen tensor.
+std::vector<std::vector<float>> checkpoint_values(const std::string& dir, const std::string& what,
+                                                  const ag::Graph& g, const std::vector<ag::Var>& params,
+                                                  const std::vector<NamedTensor>& ts);
+
+// The embedded file `name` (train/embedded.h) copied once into the cache directory as STEM-<content hash>.ext.
+std::string cached_embedded_copy(const std::string& name, const std::string& stem);
 
 // "builtin:..." names: the demo model (made by init-model on first use and cached) and the shipped demo data.
 // Returns the path to use for a model or data option (unchanged unless it is a builtin name).

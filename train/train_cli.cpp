@@ -3,25 +3,11 @@
 #include <filesystem>
 #include <set>
 
-#include "data/atomic_file.h"
-#include "data/dataset_cache.h"
-#include "train/embedded.h"
 #include "train/train.h"
 
 namespace q4t {
 
-std::string demo_config_path() {
-  const std::string_view text = embedded_file("demo.toml");
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ull;
-  char name[64];
-  std::snprintf(name, sizeof name, "demo-%012llx.toml", static_cast<unsigned long long>(h & 0xffffffffffffull));
-  const std::string dir = data::cache_dir(data::DatasetOptions{});
-  std::filesystem::create_directories(dir);
-  const std::string path = dir + "/" + name;
-  if (!std::filesystem::exists(path)) write_file_atomic(path, text);
-  return path;
-}
+std::string demo_config_path() { return cached_embedded_copy("demo.toml", "demo"); }
 
 namespace {
 
