@@ -99,7 +99,7 @@ void Backend::upload_i32(Tensor& t, std::span<const int32_t> v) {
 Tensor Backend::quantized(std::span<const uint8_t> bytes, const Shape& shape, DType dtype) {
   if (!is_frozen_storage(dtype))
     throw GraphError(std::string("Backend::quantized: ") + dtype_name(dtype) +
-                     " is not a frozen weight storage (q4_0, q8_0, f16)");
+                     " is not a frozen weight storage (q4_0, q8_0, q4_k, q6_k, f16)");
   Tensor t = empty(shape, dtype);
   if (bytes.size() != t.bytes())
     throw GraphError(std::string(dtype_name(dtype)) + " tensor " + shape_str(shape) + " needs " +

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/quant/f16.h"
+#include "kernels/quant/k_quants.h"
 #include "kernels/quant/q4_0.h"
 #include "kernels/quant/q8_0.h"
 #include "kernels/shapes.h"
@@ -113,6 +114,10 @@ Var random_frozen(Graph& g, std::mt19937& rng, DType t, int64_t n_out, int64_t n
   std::vector<uint8_t> bytes(storage_bytes(t, {n_out, n_in}));
   if (t == DType::Q8_0)
     quant::quantize_q8_0(bytes, v, n_out, n_in);
+  else if (t == DType::Q4_K)
+    quant::quantize_q4_k(bytes, v, n_out, n_in);
+  else if (t == DType::Q6_K)
+    quant::quantize_q6_k(bytes, v, n_out, n_in);
   else if (t == DType::F16)
     quant::f32_row_to_f16(bytes.data(), v.data(), n_out * n_in);
   else

@@ -51,6 +51,9 @@ Var linear_cross_entropy(Var x, Var w, Var labels, int64_t vocab_tile);
 // llama.cpp's CPU matmuls round the input of a Q4_0/Q8_0 weight; backward is the identity. Only for
 // reproducing llama.cpp's numbers (q4tune logits --llama-cpp-numerics); cols must be a multiple of 32.
 Var act_round_q8_0(Var x);
+// The same through GGML's Q8_K activation blocks (256 values, f32 scale -1/127 of the value of largest |x|), as
+// llama.cpp's CPU matmuls round the input of a Q4_K/Q6_K weight.
+Var act_round_q8_k(Var x);
 // Inverted dropout y = x * mask / (1 - p), the mask drawn from seed and, when given, salt (i32 [2]): its values
 // are read each time the op runs, so rewriting the salt draws a new mask without rebuilding the graph.
 Var dropout(Var x, double p, uint64_t seed, Var salt = {});

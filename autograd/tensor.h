@@ -14,11 +14,15 @@
 namespace q4t::ag {
 
 // F32: activations, LoRA parameters and gradients. F64: the same on the CPU in gradient checks.
-// I32: token ids and labels. Q4_0, Q8_0, F16: frozen weights as GGUF stores them (raw GGML bytes).
-enum class DType : uint8_t { F32, F64, I32, Q4_0, Q8_0, F16 };
+// I32: token ids and labels. Q4_0, Q8_0, Q4_K, Q6_K, F16: frozen weights as GGUF stores them (raw GGML bytes).
+enum class DType : uint8_t { F32, F64, I32, Q4_0, Q8_0, F16, Q4_K, Q6_K };
 const char* dtype_name(DType t);
-// Block-quantized weights (Q4_0, Q8_0).
-inline bool is_quantized(DType t) { return t == DType::Q4_0 || t == DType::Q8_0; }
+// Block-quantized weights (Q4_0, Q8_0: blocks of 32; Q4_K, Q6_K: super-blocks of 256).
+inline bool is_quantized(DType t) {
+  return t == DType::Q4_0 || t == DType::Q8_0 || t == DType::Q4_K || t == DType::Q6_K;
+}
+// Weights per block of a quantized dtype (1 for any other).
+int64_t block_elems(DType t);
 // The storages of frozen GGUF weights: quantized blocks or F16 halves. Read-only, like the blocks: never
 // trainable, never given a gradient, never reshaped (F16 is storage here, not a real type of the graph).
 inline bool is_frozen_storage(DType t) { return is_quantized(t) || t == DType::F16; }
@@ -28,7 +32,7 @@ using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);
 int64_t numel(const Shape& s);
 // Bytes that a tensor of this dtype and shape occupies (Q4_0: rows * cols/32 * 18; Q8_0: rows * cols/32 * 34;
-// F16: 2 per element).
+// Q4_K: rows * cols/256 * 144; Q6_K: rows * cols/256 * 210; F16: 2 per element).
 size_t storage_bytes(DType t, const Shape& s);
 
 // Where the bytes live. Exactly one of host / buffer is used.
@@ -78,5 +82,12 @@ class Tensor {
   DType dtype_ = DType::F32;
   std::shared_ptr<Storage> storage_;
 };
+
+// Bytes of one row of a frozen matrix (quantized or F16) with `cols` columns.
+int64_t frozen_row_bytes(DType t, int64_t cols);
+// Row r of a CPU matrix [rows, cols] that is frozen (dequantised or widened exactly as GGML does) or real (of
+// the requested type, copied).
+void matrix_row(float* out, const Tensor& m, int64_t r);
+void matrix_row(double* out, const Tensor& m, int64_t r);
 
 }  // namespace q4t::ag

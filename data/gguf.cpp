@@ -106,7 +106,8 @@ bool type_layout(GgmlType t, int64_t* block_elems, int64_t* block_bytes) {
 }
 
 bool supported_type(GgmlType t) {
-  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::Q8_0 || t == GgmlType::Q4_0;
+  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::Q8_0 || t == GgmlType::Q4_0 ||
+         t == GgmlType::Q4_K || t == GgmlType::Q6_K;
 }
 
 uint64_t tensor_bytes(GgmlType t, const std::vector<int64_t>& ne) {

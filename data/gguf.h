@@ -53,7 +53,7 @@ enum class GgmlType : uint32_t {
 const char* type_name(GgmlType t);  // "q4_0", ...; "type 77" for unknown numbers
 // Elements per block and bytes per block; false for a type number this reader does not know.
 bool type_layout(GgmlType t, int64_t* block_elems, int64_t* block_bytes);
-// The types q4tune's kernels compute with today: f32, f16, q8_0, q4_0.
+// The types q4tune's kernels compute with: f32, f16, q8_0, q4_0, q4_K, q6_K.
 bool supported_type(GgmlType t);
 
 struct TensorInfo {

@@ -35,6 +35,22 @@ class CpuHostKernels final : public HostKernels {
               int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) override {
     cpu::f16_dx(dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate);
   }
+  void q4_k_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T, int64_t n_out,
+                 int64_t n_in) override {
+    cpu::q4_k_gemm(Y, w, X, T, n_out, n_in);
+  }
+  void q4_k_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T, int64_t n_out,
+               int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) override {
+    cpu::q4_k_dx(dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate);
+  }
+  void q6_k_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T, int64_t n_out,
+                 int64_t n_in) override {
+    cpu::q6_k_gemm(Y, w, X, T, n_out, n_in);
+  }
+  void q6_k_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T, int64_t n_out,
+               int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) override {
+    cpu::q6_k_dx(dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate);
+  }
   void gemm_nt(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
                int64_t K, bool accumulate) override {
     cpu::gemm_nt(C, A, B, M, N, K, accumulate);
@@ -78,6 +94,22 @@ class VulkanHostKernels final : public HostKernels {
               int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) override {
     frozen_dx(kF16, &vk::LinearKernels::f16_dx, dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate);
   }
+  void q4_k_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T, int64_t n_out,
+                 int64_t n_in) override {
+    frozen_gemm(kQ4_K, &vk::LinearKernels::q4_k_gemm, Y, w, X, T, n_out, n_in);
+  }
+  void q4_k_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T, int64_t n_out,
+               int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) override {
+    frozen_dx(kQ4_K, &vk::LinearKernels::q4_k_dx, dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate);
+  }
+  void q6_k_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T, int64_t n_out,
+                 int64_t n_in) override {
+    frozen_gemm(kQ6_K, &vk::LinearKernels::q6_k_gemm, Y, w, X, T, n_out, n_in);
+  }
+  void q6_k_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T, int64_t n_out,
+               int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) override {
+    frozen_dx(kQ6_K, &vk::LinearKernels::q6_k_dx, dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate);
+  }
 
   void gemm_nt(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
                int64_t K, bool accumulate) override {
@@ -112,6 +144,10 @@ class VulkanHostKernels final : public HostKernels {
                                 vk::LinearKernels::q4_0_dx_scratch_bytes};
   static constexpr Format kQ8_0{"q8_0_gemm", "q8_0_dx", check_q8_0_linear, q8_0_row_bytes,
                                 vk::LinearKernels::q8_0_dx_scratch_bytes};
+  static constexpr Format kQ4_K{"q4_k_gemm", "q4_k_dx", check_q4_k_linear, q4_k_row_bytes,
+                                vk::LinearKernels::q4_k_dx_scratch_bytes};
+  static constexpr Format kQ6_K{"q6_k_gemm", "q6_k_dx", check_q6_k_linear, q6_k_row_bytes,
+                                vk::LinearKernels::q6_k_dx_scratch_bytes};
   static constexpr Format kF16{"f16_gemm", "f16_dx", check_f16_linear, f16_row_bytes,
                                vk::LinearKernels::f16_dx_scratch_bytes};
 

@@ -28,6 +28,14 @@ class HostKernels {
                         int64_t n_out, int64_t n_in) = 0;
   virtual void f16_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T,
                       int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) = 0;
+  virtual void q4_k_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T,
+                         int64_t n_out, int64_t n_in) = 0;
+  virtual void q4_k_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T,
+                       int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) = 0;
+  virtual void q6_k_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T,
+                         int64_t n_out, int64_t n_in) = 0;
+  virtual void q6_k_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T,
+                       int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) = 0;
   virtual void gemm_nt(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M,
                        int64_t N, int64_t K, bool accumulate) = 0;
   virtual void gemm_nn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M,

@@ -31,6 +31,14 @@ void check_q8_0_linear(const char* kernel, int64_t n_out, int64_t n_in, int64_t 
   check_frozen_linear(kernel, n_out, n_in, T, kQ8_0BlockElems, "Q8_0", q8_0_row_bytes(n_in));
 }
 
+void check_q4_k_linear(const char* kernel, int64_t n_out, int64_t n_in, int64_t T) {
+  check_frozen_linear(kernel, n_out, n_in, T, kQK_KBlockElems, "Q4_K", q4_k_row_bytes(n_in));
+}
+
+void check_q6_k_linear(const char* kernel, int64_t n_out, int64_t n_in, int64_t T) {
+  check_frozen_linear(kernel, n_out, n_in, T, kQK_KBlockElems, "Q6_K", q6_k_row_bytes(n_in));
+}
+
 void check_f16_linear(const char* kernel, int64_t n_out, int64_t n_in, int64_t T) {
   check_frozen_linear(kernel, n_out, n_in, T, 1, "F16", f16_row_bytes(n_in));
 }

@@ -147,10 +147,13 @@ TEST(Cli, InfoListsTheKeysAndTensorsAndWhichTypesAreSupported) {
   q4t::gguf::Writer w;
   w.set("general.architecture", q4t::gguf::Value::str("llama"));
   w.add_tensor("blk.0.ffn_down.weight", {256, 2}, q4t::gguf::GgmlType::Q4_K, std::vector<uint8_t>(2 * 144));
+  w.add_tensor("blk.0.ffn_up.weight", {256, 2}, q4t::gguf::GgmlType::Q5_K, std::vector<uint8_t>(2 * 176));
   w.write(path.string());
   r = run("info " + path.string());
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("blk.0.ffn_down.weight  [256, 2]  q4_K            288 bytes  not supported by q4tune (q4_K)"),
+  EXPECT_NE(r.out.find("blk.0.ffn_down.weight  [256, 2]  q4_K            288 bytes  supported\n"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("blk.0.ffn_up.weight    [256, 2]  q5_K            352 bytes  not supported by q4tune (q5_K)"),
             std::string::npos)
       << r.out;
   std::filesystem::remove(path);

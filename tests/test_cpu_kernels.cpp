@@ -1,20 +1,26 @@
-// CPU kernels of the frozen Q4_0, Q8_0 and F16 linears and the LoRA f32 GEMMs against the double-precision
-// reference, on awkward shapes, with every instruction set this CPU can run, and with different thread counts.
+// CPU kernels of the frozen Q4_0, Q8_0, Q4_K, Q6_K and F16 linears and the LoRA f32 GEMMs against the
+// double-precision reference, on awkward shapes, with every instruction set this CPU can run, and with different
+// thread counts.
 #include <gtest/gtest.h>
 
 #include <array>
 #include <atomic>
+#include <bit>
+#include <cstring>
 #include <functional>
+#include <map>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/frozen_rows.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/q4_0_rows.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/cpu/threads.h"
 #include "kernels/quant/f16.h"
+#include "kernels/quant/k_quants.h"
 #include "kernels/quant/q4_0.h"
 #include "kernels/quant/q8_0.h"
 #include "kernels/shapes.h"
@@ -173,7 +179,7 @@ INSTANTIATE_TEST_SUITE_P(AllKernelSets, Q4_0KernelSets,
                            return std::string("unknown");
                          });
 
-// --- Q8_0 and F16: the same checks, once per format -----------------------------------------------------------
+// --- Q8_0, Q4_K, Q6_K and F16: the same checks, once per format ---------------------------------------------
 
 std::vector<uint8_t> random_q8_0(int64_t n_out, int64_t n_in, uint32_t seed) {
   std::vector<uint8_t> w(n_out * q8_0_row_bytes(n_in));
@@ -187,8 +193,27 @@ std::vector<uint8_t> random_f16(int64_t n_out, int64_t n_in, uint32_t seed) {
   return w;
 }
 
-// A frozen weight format as these tests see it: how to make W, its kernels, its references, and the input
-// widths worth testing (F16 takes any n_in, so odd widths and widths below one SIMD vector are included).
+// The K-quant quantizers search scales per sub-block, which is slow enough to matter when every kernel set
+// re-makes the same matrices, so each (format, shape, seed) is quantized once per run.
+template <void (*Quantize)(std::span<uint8_t>, std::span<const float>, int64_t, int64_t),
+          int64_t (*RowBytes)(int64_t)>
+std::vector<uint8_t> random_k_quant(int64_t n_out, int64_t n_in, uint32_t seed) {
+  static std::map<std::array<int64_t, 3>, std::vector<uint8_t>> made;
+  std::vector<uint8_t>& w = made[{n_out, n_in, int64_t(seed)}];
+  if (w.empty()) {
+    w.resize(size_t(n_out * RowBytes(n_in)));
+    Quantize(w, random_floats(n_out * n_in, seed), n_out, n_in);
+  }
+  return w;
+}
+const auto random_q4_k = random_k_quant<quant::quantize_q4_k, q4_k_row_bytes>;
+const auto random_q6_k = random_k_quant<quant::quantize_q6_k, q6_k_row_bytes>;
+
+// A frozen weight format as these tests see it: how to make W, its kernels, its references, and the shapes
+// worth testing. F16 takes any n_in, so odd widths and widths below one SIMD vector are included. The K-quants
+// take multiples of 256 (one and several super-blocks, and 9 of them so that threads split an odd count); their
+// token counts straddle the driver's thresholds (4: panel dx; 12: panel GEMM) and 257 output rows straddle its
+// 256-row depth.
 struct FrozenFormat {
   const char* name;
   std::vector<uint8_t> (*make)(int64_t, int64_t, uint32_t);
@@ -197,15 +222,24 @@ struct FrozenFormat {
   decltype(&q8_0_dx) dx;
   decltype(&ref::q8_0_gemm) ref_gemm;
   decltype(&ref::q8_0_dx) ref_dx;
-  std::vector<int64_t> n_ins;
+  std::vector<int64_t> n_ins, n_outs, tokens;
 };
+
+const std::vector<int64_t> kNOuts(std::begin(kNOut), std::end(kNOut));
+const std::vector<int64_t> kTokenCounts(std::begin(kTokens), std::end(kTokens));
+const std::vector<int64_t> kKNIns = {256, 512, 768, 2304}, kKNOuts = {1, 3, 37, 257},
+                           kKTokens = {1, 3, 4, 12, 17, 40};
 
 const FrozenFormat kFrozenFormats[] = {
-    {"q8_0", random_q8_0, q8_0_gemv, q8_0_gemm, q8_0_dx, ref::q8_0_gemm, ref::q8_0_dx, {32, 64, 4128}},
-    {"f16", random_f16, f16_gemv, f16_gemm, f16_dx, ref::f16_gemm, ref::f16_dx, {32, 64, 4128, 7, 33, 4133}},
+    {"q8_0", random_q8_0, q8_0_gemv, q8_0_gemm, q8_0_dx, ref::q8_0_gemm, ref::q8_0_dx, {32, 64, 4128}, kNOuts,
+     kTokenCounts},
+    {"f16", random_f16, f16_gemv, f16_gemm, f16_dx, ref::f16_gemm, ref::f16_dx, {32, 64, 4128, 7, 33, 4133}, kNOuts,
+     kTokenCounts},
+    {"q4_k", random_q4_k, q4_k_gemv, q4_k_gemm, q4_k_dx, ref::q4_k_gemm, ref::q4_k_dx, kKNIns, kKNOuts, kKTokens},
+    {"q6_k", random_q6_k, q6_k_gemv, q6_k_gemm, q6_k_dx, ref::q6_k_gemm, ref::q6_k_dx, kKNIns, kKNOuts, kKTokens},
 };
 
-// The Q4_0 fixture's kernel sets also pick the Q8_0 and F16 loops (kernels/cpu/frozen_rows.h).
+// The Q4_0 fixture's kernel sets also pick the Q8_0, Q4_K, Q6_K and F16 loops (kernels/cpu/frozen_rows.h).
 class FrozenKernelSets : public Q4_0KernelSets {};
 
 // The bound of the brief, 1e-4, rather than kTol: with n_out = 1 the norm-wise error is that of one dot product,
@@ -216,9 +250,9 @@ constexpr double kFrozenTol = 1e-4;
 TEST_P(FrozenKernelSets, GemvAndGemmMatchTheDoubleReferenceOnAwkwardShapes) {
   for (const FrozenFormat& f : kFrozenFormats)
     for (int64_t n_in : f.n_ins)
-      for (int64_t n_out : kNOut) {
+      for (int64_t n_out : f.n_outs) {
         const std::vector<uint8_t> w = f.make(n_out, n_in, uint32_t(n_out * 7 + n_in));
-        for (int64_t T : kTokens) {
+        for (int64_t T : f.tokens) {
           const std::vector<float> X = random_floats(T * n_in, uint32_t(T));
           const std::vector<double> want = f.ref_gemm(w.data(), X.data(), T, n_out, n_in);
           std::vector<float> Y(T * n_out, NAN);
@@ -238,9 +272,9 @@ TEST_P(FrozenKernelSets, GemvAndGemmMatchTheDoubleReferenceOnAwkwardShapes) {
 TEST_P(FrozenKernelSets, DxMatchesTheReferenceOverwritingAndAccumulating) {
   for (const FrozenFormat& f : kFrozenFormats)
     for (int64_t n_in : f.n_ins)
-      for (int64_t n_out : kNOut) {
+      for (int64_t n_out : f.n_outs) {
         const std::vector<uint8_t> w = f.make(n_out, n_in, uint32_t(n_out * 5 + n_in));
-        for (int64_t T : kTokens) {
+        for (int64_t T : f.tokens) {
           const std::vector<float> dY = random_floats(T * n_out, uint32_t(T + 10));
           const std::vector<float> dX_in = random_floats(T * n_in, uint32_t(T + 20));
           const std::string label = std::string(f.name) + " " + shape_label(T, n_out, n_in);
@@ -264,8 +298,9 @@ TEST_P(FrozenKernelSets, DxTilesAccumulatedInTurnEqualTheUntiledResult) {
   struct Case {
     int64_t n_out, n_in, tile;
   };
+  // Widths from the format's list: the widest, the second and the narrowest.
   for (const FrozenFormat& f : kFrozenFormats)
-    for (Case c : {Case{1000, 4128, 300}, Case{7, 64, 5}, Case{65, 32, 64}})
+    for (Case c : {Case{1000, f.n_ins.back(), 300}, Case{7, f.n_ins[1], 5}, Case{65, f.n_ins[0], 64}})
       for (int64_t T : {int64_t(1), int64_t(17)}) {
         const std::vector<uint8_t> w = f.make(c.n_out, c.n_in, uint32_t(c.tile));
         const std::vector<float> dY = random_floats(T * c.n_out, uint32_t(T + 30));
@@ -308,6 +343,34 @@ TEST_P(FrozenKernelSets, ThreadCountDoesNotChangeTheResults) {
       EXPECT_LE(ref::max_rel_error(dX[i].data(), want_dX), kFrozenTol) << label;
     }
   }
+}
+
+// The K-quant row loops decode exactly as the codec's float dequantisation (GGML's), from bytes at any alignment.
+// The last block's d and dmin are far apart, so that d·sc·q − dmin·m rounds in f32 and the order of the
+// operations shows.
+template <typename Block, void (*Dequantize)(float*, const Block*, int64_t)>
+void expect_decode_matches_codec(const detail::FrozenRowKernels& k, const std::vector<uint8_t>& row,
+                                 int64_t n) {
+  std::vector<Block> blocks(size_t(n / kQK_KBlockElems));
+  std::memcpy(blocks.data(), row.data(), row.size());
+  std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n) + 1, NAN);
+  Dequantize(want.data(), blocks.data(), n);
+  std::vector<uint8_t> shifted(row.size() + 1);  // an odd address
+  std::memcpy(shifted.data() + 1, row.data(), row.size());
+  k.decode(got.data() + 1, shifted.data() + 1, n);
+  for (int64_t i = 0; i < n; i++)
+    ASSERT_EQ(std::bit_cast<uint32_t>(got[size_t(i) + 1]), std::bit_cast<uint32_t>(want[size_t(i)]))
+        << k.name << " weight " << i << ": " << got[size_t(i) + 1] << " != " << want[size_t(i)];
+}
+
+TEST_P(FrozenKernelSets, KQuantDecodeEqualsTheCodecBitForBit) {
+  const int64_t n = 4 * kQK_KBlockElems;
+  std::vector<uint8_t> q4 = random_q4_k(1, n, 11), q6 = random_q6_k(1, n, 12);
+  const uint16_t d = quant::f32_to_f16(1000.0f), dmin = quant::f32_to_f16(3e-3f);
+  std::memcpy(q4.data() + 3 * kQ4_KBlockBytes, &d, 2);
+  std::memcpy(q4.data() + 3 * kQ4_KBlockBytes + 2, &dmin, 2);
+  expect_decode_matches_codec<quant::BlockQ4_K, quant::dequantize_row_q4_k>(detail::q4_k_row_kernels(), q4, n);
+  expect_decode_matches_codec<quant::BlockQ6_K, quant::dequantize_row_q6_k>(detail::q6_k_row_kernels(), q6, n);
 }
 
 std::string isa_name(const ::testing::TestParamInfo<detail::Isa>& info) {
@@ -418,6 +481,24 @@ TEST(Q8_0Linear, RejectsBadWidthsSpansAndRowRangesNamingTheSizes) {
   EXPECT_SHAPE_ERROR(q8_0_gemv(small, w, x, 4, 64), "y has 5 floats, expected 4");
   EXPECT_SHAPE_ERROR(q8_0_dx(X, w, small, 3, 4, 64, 0, 4, false), "dY has 5 floats, expected 12");
   EXPECT_SHAPE_ERROR(q8_0_dx(X, w, dY, 3, 4, 64, 3, 3, true), "row range [3, 3)");
+}
+
+TEST(KQuantLinear, RejectsWidthsThatAreNotAMultipleOf256AndSpansOfTheWrongSize) {
+  std::vector<uint8_t> w4(2 * 144), w6(2 * 210);
+  std::vector<float> x(256), y(2), dX(256), small(5);
+  const std::span<const float> x32 = std::span<const float>(x).first(32);
+  EXPECT_SHAPE_ERROR(q4_k_gemv(y, w4, x32, 2, 32),
+                     "q4_k_gemv: n_in = 32 is not a multiple of 256 (the Q4_K block size)");
+  EXPECT_SHAPE_ERROR(q6_k_gemm(y, w6, x32, 1, 2, 32),
+                     "q6_k_gemm: n_in = 32 is not a multiple of 256 (the Q6_K block size)");
+  EXPECT_SHAPE_ERROR(q4_k_dx(std::span<float>(dX).first(32), w4, y, 1, 2, 32, 0, 2, false),
+                     "q4_k_dx: n_in = 32 is not a multiple of 256");
+  EXPECT_SHAPE_ERROR(q4_k_gemm(y, std::span<const uint8_t>(w4).first(287), x, 1, 2, 256),
+                     "w has 287 bytes, expected 288");
+  EXPECT_SHAPE_ERROR(q6_k_gemv(y, std::span<const uint8_t>(w6).first(419), x, 2, 256), "w has 419 bytes, expected 420");
+  EXPECT_SHAPE_ERROR(q6_k_gemv(small, w6, x, 2, 256), "y has 5 floats, expected 2");
+  EXPECT_SHAPE_ERROR(q4_k_dx(dX, w4, small, 1, 2, 256, 0, 2, false), "dY has 5 floats, expected 2");
+  EXPECT_SHAPE_ERROR(q6_k_dx(dX, w6, y, 1, 2, 256, 1, 3, true), "row range [1, 3)");
 }
 
 TEST(F16Linear, AcceptsAnyWidthAndRejectsSpansOfTheWrongSize) {

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <set>
+#include <tuple>
 #include <map>
 #include <sstream>
 
@@ -152,11 +155,109 @@ TEST(ModelFiles, EveryWeightTypeLoadsAndStaysInItsStoredType) {
   auto be = ag::Backend::cpu();
   const std::map<std::string, ag::DType> want = {
       {"q4_0", ag::DType::Q4_0}, {"q8_0", ag::DType::Q8_0}, {"f16", ag::DType::F16}, {"f32", ag::DType::F32}};
+  // (Q4_K and Q6_K: InitModelQ4_K_MWritesLlamaQuantizesMix below, with rows of whole 256-weight super-blocks.)
   for (const auto& [type, dtype] : want) {
     auto m = Model::load(tiny_model("llama", type, false), *be);
     EXPECT_EQ(m->weight("blk.0.attn_q.weight").dtype(), dtype) << type;
     EXPECT_EQ(m->weight("blk.0.attn_norm.weight").dtype(), ag::DType::F32) << type;
   }
+}
+
+// q4_k_m writes llama-quantize's Q4_K_M mix: Q6_K for the output matrix and for attn_v and ffn_down of layers
+// i < n/8, i >= 7n/8 and (i - n/8) % 3 == 2 (with 8 layers: 0, 3, 6, 7), Q4_K for every other matrix; the model
+// loads every tensor in its stored type.
+TEST(ModelFiles, InitModelQ4_K_MWritesLlamaQuantizesMix) {
+  InitModelOptions o;
+  o.type = "q4_k_m";
+  o.out = temp_dir() + "/q4_k_m.gguf";
+  o.dim = 256, o.layers = 8, o.heads = 2, o.kv_heads = 1, o.ff = 256, o.ctx = 64;
+  std::ostringstream sink;
+  run_init_model(o, sink);
+  auto f = gguf::File::open(o.out);
+  EXPECT_EQ(f->get_uint("general.file_type"), 15u);  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+  const std::set<int> six_bit_layers = {0, 3, 6, 7};
+  int n_q4_k = 0, n_q6_k = 0;
+  for (const auto& t : f->tensors()) {
+    if (t.ne.size() != 2) {
+      EXPECT_EQ(t.type, gguf::GgmlType::F32) << t.name;
+      continue;
+    }
+    bool six = t.name == "output.weight";
+    for (int l : six_bit_layers)
+      for (const char* m : {"attn_v", "ffn_down"})
+        six = six || t.name == "blk." + std::to_string(l) + "." + m + ".weight";
+    EXPECT_EQ(t.type, six ? gguf::GgmlType::Q6_K : gguf::GgmlType::Q4_K) << t.name;
+    (six ? n_q6_k : n_q4_k)++;
+  }
+  EXPECT_EQ(n_q6_k, 9);
+  EXPECT_EQ(n_q4_k, 8 * 7 + 1 - 8);
+  auto be = ag::Backend::cpu();
+  auto m = Model::load(o.out, *be);
+  EXPECT_EQ(m->weight("token_embd.weight").dtype(), ag::DType::Q4_K);
+  EXPECT_EQ(m->weight("blk.3.attn_v.weight").dtype(), ag::DType::Q6_K);
+  EXPECT_EQ(m->weight("blk.4.attn_v.weight").dtype(), ag::DType::Q4_K);
+  EXPECT_EQ(m->weight("output.weight").dtype(), ag::DType::Q6_K);
+  EXPECT_EQ(m->weight_bytes(), [&] {
+    int64_t b = 0;
+    for (const auto& t : f->tensors()) b += int64_t(t.bytes);
+    return b;
+  }());
+}
+
+// quantize --type q4_0 is llama-quantize's Q4_0: the output matrix (token_embd when tied) in Q6_K, or Q8_0 when
+// its rows are not whole 256-weight super-blocks.
+TEST(ModelFiles, QuantizeQ4_0WritesTheOutputMatrixAsLlamaQuantizeDoes) {
+  for (const auto& [dim, tied, output_type] :
+       {std::tuple{256, true, gguf::GgmlType::Q6_K}, std::tuple{256, false, gguf::GgmlType::Q6_K},
+        std::tuple{64, false, gguf::GgmlType::Q8_0}}) {
+    InitModelOptions o;
+    o.type = "f32";
+    o.tied = tied;
+    o.dim = dim, o.layers = 1, o.heads = 2, o.kv_heads = 1, o.ff = 256, o.ctx = 64;
+    o.out = temp_dir() + "/f32_" + std::to_string(dim) + (tied ? "_tied" : "") + ".gguf";
+    std::ostringstream sink;
+    run_init_model(o, sink);
+    const std::string out = o.out + ".q4_0.gguf";
+    run_quantize(o.out, out, "q4_0", sink);
+    auto f = gguf::File::open(out);
+    const std::string output = tied ? "token_embd.weight" : "output.weight";
+    for (const auto& t : f->tensors()) {
+      const gguf::GgmlType want = t.ne.size() != 2 ? gguf::GgmlType::F32
+                                  : t.name == output ? output_type
+                                                     : gguf::GgmlType::Q4_0;
+      EXPECT_EQ(t.type, want) << t.name << " (dim " << dim << (tied ? ", tied" : "") << ")";
+    }
+    auto be = ag::Backend::cpu();
+    EXPECT_NO_THROW(Model::load(out, *be));
+  }
+}
+
+// Q4_K needs rows of whole super-blocks; llama-quantize would fall back to Q5_0, which q4tune lacks: one clear
+// error naming the tensor, and no file written (an existing one untouched).
+TEST(ModelFiles, Q4_K_MRefusesRowsThatAreNotWholeSuperBlocks) {
+  InitModelOptions o;
+  o.type = "q4_k_m";
+  o.out = temp_dir() + "/q4_k_m_dim64.gguf";
+  o.dim = 64, o.layers = 1, o.heads = 2, o.kv_heads = 1, o.ff = 256, o.ctx = 64;
+  std::ostringstream sink;
+  try {
+    run_init_model(o, sink);
+    ADD_FAILURE() << "dim 64 was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("token_embd.weight has n_in = 64, not a multiple of 256"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(o.out));
+
+  o.type = "f32";
+  o.out = temp_dir() + "/f32_dim64.gguf";
+  run_init_model(o, sink);
+  const std::string existing = temp_dir() + "/existing.gguf";
+  { std::ofstream(existing) << "keep me"; }
+  EXPECT_THROW(run_quantize(o.out, existing, "q4_k_m", sink), std::invalid_argument);
+  std::ifstream in(existing);
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(content, "keep me");
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Block codecs: software f16 against the F16C instructions, Q4_0 and Q8_0 against hand-computed GGML blocks.
+// Block codecs: software f16 against the F16C instructions; Q4_0, Q8_0, Q4_K and Q6_K against hand-computed GGML
+// blocks.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "kernels/quant/f16.h"
+#include "kernels/quant/k_quants.h"
 #include "kernels/quant/q4_0.h"
 #include "kernels/quant/q8_0.h"
 
@@ -417,6 +419,261 @@ TEST(Q8_0, QuantizerRejectsBadSizesWithActionableMessages) {
   BlockQ8_0 block;
   msg = shape_error([&] { dequantize_row_q8_0(w.data(), &block, 40); });
   EXPECT_NE(msg.find("multiple of 32"), std::string::npos) << msg;
+}
+
+
+// --- Q4_K and Q6_K ----------------------------------------------------------------------------------------------
+
+// (sc, m) = (63, 7), (1, 63), (16, 20), (17, 47), (32, 16), (48, 3), (62, 33), (5, 63), packed by hand:
+// bytes 0-3 = sc0..3 | (sc4..7 >> 4) << 6, bytes 4-7 = m0..3 | (m4..7 >> 4) << 6,
+// bytes 8-11 = (sc4..7 & 15) | (m4..7 & 15) << 4.
+constexpr uint8_t kSc[8] = {63, 1, 16, 17, 32, 48, 62, 5}, kM[8] = {7, 63, 20, 47, 16, 3, 33, 63};
+constexpr uint8_t kPackedScales[12] = {0xBF, 0xC1, 0xD0, 0x11, 0x47, 0x3F, 0x94, 0xEF, 0x00, 0x30, 0x1E, 0xF5};
+
+TEST(Q4_K, ScaleMinUnpacksHandPackedBytesForAllEightSubBlocks) {
+  for (int j = 0; j < 8; j++) {
+    uint8_t sc = 0, m = 0;
+    k4_scale_min(kPackedScales, j, &sc, &m);
+    EXPECT_EQ(int(sc), int(kSc[j])) << "sub-block " << j;
+    EXPECT_EQ(int(m), int(kM[j])) << "sub-block " << j;
+  }
+}
+
+// Sub-block j holds sc_j·p − m_j for levels p = l % 16: the fit is exact with scale sc_j and min m_j, the largest
+// of each is 63, so d = dmin = 1 and the stored 6-bit values are sc_j and m_j themselves, packed as above.
+TEST(Q4_K, QuantizerPacksTheScalesAndMinsThatScaleMinUnpacks) {
+  std::array<float, 256> x;
+  for (int j = 0; j < 8; j++)
+    for (int l = 0; l < 32; l++) x[32 * j + l] = float(kSc[j]) * float(l % 16) - float(kM[j]);
+  BlockQ4_K block;
+  quantize_row_q4_k(&block, x.data(), 256);
+  EXPECT_EQ(block.d, 0x3C00);
+  EXPECT_EQ(block.dmin, 0x3C00);
+  EXPECT_EQ(std::memcmp(block.scales, kPackedScales, 12), 0);
+  for (int j = 0; j < 8; j++) {
+    uint8_t sc = 0, m = 0;
+    k4_scale_min(block.scales, j, &sc, &m);
+    EXPECT_EQ(int(sc), int(kSc[j])) << "sub-block " << j;
+    EXPECT_EQ(int(m), int(kM[j])) << "sub-block " << j;
+  }
+  std::array<float, 256> y;
+  dequantize_row_q4_k(y.data(), &block, 256);
+  for (int i = 0; i < 256; i++) EXPECT_EQ(y[size_t(i)], x[size_t(i)]) << "weight " << i;
+}
+
+// d = 0.5 (f16 0x3800), dmin = 0.25 (0x3400), the scales above; weight 32j + l = 0.5·sc_j·q − 0.25·m_j. Chunk c
+// of qs (32 bytes) holds sub-block 2c in its low nibbles and 2c + 1 in its high nibbles.
+TEST(Q4_K, HandBuiltBlockDequantisesToHandComputedValues) {
+  BlockQ4_K block{};
+  block.d = 0x3800;
+  block.dmin = 0x3400;
+  std::memcpy(block.scales, kPackedScales, 12);
+  block.qs[0] = 0x3A;       // sub-block 0 weight 0: q = 10; sub-block 1 weight 0: q = 3
+  block.qs[31] = 0xF0;      // sub-block 0 weight 31: 0; sub-block 1 weight 31: 15
+  block.qs[64 + 5] = 0x7C;  // sub-block 4 weight 5: 12; sub-block 5 weight 5: 7
+  block.qs[96 + 31] = 0xE1;  // sub-block 6 weight 31: 1; sub-block 7 weight 31: 14
+  std::array<float, 256> y;
+  dequantize_row_q4_k(y.data(), &block, 256);
+  EXPECT_EQ(y[0], 313.25f);         // 0.5·63·10 − 0.25·7
+  EXPECT_EQ(y[32], -14.25f);        // 0.5·1·3 − 0.25·63
+  EXPECT_EQ(y[31], -1.75f);         // 0.5·63·0 − 0.25·7
+  EXPECT_EQ(y[63], -8.25f);         // 0.5·1·15 − 0.25·63
+  EXPECT_EQ(y[128 + 5], 188.0f);    // 0.5·32·12 − 0.25·16
+  EXPECT_EQ(y[160 + 5], 167.25f);   // 0.5·48·7 − 0.25·3
+  EXPECT_EQ(y[192 + 31], 22.75f);   // 0.5·62·1 − 0.25·33
+  EXPECT_EQ(y[224 + 31], 19.25f);   // 0.5·5·14 − 0.25·63
+  EXPECT_EQ(y[96], -11.75f);        // q = 0 in sub-block 3: −0.25·47
+  EXPECT_EQ(y[128 + 6], -4.0f);     // q = 0 in sub-block 4: −0.25·16
+}
+
+// d = 0.5; half h, lane l: weights 128h + l, +32, +64, +96 take the low/high nibbles of ql[64h + l] and
+// ql[64h + l + 32] and bit pairs 0-1, 2-3, 4-5, 6-7 of qh[32h + l]; their scales are scales[8h + l/16 + 0, 2, 4, 6].
+TEST(Q6_K, HandBuiltBlockDequantisesToHandComputedValues) {
+  BlockQ6_K block{};
+  const int8_t scales[16] = {1, -2, 3, -4, 5, -6, 7, -8, 10, -20, 30, -40, 50, -60, 127, -128};
+  std::memcpy(block.scales, scales, 16);
+  block.d = 0x3800;
+  // h = 0, l = 3: q = 5 | 0<<4, 12 | 1<<4, 10 | 2<<4, 3 | 3<<4 = 5, 28, 42, 51 -> q − 32 = −27, −4, 10, 19.
+  block.ql[3] = 0xA5;
+  block.ql[35] = 0x3C;
+  block.qh[3] = 0xE4;
+  // h = 1, l = 20: q = 15 | 3<<4, 0 | 2<<4, 0 | 1<<4, 15 | 0<<4 = 63, 32, 16, 15 -> 31, 0, −16, −17.
+  block.ql[64 + 20] = 0x0F;
+  block.ql[64 + 52] = 0xF0;
+  block.qh[32 + 20] = 0x1B;
+  std::array<float, 256> y;
+  dequantize_row_q6_k(y.data(), &block, 256);
+  EXPECT_EQ(y[3], -13.5f);         // 0.5·1·(−27)
+  EXPECT_EQ(y[35], -6.0f);         // 0.5·3·(−4)
+  EXPECT_EQ(y[67], 25.0f);         // 0.5·5·10
+  EXPECT_EQ(y[99], 66.5f);         // 0.5·7·19
+  EXPECT_EQ(y[128 + 20], -310.0f);  // 0.5·(−20)·31
+  EXPECT_EQ(y[128 + 52], 0.0f);     // 0.5·(−40)·0
+  EXPECT_EQ(y[128 + 84], 480.0f);   // 0.5·(−60)·(−16)
+  EXPECT_EQ(y[128 + 116], 1088.0f);  // 0.5·(−128)·(−17)
+  EXPECT_EQ(y[0], -16.0f);          // all bits 0: q − 32 = −32, scale 1
+  EXPECT_EQ(y[16], 32.0f);          // scale −2
+  EXPECT_EQ(y[128 + 127], 2048.0f);  // scale −128 (lane 31 of half 1, +96)
+}
+
+// A random finite f16 of either sign with any exponent, so that d·sc·q and dmin·m differ widely in size.
+uint16_t random_half(std::mt19937& rng) {
+  const uint16_t h = uint16_t(rng() & 0xFFFF);
+  return (h & 0x7C00) == 0x7C00 ? uint16_t(h ^ 0x4000) : h;  // inf/NaN exponent -> a finite one
+}
+
+// The double dequantisation is exact; the float one evaluates (d·sc)·q − dmin·m, whose product is exact in f32,
+// so it must equal the exact value rounded once (and the exact value itself whenever that fits in a float).
+TEST(Q4_K, FloatDequantisationIsTheExactValueRoundedOnce) {
+  std::mt19937 rng(21);
+  std::vector<BlockQ4_K> blocks(64);
+  for (BlockQ4_K& b : blocks) {
+    for (uint8_t& v : b.scales) v = uint8_t(rng());
+    for (uint8_t& v : b.qs) v = uint8_t(rng());
+    b.d = random_half(rng);
+    b.dmin = random_half(rng);
+  }
+  blocks[0].dmin = blocks[0].d;  // one block with equal scales, where most values are exact
+  const int64_t n = 256 * 64;
+  std::vector<float> yf(n);
+  std::vector<double> yd(n);
+  dequantize_row_q4_k(yf.data(), blocks.data(), n);
+  dequantize_row_q4_k(yd.data(), blocks.data(), n);
+  int exact = 0, rounded = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const BlockQ4_K& b = blocks[size_t(i / 256)];
+    const int j = int(i % 256 / 32), l = int(i % 32);
+    uint8_t sc, m;
+    k4_scale_min(b.scales, j, &sc, &m);
+    const int q = (b.qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF;
+    ASSERT_EQ(yd[size_t(i)], double(f16_to_f32(b.d)) * sc * q - double(f16_to_f32(b.dmin)) * m) << i;
+    ASSERT_EQ(yf[size_t(i)], float(yd[size_t(i)])) << i;
+    (double(float(yd[size_t(i)])) == yd[size_t(i)] ? exact : rounded)++;
+  }
+  EXPECT_GT(exact, 0);
+  EXPECT_GT(rounded, 0) << "the fixture should include values that do not fit in a float";
+}
+
+// d·scale·(q − 32) has at most 11 + 8 + 6 significant bits, so the float dequantisation is exact.
+TEST(Q6_K, DequantisesExactlyInFloatAndDouble) {
+  std::mt19937 rng(22);
+  std::vector<BlockQ6_K> blocks(64);
+  for (BlockQ6_K& b : blocks) {
+    for (uint8_t& v : b.ql) v = uint8_t(rng());
+    for (uint8_t& v : b.qh) v = uint8_t(rng());
+    for (int8_t& v : b.scales) v = int8_t(rng());
+    b.d = random_half(rng);
+  }
+  const int64_t n = 256 * 64;
+  std::vector<float> yf(n);
+  std::vector<double> yd(n);
+  dequantize_row_q6_k(yf.data(), blocks.data(), n);
+  dequantize_row_q6_k(yd.data(), blocks.data(), n);
+  for (int64_t i = 0; i < n; i++) ASSERT_EQ(double(yf[size_t(i)]), yd[size_t(i)]) << i;
+}
+
+double rms(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += double(x) * x;
+  return std::sqrt(s / double(v.size()));
+}
+
+double rms_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); i++) s += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+  return std::sqrt(s / double(a.size()));
+}
+
+// On N(0, 1) weights with 1% outliers, relative to the RMS of the data: 4-bit Q4_0 lands near 0.15, Q4_K (a scale
+// and a min per 32 weights, fitted by search) near 0.10, and 6-bit Q6_K near 0.033.
+TEST(KQuants, RoundTripErrorIsSmallerThanQ4_0sAndQ6_KsMuchSmaller) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t n = 256 * 256;
+  std::vector<float> x(n);
+  for (auto& v : x) v = normal(rng);
+  for (int64_t i = 0; i < n; i += 101) x[size_t(i)] *= 20.0f;
+  std::vector<BlockQ4_0> q4_0(n / 32);
+  std::vector<BlockQ4_K> q4_k(n / 256);
+  std::vector<BlockQ6_K> q6_k(n / 256);
+  quantize_row_q4_0(q4_0.data(), x.data(), n);
+  quantize_row_q4_k(q4_k.data(), x.data(), n);
+  quantize_row_q6_k(q6_k.data(), x.data(), n);
+  std::vector<float> y4_0(n), y4_k(n), y6_k(n);
+  dequantize_row_q4_0(y4_0.data(), q4_0.data(), n);
+  dequantize_row_q4_k(y4_k.data(), q4_k.data(), n);
+  dequantize_row_q6_k(y6_k.data(), q6_k.data(), n);
+  const double e4_0 = rms_difference(x, y4_0) / rms(x), e4_k = rms_difference(x, y4_k) / rms(x),
+               e6_k = rms_difference(x, y6_k) / rms(x);
+  EXPECT_LT(e4_0, 0.16);
+  EXPECT_LT(e4_k, 0.75 * e4_0);
+  EXPECT_LT(e6_k, 0.4 * e4_k);
+}
+
+TEST(KQuants, AllZeroBlocksAreAllZeroBytesAndDequantiseToZero) {
+  const std::array<float, 256> x{};
+  BlockQ4_K q4;
+  BlockQ6_K q6;
+  std::memset(&q4, 0xAB, sizeof q4);
+  std::memset(&q6, 0xAB, sizeof q6);
+  quantize_row_q4_k(&q4, x.data(), 256);
+  quantize_row_q6_k(&q6, x.data(), 256);
+  const std::array<uint8_t, 210> zeros{};
+  EXPECT_EQ(std::memcmp(&q4, zeros.data(), sizeof q4), 0);
+  EXPECT_EQ(std::memcmp(&q6, zeros.data(), sizeof q6), 0);
+  std::array<float, 256> y4, y6;
+  dequantize_row_q4_k(y4.data(), &q4, 256);
+  dequantize_row_q6_k(y6.data(), &q6, 256);
+  for (int i = 0; i < 256; i++) {
+    EXPECT_EQ(y4[size_t(i)], 0.0f) << i;
+    EXPECT_EQ(y6[size_t(i)], 0.0f) << i;
+  }
+}
+
+// Values up to 8e-15 give sub-block scales near 2.5e-16, below GGML's GROUP_MAX_EPS (1e-15): GGML writes the
+// whole block as zeros rather than quants against a scale that rounds to 0 in f16.
+TEST(Q6_K, BlockWhoseScalesAreAllBelowTheEpsilonIsAllZeroBytes) {
+  std::array<float, 256> x;
+  for (int i = 0; i < 256; i++) x[size_t(i)] = 1e-15f * float(i % 16 - 8);
+  BlockQ6_K q6;
+  quantize_row_q6_k(&q6, x.data(), 256);
+  const std::array<uint8_t, 210> zeros{};
+  EXPECT_EQ(std::memcmp(&q6, zeros.data(), sizeof q6), 0);
+}
+
+TEST(KQuants, MatrixQuantizersWriteRowsOfBlocksBackToBack) {
+  const int64_t n_out = 3, n_in = 512;
+  std::vector<float> w(n_out * n_in);
+  for (size_t i = 0; i < w.size(); i++) w[i] = std::sin(0.37f * float(i));
+  std::vector<uint8_t> out4(n_out * q4_k_row_bytes(n_in)), out6(n_out * q6_k_row_bytes(n_in));
+  quantize_q4_k(out4, w, n_out, n_in);
+  quantize_q6_k(out6, w, n_out, n_in);
+  for (int64_t r = 0; r < n_out; r++) {
+    BlockQ4_K row4[2];
+    BlockQ6_K row6[2];
+    quantize_row_q4_k(row4, w.data() + r * n_in, n_in);
+    quantize_row_q6_k(row6, w.data() + r * n_in, n_in);
+    EXPECT_EQ(std::memcmp(out4.data() + r * 288, row4, 288), 0) << "row " << r;
+    EXPECT_EQ(std::memcmp(out6.data() + r * 420, row6, 420), 0) << "row " << r;
+  }
+}
+
+TEST(KQuants, RejectBadSizesWithActionableMessages) {
+  std::vector<float> w(2 * 256);
+  std::vector<uint8_t> out4(2 * 144), out6(2 * 210);
+  std::string msg = shape_error([&] { quantize_q4_k(out4, std::span<const float>(w).first(64), 2, 32); });
+  EXPECT_NE(msg.find("quantize_q4_k: n_in = 32 is not a multiple of 256 (the Q4_K block size)"), std::string::npos)
+      << msg;
+  msg = shape_error([&] { quantize_q6_k(out6, std::span<const float>(w).first(500), 2, 256); });
+  EXPECT_NE(msg.find("w has 500 floats, expected 512"), std::string::npos) << msg;
+  msg = shape_error([&] { quantize_q6_k(std::span<uint8_t>(out6).first(300), w, 2, 256); });
+  EXPECT_NE(msg.find("out has 300 bytes, expected 420"), std::string::npos) << msg;
+  BlockQ4_K q4;
+  BlockQ6_K q6;
+  msg = shape_error([&] { quantize_row_q4_k(&q4, w.data(), 300); });
+  EXPECT_NE(msg.find("n = 300 is not a multiple of 256"), std::string::npos) << msg;
+  msg = shape_error([&] { dequantize_row_q6_k(w.data(), &q6, 128); });
+  EXPECT_NE(msg.find("dequantize_row_q6_k: n = 128 is not a multiple of 256"), std::string::npos) << msg;
 }
 
 }  // namespace

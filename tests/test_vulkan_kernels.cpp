@@ -2,11 +2,15 @@
 // machine has (lavapipe in CI), with the validation layer on when it is installed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
+#include <cstring>
 #include <random>
 
 #include "kernels/cpu/reference.h"
 #include "kernels/host_kernels.h"
 #include "kernels/quant/f16.h"
+#include "kernels/quant/k_quants.h"
 #include "kernels/quant/q4_0.h"
 #include "kernels/quant/q8_0.h"
 #include "kernels/shapes.h"
@@ -108,7 +112,7 @@ TEST_F(VulkanKernels, Q4_0DxTilesThatDoNotDivideSumToTheUntiledResult) {
   }
 }
 
-// --- Q8_0 and F16: the same checks, once per format -----------------------------------------------------------
+// --- Q8_0, F16, Q4_K and Q6_K: the same checks, once per format -------------------------------------------------
 
 std::vector<uint8_t> random_q8_0(std::mt19937& rng, int64_t n_out, int64_t n_in) {
   std::vector<uint8_t> w(size_t(n_out * q8_0_row_bytes(n_in)));
@@ -122,8 +126,27 @@ std::vector<uint8_t> random_f16(std::mt19937& rng, int64_t n_out, int64_t n_in) 
   return w;
 }
 
-// A frozen weight format: how to make W, its host kernels and its references. F16 adds n_in = 2 and 98 (even,
-// but not a multiple of 4, 32 or the tile width); the first width is the smallest.
+std::vector<uint8_t> random_q4_k(std::mt19937& rng, int64_t n_out, int64_t n_in) {
+  std::vector<uint8_t> w(size_t(n_out * q4_k_row_bytes(n_in)));
+  quant::quantize_q4_k(w, random_floats(rng, n_out * n_in), n_out, n_in);
+  return w;
+}
+
+std::vector<uint8_t> random_q6_k(std::mt19937& rng, int64_t n_out, int64_t n_in) {
+  std::vector<uint8_t> w(size_t(n_out * q6_k_row_bytes(n_in)));
+  quant::quantize_q6_k(w, random_floats(rng, n_out * n_in), n_out, n_in);
+  return w;
+}
+
+// Row-range tiles of a dx: rows [0, n_out) in steps of `tile`, with T tokens.
+struct DxTileCase {
+  int64_t n_out, n_in, T, tile;
+};
+
+// A frozen weight format: how to make W, its host kernels and its references, and the shapes to check. F16 adds
+// n_in = 2 and 98 (even, but not a multiple of 4, 32 or the tile width); the K-quants take whole super-blocks
+// (n_in = 256 and 9·256, both odd block counts, so Q6_K rows alternate between word and half-word alignment)
+// and odd row counts around their GEMV row groups. The first width is the smallest.
 struct FrozenFormat {
   const char* name;
   std::vector<uint8_t> (*make)(std::mt19937&, int64_t, int64_t);
@@ -131,20 +154,32 @@ struct FrozenFormat {
   decltype(&HostKernels::q8_0_dx) dx;
   decltype(&ref::q8_0_gemm) ref_gemm;
   decltype(&ref::q8_0_dx) ref_dx;
-  std::vector<int64_t> n_ins;
+  std::vector<int64_t> n_ins, n_outs;
+  std::vector<DxTileCase> dx_tiles;
+  bool k_quant = false;  // 256-weight super-blocks
 };
+
+const std::vector<DxTileCase> kBlock32DxTiles = {{1000, 4128, 1, 300}, {1000, 64, 3, 300}, {7, 32, 17, 5},
+                                                 {65, 64, 1, 64},      {63, 4128, 3, 10},  {200, 96, 130, 70}};
+// 1000 rows of one super-block make 8 row chunks for the one-token dx (at least 128 rows each), reduced in order.
+const std::vector<DxTileCase> kKQuantDxTiles = {{1000, 256, 1, 300}, {1000, 256, 1, 1000}, {257, 768, 1, 100},
+                                                {37, 256, 3, 10},    {130, 512, 65, 70},   {257, 256, 17, 64}};
 
 const FrozenFormat kFrozenFormats[] = {
     {"q8_0", random_q8_0, &HostKernels::q8_0_gemm, &HostKernels::q8_0_dx, ref::q8_0_gemm, ref::q8_0_dx,
-     {32, 64, 4128}},
+     {32, 64, 4128}, {1, 7, 63, 65, 1000}, kBlock32DxTiles},
     {"f16", random_f16, &HostKernels::f16_gemm, &HostKernels::f16_dx, ref::f16_gemm, ref::f16_dx,
-     {2, 32, 64, 98, 4128}},
+     {2, 32, 64, 98, 4128}, {1, 7, 63, 65, 1000}, kBlock32DxTiles},
+    {"q4_k", random_q4_k, &HostKernels::q4_k_gemm, &HostKernels::q4_k_dx, ref::q4_k_gemm, ref::q4_k_dx,
+     {256, 2304}, {1, 3, 37, 257}, kKQuantDxTiles, true},
+    {"q6_k", random_q6_k, &HostKernels::q6_k_gemm, &HostKernels::q6_k_dx, ref::q6_k_gemm, ref::q6_k_dx,
+     {256, 2304}, {1, 3, 37, 257}, kKQuantDxTiles, true},
 };
 
-TEST_F(VulkanKernels, Q8_0AndF16ForwardMatchReferenceOnAwkwardShapes) {
+TEST_F(VulkanKernels, FrozenFormatsForwardMatchReferenceOnAwkwardShapes) {
   for (const FrozenFormat& f : kFrozenFormats)
     for (int64_t n_in : f.n_ins)
-      for (int64_t n_out : kNOut)
+      for (int64_t n_out : f.n_outs)
         for (int64_t T : kT) {
           const auto w = f.make(rng_, n_out, n_in);
           const auto x = random_floats(rng_, T * n_in);
@@ -155,10 +190,22 @@ TEST_F(VulkanKernels, Q8_0AndF16ForwardMatchReferenceOnAwkwardShapes) {
         }
 }
 
-TEST_F(VulkanKernels, Q8_0AndF16DxMatchReferenceWithAndWithoutAccumulate) {
+// 65 tokens x 130 rows: two 64-wide GEMM tiles each way, the second holding one token and two rows.
+TEST_F(VulkanKernels, FrozenFormatsGemmTilesThatDoNotDivideMatchReference) {
+  const int64_t T = 65, n_out = 130, n_in = 512;
+  for (const FrozenFormat& f : kFrozenFormats) {
+    const auto w = f.make(rng_, n_out, n_in);
+    const auto x = random_floats(rng_, T * n_in);
+    std::vector<float> y(size_t(T * n_out), NAN);
+    (kernels_->*f.gemm)(y, w, x, T, n_out, n_in);
+    EXPECT_LE(ref::max_rel_error(y.data(), f.ref_gemm(w.data(), x.data(), T, n_out, n_in)), kBound) << f.name;
+  }
+}
+
+TEST_F(VulkanKernels, FrozenFormatsDxMatchReferenceWithAndWithoutAccumulate) {
   for (const FrozenFormat& f : kFrozenFormats)
     for (int64_t n_in : f.n_ins)
-      for (int64_t n_out : kNOut)
+      for (int64_t n_out : f.n_outs)
         for (int64_t T : kT) {
           const auto w = f.make(rng_, n_out, n_in);
           const auto dy = random_floats(rng_, T * n_out);
@@ -173,11 +220,9 @@ TEST_F(VulkanKernels, Q8_0AndF16DxMatchReferenceWithAndWithoutAccumulate) {
         }
 }
 
-TEST_F(VulkanKernels, Q8_0AndF16DxTilesThatDoNotDivideSumToTheUntiledResult) {
-  struct Case { int64_t n_out, n_in, T, tile; };
+TEST_F(VulkanKernels, FrozenFormatsDxTilesThatDoNotDivideSumToTheUntiledResult) {
   for (const FrozenFormat& f : kFrozenFormats)
-    for (const Case c : {Case{1000, 4128, 1, 300}, Case{1000, 64, 3, 300}, Case{7, 32, 17, 5}, Case{65, 64, 1, 64},
-                         Case{63, 4128, 3, 10}, Case{200, 96, 130, 70}}) {
+    for (const DxTileCase c : f.dx_tiles) {
       const auto w = f.make(rng_, c.n_out, c.n_in);
       const auto dy = random_floats(rng_, c.T * c.n_out);
       std::vector<float> dx(size_t(c.T * c.n_in), NAN);
@@ -186,13 +231,23 @@ TEST_F(VulkanKernels, Q8_0AndF16DxTilesThatDoNotDivideSumToTheUntiledResult) {
       const auto want = f.ref_dx(w.data(), dy.data(), nullptr, c.T, c.n_out, c.n_in, 0, c.n_out);
       EXPECT_LE(ref::max_rel_error(dx.data(), want), kBound)
           << f.name << " n_out=" << c.n_out << " T=" << c.T << " tile=" << c.tile;
+      // One tile alone only touches its own rows of W.
+      if (c.tile < c.n_out) {
+        std::vector<float> part(size_t(c.T * c.n_in));
+        const int64_t j1 = std::min(c.n_out, 2 * c.tile);
+        (kernels_->*f.dx)(part, w, dy, c.T, c.n_out, c.n_in, c.tile, j1, false);
+        const auto want_part = f.ref_dx(w.data(), dy.data(), nullptr, c.T, c.n_out, c.n_in, c.tile, j1);
+        EXPECT_LE(ref::max_rel_error(part.data(), want_part), kBound) << f.name << " rows " << c.tile << ".." << j1;
+      }
     }
 }
 
 // More row groups than one dispatch dimension guarantees (65535 of 2 Q8_0 or 4 F16 rows): the GEMVs number
-// workgroups over x and y.
+// workgroups over x and y. The K-quant GEMVs do the same in the same words; 4·65535 and more of their rows take
+// seconds on lavapipe, so they are left out here.
 TEST_F(VulkanKernels, Q8_0AndF16GemvCoverMoreThan65535RowGroups) {
   for (const FrozenFormat& f : kFrozenFormats) {
+    if (f.k_quant) continue;
     const int64_t n_out = 4 * 65535 + 11, n_in = f.n_ins.front();
     const auto w = f.make(rng_, n_out, n_in);
     const auto x = random_floats(rng_, n_in);
@@ -202,7 +257,7 @@ TEST_F(VulkanKernels, Q8_0AndF16GemvCoverMoreThan65535RowGroups) {
   }
 }
 
-TEST_F(VulkanKernels, Q8_0AndF16RejectWidthsTheirKernelsCannotRead) {
+TEST_F(VulkanKernels, FrozenFormatsRejectWidthsTheirKernelsCannotRead) {
   std::vector<uint8_t> w(2 * 2 * 33);
   std::vector<float> x(33), y(2);
   try {
@@ -218,13 +273,122 @@ TEST_F(VulkanKernels, Q8_0AndF16RejectWidthsTheirKernelsCannotRead) {
     EXPECT_NE(std::string(e.what()).find("q8_0_dx: n_in = 33 is not a multiple of 32"), std::string::npos)
         << e.what();
   }
+  std::vector<float> x32(32);
+  try {
+    kernels_->q4_k_gemm(y, w, x32, 1, 2, 32);
+    FAIL() << "no error";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("q4_k_gemm: n_in = 32 is not a multiple of 256"), std::string::npos)
+        << e.what();
+  }
+  try {
+    kernels_->q6_k_dx(x32, w, y, 1, 2, 32, 0, 2, false);
+    FAIL() << "no error";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("q6_k_dx: n_in = 32 is not a multiple of 256"), std::string::npos)
+        << e.what();
+  }
   vk::LinearKernels k(*device_);
-  vk::Buffer small(*device_, 16), wbuf(*device_, 68);
+  vk::Buffer small(*device_, 16), wbuf(*device_, 68), kbuf(*device_, 2 * 210);
   vk::Sequence s(*device_);
   s.begin();
   EXPECT_THROW(k.q8_0_gemm(s, small, wbuf, small, 1, 2, 32), ShapeError);  // x needs 128 bytes
   EXPECT_THROW(k.f16_dx(s, small, wbuf, small, nullptr, 1, 2, 4, 0, 2, false), ShapeError);  // no scratch
+  EXPECT_THROW(k.q4_k_gemm(s, small, wbuf, small, 1, 2, 256), ShapeError);  // W needs 288 bytes
+  EXPECT_THROW(k.q6_k_dx(s, small, kbuf, small, nullptr, 1, 2, 256, 0, 2, false), ShapeError);  // no scratch
   s.end();
+}
+
+// --- The embedding and the vocab-tiled loss read K-quant tables (format 4 = Q4_K, 5 = Q6_K) -----------------------
+
+// Runs one shader with three buffers and a push block over `groups` workgroups.
+template <class Push>
+void run_shader(vk::Device& dev, const char* name, const vk::Buffer& b0, const vk::Buffer& b1, const vk::Buffer& b2,
+                const Push& push, std::array<uint32_t, 3> groups, const std::vector<uint32_t>& spec = {}) {
+  vk::Pipeline p(dev, name, 3, sizeof(Push), spec);
+  vk::Sequence s(dev);
+  s.begin();
+  s.dispatch(p, {&b0, &b1, &b2}, push, groups);
+  s.end();
+  s.run();
+}
+
+uint32_t groups_of(int64_t n, int64_t per) { return uint32_t((n + per - 1) / per); }
+
+// A whole table of K-quant blocks widened to doubles (exact).
+template <class Block, void (*Dequantize)(double*, const Block*, int64_t)>
+std::vector<double> dequantize_table(const std::vector<uint8_t>& w, int64_t n) {
+  std::vector<Block> blocks(static_cast<size_t>(n / kQK_KBlockElems));  // an aligned copy of the bytes
+  std::memcpy(blocks.data(), w.data(), blocks.size() * sizeof(Block));
+  std::vector<double> out(static_cast<size_t>(n));
+  Dequantize(out.data(), blocks.data(), n);
+  return out;
+}
+
+struct KTable {
+  const char* name;
+  uint32_t format;
+  std::vector<uint8_t> (*make)(std::mt19937&, int64_t, int64_t);
+  std::vector<double> (*dequantize)(const std::vector<uint8_t>&, int64_t);
+  decltype(&ref::q4_k_gemm) ref_gemm;
+  decltype(&ref::q4_k_dx) ref_dx;
+  int64_t (*row_bytes)(int64_t);
+};
+const KTable kKTables[] = {
+    {"q4_k", 4, random_q4_k, dequantize_table<quant::BlockQ4_K, quant::dequantize_row_q4_k>, ref::q4_k_gemm,
+     ref::q4_k_dx, q4_k_row_bytes},
+    {"q6_k", 5, random_q6_k, dequantize_table<quant::BlockQ6_K, quant::dequantize_row_q6_k>, ref::q6_k_gemm,
+     ref::q6_k_dx, q6_k_row_bytes}};
+
+// The shader evaluates each weight with one rounding of exact terms, so it equals the exact weight rounded to f32.
+TEST_F(VulkanKernels, EmbeddingForwardLooksUpKQuantRows) {
+  const int64_t V = 5, C = 512;
+  const std::vector<int32_t> ids = {3, 0, 4, 3, -1, 9};  // out of range: clamped to 0 and V - 1
+  for (const KTable& t : kKTables) {
+    const auto table = t.make(rng_, V, C);
+    const auto want = t.dequantize(table, V * C);
+    vk::Buffer y(*device_, ids.size() * C * 4), tb(*device_, table.size()), idb(*device_, ids.size() * 4);
+    tb.upload(table);
+    idb.upload(ids);
+    struct { uint32_t T, C, V, format; } push{uint32_t(ids.size()), uint32_t(C), uint32_t(V), t.format};
+    run_shader(*device_, "embedding_forward", y, tb, idb, push, {groups_of(int64_t(ids.size()) * C, 256), 1, 1});
+    const auto got = y.download_as<float>(ids.size() * C);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int64_t v = std::clamp<int64_t>(ids[i], 0, V - 1);
+      for (int64_t c = 0; c < C; ++c)
+        ASSERT_EQ(got[i * C + c], float(want[size_t(v * C + c)])) << t.name << " id=" << ids[i] << " c=" << c;
+    }
+  }
+}
+
+// logits[T, n] = x · W[row0 : row0 + n]ᵀ and dx += d · W[row0 : row0 + n] on a vocabulary tile that is not a
+// multiple of the 64-wide GEMM tile, starting at an odd row.
+TEST_F(VulkanKernels, LossTilesReadKQuantOutputMatrices) {
+  const uint32_t V = 300, C = 512, T = 5, row0 = 37, n = 130;
+  struct { uint32_t M, N, k_begin, k_end, lda, ldb, accumulate, row0, format; } push{};
+  for (const KTable& t : kKTables) {
+    const auto w = t.make(rng_, V, C);
+    const uint8_t* tile_w = w.data() + row0 * t.row_bytes(C);
+    const auto x = random_floats(rng_, T * C), d = random_floats(rng_, T * n), dx0 = random_floats(rng_, T * C);
+    vk::Buffer wb(*device_, w.size()), xb(*device_, x.size() * 4), db(*device_, d.size() * 4);
+    vk::Buffer logits(*device_, T * n * 4), dx(*device_, dx0.size() * 4);
+    wb.upload(w);
+    xb.upload(x);
+    db.upload(d);
+    dx.upload(dx0);
+    push = {T, n, 0, C, C, C, 0, row0, t.format};
+    run_shader(*device_, "linear_ce_logits", logits, xb, wb, push, {groups_of(n, 64), groups_of(T, 64), 1},
+               {64, 64});
+    EXPECT_LE(ref::max_rel_error(logits.download_as<float>(T * n).data(), t.ref_gemm(tile_w, x.data(), T, n, C)),
+              kBound)
+        << t.name << " logits";
+    push = {T, C, 0, n, n, C, 1, row0, t.format};
+    run_shader(*device_, "linear_ce_dx", dx, db, wb, push, {groups_of(C, 64), groups_of(T, 64), 1}, {64, 64});
+    EXPECT_LE(ref::max_rel_error(dx.download_as<float>(T * C).data(), t.ref_dx(tile_w, d.data(), dx0.data(), T, n,
+                                                                                  C, 0, n)),
+              kBound)
+        << t.name << " dx";
+  }
 }
 
 using HostGemm = void (HostKernels::*)(std::span<float>, std::span<const float>, std::span<const float>, int64_t,

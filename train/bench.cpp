@@ -1,5 +1,5 @@
-// q4tune bench: a copy kernel (the memory roofline) and each frozen-linear kernel (Q4_0 by default; Q8_0 and
-// F16 on request) on model-sized shapes, in one run.
+// q4tune bench: a copy kernel (the memory roofline) and each frozen-linear kernel (Q4_0 by default; Q8_0, F16,
+// Q4_K and Q6_K on request) on model-sized shapes, in one run.
 // GEMV/dx report GB/s of the bytes they must move (weights + activations) and the fraction of the copy's
 // GB/s; GEMMs report TFLOPS. On a GPU, weights rotate through enough copies to exceed the last-level cache,
 // so the numbers are from DRAM, not cache.
@@ -13,10 +13,12 @@
 #include <random>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/threads.h"
 #include "kernels/quant/f16.h"
+#include "kernels/quant/k_quants.h"
 #include "kernels/quant/q4_0.h"
 #include "kernels/quant/q8_0.h"
 #include "kernels/shapes.h"
@@ -28,7 +30,7 @@ namespace q4t {
 
 namespace {
 
-enum class Weights { None, Q4_0, Q8_0, F16 };
+enum class Weights { None, Q4_0, Q8_0, F16, Q4_K, Q6_K };
 enum class Op { Copy, Gemv, Gemm, Dx };
 
 // A kernel --kernels can name: the weights it reads and what it computes (dx runs at T = 1 and T = 512).
@@ -44,6 +46,9 @@ const KernelInfo kKernels[] = {
     {"q8_0_gemv", Weights::Q8_0, Op::Gemv, false}, {"q8_0_gemm", Weights::Q8_0, Op::Gemm, false},
     {"q8_0_dx", Weights::Q8_0, Op::Dx, false},    {"f16_gemv", Weights::F16, Op::Gemv, false},
     {"f16_gemm", Weights::F16, Op::Gemm, false},  {"f16_dx", Weights::F16, Op::Dx, false},
+    {"q4_k_gemv", Weights::Q4_K, Op::Gemv, false}, {"q4_k_gemm", Weights::Q4_K, Op::Gemm, false},
+    {"q4_k_dx", Weights::Q4_K, Op::Dx, false},    {"q6_k_gemv", Weights::Q6_K, Op::Gemv, false},
+    {"q6_k_gemm", Weights::Q6_K, Op::Gemm, false}, {"q6_k_dx", Weights::Q6_K, Op::Dx, false},
 };
 
 struct Case {
@@ -81,6 +86,8 @@ int64_t row_bytes(Weights w, int64_t n_in) {
     case Weights::Q4_0: return q4_0_row_bytes(n_in);
     case Weights::Q8_0: return q8_0_row_bytes(n_in);
     case Weights::F16: return f16_row_bytes(n_in);
+    case Weights::Q4_K: return q4_k_row_bytes(n_in);
+    case Weights::Q6_K: return q6_k_row_bytes(n_in);
     case Weights::None: break;
   }
   return 0;
@@ -100,7 +107,15 @@ const FormatKernels& format_kernels(Weights w) {
   static const FormatKernels q4_0{&K::q4_0_gemm, &K::q4_0_dx, K::q4_0_dx_scratch_bytes, cpu::q4_0_gemm, cpu::q4_0_dx};
   static const FormatKernels q8_0{&K::q8_0_gemm, &K::q8_0_dx, K::q8_0_dx_scratch_bytes, cpu::q8_0_gemm, cpu::q8_0_dx};
   static const FormatKernels f16{&K::f16_gemm, &K::f16_dx, K::f16_dx_scratch_bytes, cpu::f16_gemm, cpu::f16_dx};
-  return w == Weights::Q8_0 ? q8_0 : w == Weights::F16 ? f16 : q4_0;
+  static const FormatKernels q4_k{&K::q4_k_gemm, &K::q4_k_dx, K::q4_k_dx_scratch_bytes, cpu::q4_k_gemm, cpu::q4_k_dx};
+  static const FormatKernels q6_k{&K::q6_k_gemm, &K::q6_k_dx, K::q6_k_dx_scratch_bytes, cpu::q6_k_gemm, cpu::q6_k_dx};
+  switch (w) {
+    case Weights::Q8_0: return q8_0;
+    case Weights::F16: return f16;
+    case Weights::Q4_K: return q4_k;
+    case Weights::Q6_K: return q6_k;
+    default: return q4_0;
+  }
 }
 
 const KernelInfo& kernel_info(const std::string& name) {
@@ -128,6 +143,8 @@ std::vector<Case> make_cases(const BenchOptions& opt) {
       if (k.weights == Weights::Q4_0) check_q4_0_linear("bench", n_out, n_in, 1);
       if (k.weights == Weights::Q8_0) check_q8_0_linear("bench", n_out, n_in, 1);
       if (k.weights == Weights::F16) check_f16_linear("bench", n_out, n_in, 1);
+      if (k.weights == Weights::Q4_K) check_q4_k_linear("bench", n_out, n_in, 1);
+      if (k.weights == Weights::Q6_K) check_q6_k_linear("bench", n_out, n_in, 1);
       if (k.op == Op::Gemv) cases.push_back({name, n_out, n_in, 1, k.weights, k.op});
       if (k.op == Op::Gemm) cases.push_back({name, n_out, n_in, 512, k.weights, k.op});
       if (k.op == Op::Dx) {
@@ -167,16 +184,36 @@ void finish(Result& r, double seconds, double copy_gbps) {
   }
 }
 
-std::vector<uint8_t> random_weights(Weights kind, int64_t n_out, int64_t n_in) {
-  std::mt19937 rng(7);
-  std::uniform_real_distribution<float> u(-1, 1);
-  std::vector<float> f(static_cast<size_t>(n_out * n_in));
-  for (float& v : f) v = u(rng);
-  std::vector<uint8_t> w(size_t(n_out * row_bytes(kind, n_in)));
+void quantize(Weights kind, std::span<uint8_t> w, const std::vector<float>& f, int64_t n_out, int64_t n_in) {
   if (kind == Weights::Q4_0) quant::quantize_q4_0(w, f, n_out, n_in);
   if (kind == Weights::Q8_0) quant::quantize_q8_0(w, f, n_out, n_in);
   if (kind == Weights::F16) quant::f32_row_to_f16(w.data(), f.data(), n_out * n_in);
-  return w;
+  if (kind == Weights::Q4_K) quant::quantize_q4_k(w, f, n_out, n_in);
+  if (kind == Weights::Q6_K) quant::quantize_q6_k(w, f, n_out, n_in);
+}
+
+// Uniform(-1, 1) weights in the kind's format. Rows are made in parallel, each group of rows from its own seed
+// (the same bytes for any thread count): the K-quant quantisers take half a minute per 16384 x 16384 matrix on
+// one core. The last matrix is kept, since consecutive cases (gemv, dx at T = 1 and T = 512) share it.
+const std::vector<uint8_t>& random_weights(Weights kind, int64_t n_out, int64_t n_in) {
+  static std::tuple<Weights, int64_t, int64_t> last_key{Weights::None, 0, 0};
+  static std::vector<uint8_t> last;
+  if (last_key == std::make_tuple(kind, n_out, n_in)) return last;
+  constexpr int64_t kRowsPerSeed = 64;
+  const int64_t rb = row_bytes(kind, n_in);
+  last.assign(size_t(n_out * rb), 0);
+  cpu::parallel_for((n_out + kRowsPerSeed - 1) / kRowsPerSeed, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t g = lo; g < hi; ++g) {
+      const int64_t r0 = g * kRowsPerSeed, rows = std::min(kRowsPerSeed, n_out - r0);
+      std::mt19937 rng(uint32_t(7 + g));
+      std::uniform_real_distribution<float> u(-1, 1);
+      std::vector<float> f(static_cast<size_t>(rows * n_in));
+      for (float& v : f) v = u(rng);
+      quantize(kind, std::span<uint8_t>(last.data() + r0 * rb, size_t(rows * rb)), f, rows, n_in);
+    }
+  });
+  last_key = {kind, n_out, n_in};
+  return last;
 }
 
 std::vector<float> random_acts(int64_t n) {
@@ -230,7 +267,7 @@ Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, d
     finish(r, time_vulkan(dev, budget_s, [&](vk::Sequence& s, int) { k.copy(s, b, a, kCopyBytes); }), 0);
     return r;
   }
-  const auto w_host = random_weights(c.weights, c.n_out, c.n_in);
+  const auto& w_host = random_weights(c.weights, c.n_out, c.n_in);
   const size_t n_copies = std::clamp<size_t>(kRotateBytes / w_host.size() + 1, 1, 32);
   std::vector<vk::Buffer> ws;
   for (size_t i = 0; i < n_copies; ++i) {
@@ -286,7 +323,7 @@ Result bench_cpu_case(const Case& c, double budget_s, double copy_gbps) {
     finish(r, s, 0);
     return r;
   }
-  const auto w = random_weights(c.weights, c.n_out, c.n_in);
+  const auto& w = random_weights(c.weights, c.n_out, c.n_in);
   const bool dx = c.op == Op::Dx;
   const FormatKernels& fk = format_kernels(c.weights);
   const auto in = random_acts(c.T * (dx ? c.n_out : c.n_in));

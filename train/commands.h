@@ -27,7 +27,8 @@ struct InitModelOptions {
 };
 // Writes a small random-initialised llama or qwen2 GGUF with a byte-level vocabulary.
 int run_init_model(const InitModelOptions& o, std::ostream& out);
-// Converts the 2-D F32/F16 weights of a GGUF (n_in a multiple of 32) to `type`; everything else is copied.
+// Converts the 2-D F32/F16 weights of a GGUF to `type` (q4_0, q4_k_m, q8_0) as llama-quantize picks the type of
+// each matrix; everything else is copied. Every type is chosen before anything is written.
 int run_quantize(const std::string& in, const std::string& out_path, const std::string& type, std::ostream& out);
 
 struct LogitsOptions {

@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
                                         "Write a small random-initialised llama or qwen2 GGUF (byte-level vocabulary)");
   init_model->add_option("--out", init_opt.out, "output GGUF file")->required();
   init_model->add_option("--arch", init_opt.arch, "llama or qwen2")->capture_default_str();
-  init_model->add_option("--type", init_opt.type, "weight type of the 2-D tensors: q4_0, q8_0, f16 or f32")->capture_default_str();
+  init_model->add_option("--type", init_opt.type, "weight types: q4_0, q8_0, f16 or f32 (every matrix), or q4_k_m (llama-quantize's Q4_K_M mix: Q4_K, with Q6_K for the output matrix and for attn_v/ffn_down of the first and last eighth of the layers and every third between; needs --dim and --ff multiples of 256)")->capture_default_str();
   init_model->add_option("--dim", init_opt.dim, "embedding length")->capture_default_str();
   init_model->add_option("--layers", init_opt.layers, "number of transformer blocks")->capture_default_str();
   init_model->add_option("--heads", init_opt.heads, "attention heads")->capture_default_str();
@@ -97,10 +97,10 @@ int main(int argc, char** argv) {
   init_model->add_option("--seed", init_opt.seed, "random seed")->capture_default_str();
 
   std::string quant_in, quant_out, quant_type = "q4_0";
-  auto* quantize = app.add_subcommand("quantize", "Convert the 2-D F32/F16 weights of a GGUF (n_in a multiple of 32)");
+  auto* quantize = app.add_subcommand("quantize", "Convert the 2-D F32/F16 weights of a GGUF as llama-quantize would (other tensors are copied)");
   quantize->add_option("IN", quant_in, "input GGUF")->required();
   quantize->add_option("OUT", quant_out, "output GGUF")->required();
-  quantize->add_option("--type", quant_type, "target type: q4_0 or q8_0")->capture_default_str();
+  quantize->add_option("--type", quant_type, "q4_0 (Q4_0, the output matrix Q6_K), q4_k_m (Q4_K, with Q6_K for the output matrix and for attn_v/ffn_down of the first and last eighth of the layers and every third between) or q8_0; matrices whose rows are not whole blocks stay F32 (Q6_K falls back to Q8_0)")->capture_default_str();
 
   DeviceFlags logits_dev;
   q4t::LogitsOptions logits_opt;
@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
                                    "T=1 and T=512) on model-sized shapes");
   bench_dev.add(bench);
   bench->add_option("--kernels", bench_opt.kernels, "comma-separated subset of copy,q4_0_gemv,q4_0_gemm,q4_0_dx (the default set) and q8_0_gemv,q8_0_gemm,"
-                    "q8_0_dx,f16_gemv,f16_gemm,f16_dx")
+                    "q8_0_dx,f16_gemv,f16_gemm,f16_dx,q4_k_gemv,q4_k_gemm,q4_k_dx,q6_k_gemv,q6_k_gemm,q6_k_dx")
       ->delimiter(',');
   bench->add_option("--shapes", bench_opt.shapes,
                     "comma-separated N_OUTxN_IN shapes (default 4096x4096,4096x14336,14336x4096,16384x16384)")

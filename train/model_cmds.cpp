@@ -1,6 +1,8 @@
-// q4tune init-model, quantize and logits: making small models, converting F32/F16 GGUFs to Q4_0, and running
+// q4tune init-model, quantize and logits: making small models, converting F32/F16 GGUFs to Q4_0 or Q4_K_M, and running
 // the forward on given token ids (for users debugging a model or an adapter, and for the interop tests).
 #include <cmath>
+#include <cstring>
+#include <map>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -10,6 +12,7 @@
 #include "data/atomic_file.h"
 #include "data/gguf.h"
 #include "kernels/quant/f16.h"
+#include "kernels/quant/k_quants.h"
 #include "kernels/quant/q4_0.h"
 #include "kernels/quant/q8_0.h"
 #include "train/commands.h"
@@ -58,47 +61,84 @@ std::vector<uint8_t> as_bytes(const std::vector<float>& v) {
   return b;
 }
 
-// A matrix [n_out, n_in] stored as `type`: the GGUF ne is {n_in, n_out}.
+// A matrix [n_out, n_in] stored as `type` (any type the recipe below picks): the GGUF ne is {n_in, n_out}.
 void add_matrix(gguf::Writer& w, const std::string& name, const std::vector<float>& v, int64_t n_out, int64_t n_in,
                 GgmlType type) {
-  // As llama-quantize: a matrix whose rows are not whole blocks stays F32.
-  if ((type == GgmlType::Q4_0 || type == GgmlType::Q8_0) && n_in % 32 != 0) type = GgmlType::F32;
   std::vector<uint8_t> data;
   if (type == GgmlType::F32) {
     data = as_bytes(v);
   } else if (type == GgmlType::F16) {
     data.resize(v.size() * 2);
-    for (size_t i = 0; i < v.size(); ++i) {
-      const uint16_t h = quant::f32_to_f16(v[i]);
-      std::memcpy(&data[i * 2], &h, 2);
-    }
-  } else if (type == GgmlType::Q4_0) {
-    data.resize(size_t(n_out * q4_0_row_bytes(n_in)));
-    quant::quantize_q4_0(data, v, n_out, n_in);
-  } else if (type == GgmlType::Q8_0) {
-    data.resize(size_t(n_out * (n_in / 32) * 34));
-    quant::quantize_q8_0(data, v, n_out, n_in);
+    quant::f32_row_to_f16(data.data(), v.data(), int64_t(v.size()));
   } else {
-    throw std::invalid_argument(std::string("--type ") + gguf::type_name(type) + " is not supported by init-model");
+    data.resize(gguf::tensor_bytes(type, {n_in, n_out}));
+    if (type == GgmlType::Q4_0) quant::quantize_q4_0(data, v, n_out, n_in);
+    else if (type == GgmlType::Q8_0) quant::quantize_q8_0(data, v, n_out, n_in);
+    else if (type == GgmlType::Q4_K) quant::quantize_q4_k(data, v, n_out, n_in);
+    else if (type == GgmlType::Q6_K) quant::quantize_q6_k(data, v, n_out, n_in);
+    else throw std::logic_error(std::string("add_matrix: no quantizer for ") + gguf::type_name(type));
   }
   w.add_tensor(name, {n_in, n_out}, type, std::move(data));
 }
 
-uint32_t file_type(GgmlType t) {
-  switch (t) {
-    case GgmlType::F16: return 1;
-    case GgmlType::Q4_0: return 2;
-    case GgmlType::Q8_0: return 7;
-    default: return 0;
-  }
+// The weight types a file can be written in: one type for every matrix (f32, f16, q8_0, and q4_0 for init-model),
+// or a mix as llama-quantize writes it (q4_0 for quantize, q4_k_m).
+enum class Recipe { F32, F16, Q8_0, Q4_0, Q4_0Mixed, Q4_K_M };
+
+struct RecipeName {
+  const char* name;
+  Recipe recipe;
+  uint32_t file_type;  // general.file_type (llama_ftype)
+};
+constexpr RecipeName kRecipes[] = {{"f32", Recipe::F32, 0},  {"f16", Recipe::F16, 1},
+                                   {"q8_0", Recipe::Q8_0, 7}, {"q4_0", Recipe::Q4_0, 2},
+                                   {"q4_k_m", Recipe::Q4_K_M, 15}};
+
+const RecipeName& parse_recipe(const std::string& flag, const std::string& s) {
+  for (const RecipeName& r : kRecipes)
+    if (s == r.name) return r;
+  throw std::invalid_argument(flag + ": '" + s + "' is not one of q4_0, q4_k_m, q8_0, f16, f32");
 }
 
-GgmlType parse_type(const std::string& s) {
-  if (s == "f32") return GgmlType::F32;
-  if (s == "f16") return GgmlType::F16;
-  if (s == "q4_0") return GgmlType::Q4_0;
-  if (s == "q8_0") return GgmlType::Q8_0;
-  throw std::invalid_argument("--type: '" + s + "' is not one of q4_0, q8_0, f16, f32");
+// llama-quantize's choice of more bits in a stack of n layers: the first and last eighth, and every third layer
+// in between.
+bool more_bits_layer(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+// The type of matrix `name` [n_out, n_in] under a recipe, as llama-quantize picks it:
+// - the output matrix (output.weight, or token_embd.weight when tied) of a quantized mix is Q6_K, or Q8_0 when
+//   n_in is not a multiple of 256;
+// - Q4_K_M: attn_v and ffn_down of the "more bits" layers are Q6_K, every other matrix Q4_K;
+// - a matrix whose rows are not whole blocks of its type falls back: Q6_K to Q8_0; Q4_0/Q8_0 (blocks of 32)
+//   stay F32. A Q4_K matrix with n_in % 256 != 0 is an error: llama-quantize writes Q5_0 there, which q4tune
+//   does not compute with.
+GgmlType matrix_type(Recipe r, const std::string& name, int64_t n_in, int64_t layer, int64_t n_layers, bool output) {
+  GgmlType t = GgmlType::F32;
+  switch (r) {
+    case Recipe::F32: return GgmlType::F32;
+    case Recipe::F16: return GgmlType::F16;
+    case Recipe::Q8_0: t = GgmlType::Q8_0; break;
+    case Recipe::Q4_0: t = GgmlType::Q4_0; break;
+    case Recipe::Q4_0Mixed: t = output ? GgmlType::Q6_K : GgmlType::Q4_0; break;
+    case Recipe::Q4_K_M: {
+      const bool v_or_down = name.find("attn_v.weight") != std::string::npos ||
+                             name.find("ffn_down.weight") != std::string::npos;
+      t = output || (v_or_down && more_bits_layer(layer, n_layers)) ? GgmlType::Q6_K : GgmlType::Q4_K;
+      break;
+    }
+  }
+  if (t == GgmlType::Q6_K && n_in % kQK_KBlockElems != 0) t = GgmlType::Q8_0;
+  if (t == GgmlType::Q4_K && n_in % kQK_KBlockElems != 0)
+    throw std::invalid_argument("q4_k_m: " + name + " has n_in = " + std::to_string(n_in) +
+                                ", not a multiple of 256; llama-quantize would write it as Q5_0, which q4tune does "
+                                "not support (use q4_0)");
+  if ((t == GgmlType::Q4_0 || t == GgmlType::Q8_0) && n_in % 32 != 0) t = GgmlType::F32;
+  return t;
+}
+
+// The layer index in "blk.N.…", or -1.
+int64_t layer_of(const std::string& name) {
+  if (name.rfind("blk.", 0) != 0) return -1;
+  return std::stoll(name.substr(4, name.find('.', 4) - 4));
 }
 
 }  // namespace
@@ -109,7 +149,7 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
     throw std::invalid_argument("init-model: --dim, --layers, --heads, --kv-heads, --ff and --ctx must be positive");
   if (o.dim % o.heads != 0 || o.heads % o.kv_heads != 0 || (o.dim / o.heads) % 2 != 0)
     throw std::invalid_argument("init-model: --heads must divide --dim into an even head size, and --kv-heads must divide --heads");
-  const GgmlType type = parse_type(o.type);
+  const RecipeName& recipe = parse_recipe("--type", o.type);
   const int64_t C = o.dim, H = o.heads, Hkv = o.kv_heads, D = C / H, F = o.ff, V = 260;  // write_byte_vocab's tokens
   std::mt19937 rng(o.seed);
   auto uniform = [&](int64_t n, double a) {
@@ -119,8 +159,12 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
     return v;
   };
   // Unit-gain weights (variance 1/n_in) keep activations O(1) through the layers.
+  auto type_of = [&](const std::string& name, int64_t n_in, bool output) {
+    return matrix_type(recipe.recipe, name, n_in, layer_of(name), o.layers, output);
+  };
   auto matrix = [&](const std::string& name, int64_t n_out, int64_t n_in, gguf::Writer& w) {
-    add_matrix(w, name, uniform(n_out * n_in, std::sqrt(3.0 / double(n_in))), n_out, n_in, type);
+    add_matrix(w, name, uniform(n_out * n_in, std::sqrt(3.0 / double(n_in))), n_out, n_in,
+               type_of(name, n_in, name == "output.weight"));
   };
   auto norm = [&](const std::string& name, gguf::Writer& w) {
     std::vector<float> v = uniform(C, 0.2);
@@ -132,7 +176,7 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
   const std::string a = o.arch + ".";
   w.set("general.architecture", Value::str(o.arch));
   w.set("general.name", Value::str("q4tune random " + o.arch));
-  w.set("general.file_type", Value::u32(file_type(type)));
+  w.set("general.file_type", Value::u32(recipe.file_type));
   w.set(a + "context_length", Value::u32(uint32_t(o.ctx)));
   w.set(a + "embedding_length", Value::u32(uint32_t(C)));
   w.set(a + "block_count", Value::u32(uint32_t(o.layers)));
@@ -144,7 +188,7 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
   w.set(a + "attention.layer_norm_rms_epsilon", Value::f32(1e-5f));
   write_byte_vocab(w);
 
-  add_matrix(w, "token_embd.weight", uniform(V * C, 1.0), V, C, type);
+  add_matrix(w, "token_embd.weight", uniform(V * C, 1.0), V, C, type_of("token_embd.weight", C, o.tied));
   for (int64_t l = 0; l < o.layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     norm(b + "attn_norm.weight", w);
@@ -171,38 +215,50 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
 }
 
 int run_quantize(const std::string& in, const std::string& out_path, const std::string& type_name, std::ostream& out) {
-  const GgmlType type = parse_type(type_name);
-  if (type != GgmlType::Q4_0 && type != GgmlType::Q8_0)
-    throw std::invalid_argument("quantize: --type " + type_name + " is not a quantized type (q4_0, q8_0)");
+  const RecipeName& named = parse_recipe("--type", type_name);
+  if (named.recipe != Recipe::Q4_0 && named.recipe != Recipe::Q8_0 && named.recipe != Recipe::Q4_K_M)
+    throw std::invalid_argument("quantize: --type " + type_name + " is not a quantized type (q4_0, q4_k_m, q8_0)");
+  // q4_0 here is llama-quantize's Q4_0: the output matrix in Q6_K.
+  const Recipe recipe = named.recipe == Recipe::Q4_0 ? Recipe::Q4_0Mixed : named.recipe;
   auto f = gguf::File::open(in);
+  const std::string arch = f->find("general.architecture") ? f->get_string("general.architecture") : "";
+  const int64_t n_layers = int64_t(f->get_uint_or(arch + ".block_count", 0));
+  const bool tied = f->tensor("output.weight") == nullptr;
+  // Every type is chosen (and every refusal made) before anything is converted or written.
+  std::vector<GgmlType> types;
+  for (const gguf::TensorInfo& t : f->tensors()) {
+    const bool weight = t.ne.size() == 2 && (t.type == GgmlType::F32 || t.type == GgmlType::F16);
+    const bool output = t.name == "output.weight" || (tied && t.name == "token_embd.weight");
+    types.push_back(weight ? matrix_type(recipe, t.name, t.ne[0], layer_of(t.name), n_layers, output) : t.type);
+  }
   gguf::Writer w;
   for (const auto& [key, value] : f->metadata())
     if (key != "general.alignment") w.set(key, value);
-  w.set("general.file_type", Value::u32(file_type(type)));
-  int quantized = 0;
-  for (const gguf::TensorInfo& t : f->tensors()) {
-    const bool weight = t.ne.size() == 2 && t.ne[0] % 32 == 0 &&
-                        (t.type == GgmlType::F32 || t.type == GgmlType::F16);
-    if (!weight) {
+  w.set("general.file_type", Value::u32(named.file_type));
+  std::map<std::string, int> counts;
+  for (size_t i = 0; i < f->tensors().size(); ++i) {
+    const gguf::TensorInfo& t = f->tensors()[i];
+    if (types[i] == t.type) {
       w.add_tensor(t.name, t.ne, t.type, std::vector<uint8_t>(t.data, t.data + t.bytes));
       continue;
     }
     const int64_t n_in = t.ne[0], n_out = t.ne[1];
     std::vector<float> v(static_cast<size_t>(n_in * n_out));
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (t.type == GgmlType::F32) {
-        std::memcpy(&v[i], t.data + 4 * i, 4);
-      } else {
-        uint16_t h;
-        std::memcpy(&h, t.data + 2 * i, 2);
-        v[i] = quant::f16_to_f32(h);
-      }
-    }
-    add_matrix(w, t.name, v, n_out, n_in, type);
-    ++quantized;
+    if (t.type == GgmlType::F32)
+      std::memcpy(v.data(), t.data, v.size() * 4);
+    else
+      quant::f16_row_to_f32(v.data(), t.data, int64_t(v.size()));
+    add_matrix(w, t.name, v, n_out, n_in, types[i]);
+    ++counts[gguf::type_name(types[i])];
   }
   w.write(out_path);
-  out << "wrote " << out_path << ": " << quantized << " of " << f->tensors().size() << " tensors as " << type_name << "\n";
+  out << "wrote " << out_path << " (" << type_name << "):";
+  const char* sep = " ";
+  for (const auto& [type, n] : counts) {
+    out << sep << n << " " << type;
+    sep = ", ";
+  }
+  out << " of " << f->tensors().size() << " tensors converted\n";
   return 0;
 }
 

@@ -4,11 +4,13 @@
 #include <functional>
 #include <ostream>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/reference.h"
 #include "kernels/quant/f16.h"
+#include "kernels/quant/k_quants.h"
 #include "kernels/quant/q4_0.h"
 #include "kernels/quant/q8_0.h"
 #include "train/commands.h"
@@ -25,6 +27,9 @@ struct Shape {
 };
 const Shape kShapes[] = {{1, 32, 1}, {7, 64, 1}, {65, 4128, 1}, {1000, 64, 1}, {63, 4128, 1},
                          {7, 32, 3}, {65, 64, 17}, {1000, 4128, 3}, {63, 96, 17}, {257, 320, 300}};
+// The K-quants' widths are whole 256-weight super-blocks.
+const Shape kKQuantShapes[] = {{1, 256, 1},   {7, 512, 1},    {65, 4096, 1},  {1000, 256, 1}, {37, 768, 1},
+                               {7, 256, 3},   {65, 512, 17},  {1000, 768, 3}, {63, 256, 17},  {257, 512, 65}};
 
 std::vector<float> random_floats(std::mt19937& rng, int64_t n) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -45,13 +50,25 @@ std::vector<uint8_t> random_q8_0(std::mt19937& rng, int64_t n_out, int64_t n_in)
   return w;
 }
 
+std::vector<uint8_t> random_q4_k(std::mt19937& rng, int64_t n_out, int64_t n_in) {
+  std::vector<uint8_t> w(size_t(n_out * q4_k_row_bytes(n_in)));
+  quant::quantize_q4_k(w, random_floats(rng, n_out * n_in), n_out, n_in);
+  return w;
+}
+
+std::vector<uint8_t> random_q6_k(std::mt19937& rng, int64_t n_out, int64_t n_in) {
+  std::vector<uint8_t> w(size_t(n_out * q6_k_row_bytes(n_in)));
+  quant::quantize_q6_k(w, random_floats(rng, n_out * n_in), n_out, n_in);
+  return w;
+}
+
 std::vector<uint8_t> random_f16(std::mt19937& rng, int64_t n_out, int64_t n_in) {
   std::vector<uint8_t> w(size_t(n_out * f16_row_bytes(n_in)));
   quant::f32_row_to_f16(w.data(), random_floats(rng, n_out * n_in).data(), n_out * n_in);
   return w;
 }
 
-// A frozen weight format: how to make W, its kernels and its double-precision references.
+// A frozen weight format: how to make W, its kernels, its double-precision references and the shapes to check.
 struct Format {
   const char* name;
   std::vector<uint8_t> (*make)(std::mt19937&, int64_t, int64_t);
@@ -59,11 +76,16 @@ struct Format {
   decltype(&HostKernels::q4_0_dx) dx;
   decltype(&ref::q4_0_gemm) ref_gemm;
   decltype(&ref::q4_0_dx) ref_dx;
+  std::span<const Shape> shapes;
 };
 const Format kFormats[] = {
-    {"q4_0", random_q4_0, &HostKernels::q4_0_gemm, &HostKernels::q4_0_dx, ref::q4_0_gemm, ref::q4_0_dx},
-    {"q8_0", random_q8_0, &HostKernels::q8_0_gemm, &HostKernels::q8_0_dx, ref::q8_0_gemm, ref::q8_0_dx},
-    {"f16", random_f16, &HostKernels::f16_gemm, &HostKernels::f16_dx, ref::f16_gemm, ref::f16_dx},
+    {"q4_0", random_q4_0, &HostKernels::q4_0_gemm, &HostKernels::q4_0_dx, ref::q4_0_gemm, ref::q4_0_dx, kShapes},
+    {"q8_0", random_q8_0, &HostKernels::q8_0_gemm, &HostKernels::q8_0_dx, ref::q8_0_gemm, ref::q8_0_dx, kShapes},
+    {"f16", random_f16, &HostKernels::f16_gemm, &HostKernels::f16_dx, ref::f16_gemm, ref::f16_dx, kShapes},
+    {"q4_k", random_q4_k, &HostKernels::q4_k_gemm, &HostKernels::q4_k_dx, ref::q4_k_gemm, ref::q4_k_dx,
+     kKQuantShapes},
+    {"q6_k", random_q6_k, &HostKernels::q6_k_gemm, &HostKernels::q6_k_dx, ref::q6_k_gemm, ref::q6_k_dx,
+     kKQuantShapes},
 };
 
 // One output line: the worst error over all cases of a kernel.
@@ -84,7 +106,7 @@ struct FormatResults {
 };
 
 void check_frozen(HostKernels& k, std::mt19937& rng, const Format& f, FormatResults& r) {
-  for (const Shape& s : kShapes) {
+  for (const Shape& s : f.shapes) {
     const auto w = f.make(rng, s.n_out, s.n_in);
     const auto x = random_floats(rng, s.T * s.n_in);
     std::vector<float> y(size_t(s.T * s.n_out));

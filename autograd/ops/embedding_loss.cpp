@@ -23,9 +23,6 @@
 #include "autograd/ops.h"
 #include "autograd/ops/vk_util.h"
 #include "kernels/cpu/linear.h"
-#include "kernels/quant/f16.h"
-#include "kernels/quant/q4_0.h"
-#include "kernels/quant/q8_0.h"
 #include "kernels/shapes.h"
 
 namespace q4t::ag {
@@ -40,33 +37,9 @@ uint32_t shader_format(DType t) {
     case DType::Q4_0: return 1;
     case DType::Q8_0: return 2;
     case DType::F16: return 3;
+    case DType::Q4_K: return 4;
+    case DType::Q6_K: return 5;
     default: return 0;
-  }
-}
-
-// Bytes of one row of a frozen matrix with `cols` columns.
-int64_t frozen_row_bytes(DType t, int64_t cols) {
-  return t == DType::Q4_0 ? q4_0_row_bytes(cols) : t == DType::Q8_0 ? q8_0_row_bytes(cols) : f16_row_bytes(cols);
-}
-
-// Row r of a matrix [rows, cols] that is real (of type T) or frozen (Q4_0, Q8_0, F16), as T (exact).
-template <class T>
-void matrix_row(T* out, const Tensor& m, int64_t r) {
-  const int64_t cols = m.dim(1);
-  const DType t = m.dtype();
-  const uint8_t* row = is_frozen_storage(t) ? m.data<uint8_t>() + r * frozen_row_bytes(t, cols) : nullptr;
-  switch (t) {
-    case DType::Q4_0: return quant::dequantize_row_q4_0(out, reinterpret_cast<const quant::BlockQ4_0*>(row), cols);
-    case DType::Q8_0: return quant::dequantize_row_q8_0(out, reinterpret_cast<const quant::BlockQ8_0*>(row), cols);
-    case DType::F16:
-      if constexpr (std::is_same_v<T, double>)
-        return quant::f16_row_to_f64(out, row, cols);
-      else
-        return quant::f16_row_to_f32(out, row, cols);
-    default: {
-      const T* src = m.data<T>() + r * cols;
-      std::copy(src, src + cols, out);
-    }
   }
 }
 
@@ -313,6 +286,8 @@ void tile_logits_cpu(T* logits, const Tensor& x, const Tensor& w, int64_t j0, in
       case DType::Q4_0: return cpu::q4_0_gemm(y, frozen_rows(w, j0, n), xs, Tn, n, C);
       case DType::Q8_0: return cpu::q8_0_gemm(y, frozen_rows(w, j0, n), xs, Tn, n, C);
       case DType::F16: return cpu::f16_gemm(y, frozen_rows(w, j0, n), xs, Tn, n, C);
+      case DType::Q4_K: return cpu::q4_k_gemm(y, frozen_rows(w, j0, n), xs, Tn, n, C);
+      case DType::Q6_K: return cpu::q6_k_gemm(y, frozen_rows(w, j0, n), xs, Tn, n, C);
       default: return cpu::gemm_nt(y, xs, f32_rows(w, j0, n), Tn, n, C, false);
     }
   } else {
@@ -340,6 +315,8 @@ void tile_dx_cpu(T* dx, const T* d, const Tensor& w, int64_t Tn, int64_t j0, int
       case DType::Q4_0: return cpu::q4_0_dx(dxs, frozen_rows(w, j0, n), ds, Tn, n, C, 0, n, true);
       case DType::Q8_0: return cpu::q8_0_dx(dxs, frozen_rows(w, j0, n), ds, Tn, n, C, 0, n, true);
       case DType::F16: return cpu::f16_dx(dxs, frozen_rows(w, j0, n), ds, Tn, n, C, 0, n, true);
+      case DType::Q4_K: return cpu::q4_k_dx(dxs, frozen_rows(w, j0, n), ds, Tn, n, C, 0, n, true);
+      case DType::Q6_K: return cpu::q6_k_dx(dxs, frozen_rows(w, j0, n), ds, Tn, n, C, 0, n, true);
       default: return cpu::gemm_nn(dxs, ds, f32_rows(w, j0, n), Tn, C, n, true);
     }
   } else {
@@ -463,6 +440,16 @@ void add_cases(std::vector<GradcheckCase>& out) {
                    Var s = random_param(g, r, {64}, "s");
                    return mul(embedding(table, ids_constant(g, {8, 1, 1, 4, 0}, "ids")), s);
                  }});
+  out.push_back({"embedding q4_k table V=5 C=256, times a parameter", [](Graph& g, std::mt19937& r) {
+                   Var table = random_frozen(g, r, DType::Q4_K, 5, 256, "table");
+                   return mul(embedding(table, ids_constant(g, {4, 0, 2, 4}, "ids")),
+                              random_param(g, r, {4, 256}, "s"));
+                 }});
+  out.push_back({"embedding q6_k table V=3 C=512, times a parameter", [](Graph& g, std::mt19937& r) {
+                   Var table = random_frozen(g, r, DType::Q6_K, 3, 512, "table");
+                   return mul(embedding(table, ids_constant(g, {2, 1, 2}, "ids")),
+                              random_param(g, r, {3, 512}, "s"));
+                 }});
   // An odd C: the GPU lookup reads halves one at a time, so any width works.
   out.push_back({"embedding f16 table V=7 C=13, times a parameter", [](Graph& g, std::mt19937& r) {
                    Var table = random_frozen(g, r, DType::F16, 7, 13, "table");
@@ -483,6 +470,17 @@ void add_cases(std::vector<GradcheckCase>& out) {
                    Var x = random_param(g, r, {5, 64}, "x");
                    return linear_cross_entropy(x, w, ids_constant(g, {36, 5, -100, 5, 20}, "labels"), 10);
                  }});
+  // K-quants: a vocab tile (10) that divides neither V nor the GEMM tile.
+  out.push_back({"linear_cross_entropy q4_k T=5 C=256 V=37 vocab_tile=10", [](Graph& g, std::mt19937& r) {
+                   Var w = random_frozen(g, r, DType::Q4_K, 37, 256, "w");
+                   Var x = random_param(g, r, {5, 256}, "x");
+                   return linear_cross_entropy(x, w, ids_constant(g, {36, 5, -100, 5, 20}, "labels"), 10);
+                 }});
+  out.push_back({"linear_cross_entropy q6_k T=3 C=512 V=21 vocab_tile=8", [](Graph& g, std::mt19937& r) {
+                   Var w = random_frozen(g, r, DType::Q6_K, 21, 512, "w");
+                   Var x = random_param(g, r, {3, 512}, "x");
+                   return linear_cross_entropy(x, w, ids_constant(g, {20, 0, 7}, "labels"), 8);
+                 }});
   out.push_back({"linear_cross_entropy f16 T=3 C=22 V=70 vocab_tile=65", [](Graph& g, std::mt19937& r) {
                    Var w = random_frozen(g, r, DType::F16, 70, 22, "w");
                    Var x = random_param(g, r, {3, 22}, "x");
@@ -499,8 +497,8 @@ const OpRegistration kRegistration({&kEmbeddingOp, &kCrossEntropyOp, &kLinearCro
 
 }  // namespace
 
-// A frozen (q4_0, q8_0, f16) table is a constant; an f32 table may be a parameter (its rows get the scattered
-// gradient).
+// A frozen (q4_0, q8_0, q4_k, q6_k, f16) table is a constant; an f32 table may be a parameter (its rows get the
+// scattered gradient).
 Var embedding(Var table, Var ids) {
   const DType t = table.value().dtype();
   if (!is_frozen_storage(t) && t != table.g->backend().real())
@@ -523,7 +521,7 @@ Var linear_cross_entropy(Var x, Var w, Var labels, int64_t vocab_tile) {
   const Node& wn = w.g->node(w.id);
   if (wn.requires_grad)
     throw GraphError("linear_cross_entropy: the weight " + (wn.name.empty() ? std::string("") : "'" + wn.name + "' ") +
-                     "is trainable; the vocab-tiled loss takes a frozen output matrix (q4_0, q8_0, f16 or an f32 "
+                     "is trainable; the vocab-tiled loss takes a frozen output matrix (q4_0, q8_0, q4_k, q6_k, f16 or an f32 "
                      "constant)");
   const DType t = wn.value.dtype();
   if (!is_frozen_storage(t) && t != x.g->backend().real())

@@ -5,9 +5,6 @@
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 #include "kernels/cpu/linear.h"
-#include "kernels/quant/f16.h"
-#include "kernels/quant/q4_0.h"
-#include "kernels/quant/q8_0.h"
 #include "kernels/shapes.h"
 
 namespace q4t::ag {
@@ -27,33 +24,6 @@ Shape linear_shape(const Graph& g, const Node& n) {
   return out;
 }
 
-// W row j as T (exact for Q4_0, Q8_0 and F16 in float and double).
-template <class T>
-void weight_row(std::vector<T>& row, const Tensor& w, int64_t j) {
-  const int64_t n_in = w.dim(1);
-  row.resize(size_t(n_in));
-  const uint8_t* bytes = w.data<uint8_t>();
-  switch (w.dtype()) {
-    case DType::Q4_0: {
-      const auto* blocks = reinterpret_cast<const quant::BlockQ4_0*>(bytes + j * q4_0_row_bytes(n_in));
-      return quant::dequantize_row_q4_0(row.data(), blocks, n_in);
-    }
-    case DType::Q8_0: {
-      const auto* blocks = reinterpret_cast<const quant::BlockQ8_0*>(bytes + j * q8_0_row_bytes(n_in));
-      return quant::dequantize_row_q8_0(row.data(), blocks, n_in);
-    }
-    case DType::F16:
-      if constexpr (std::is_same_v<T, double>)
-        return quant::f16_row_to_f64(row.data(), bytes + j * f16_row_bytes(n_in), n_in);
-      else
-        return quant::f16_row_to_f32(row.data(), bytes + j * f16_row_bytes(n_in), n_in);
-    default: {
-      const T* src = w.data<T>() + j * n_in;
-      std::copy(src, src + n_in, row.begin());
-    }
-  }
-}
-
 // The kernels of one frozen weight storage, on the CPU (f32) and on Vulkan.
 struct FrozenKernels {
   decltype(&cpu::q4_0_gemm) cpu_gemm;
@@ -71,10 +41,16 @@ const FrozenKernels* frozen_kernels(DType t) {
   static const FrozenKernels q8_0{cpu::q8_0_gemm, cpu::q8_0_dx, &K::q8_0_gemm, &K::q8_0_dx,
                                   K::q8_0_dx_scratch_bytes};
   static const FrozenKernels f16{cpu::f16_gemm, cpu::f16_dx, &K::f16_gemm, &K::f16_dx, K::f16_dx_scratch_bytes};
+  static const FrozenKernels q4_k{cpu::q4_k_gemm, cpu::q4_k_dx, &K::q4_k_gemm, &K::q4_k_dx,
+                                  K::q4_k_dx_scratch_bytes};
+  static const FrozenKernels q6_k{cpu::q6_k_gemm, cpu::q6_k_dx, &K::q6_k_gemm, &K::q6_k_dx,
+                                  K::q6_k_dx_scratch_bytes};
   switch (t) {
     case DType::Q4_0: return &q4_0;
     case DType::Q8_0: return &q8_0;
     case DType::F16: return &f16;
+    case DType::Q4_K: return &q4_k;
+    case DType::Q6_K: return &q6_k;
     default: return nullptr;
   }
 }
@@ -82,11 +58,11 @@ const FrozenKernels* frozen_kernels(DType t) {
 template <class T>
 void linear_forward_generic(const Tensor& y, const Tensor& x, const Tensor& w) {
   const int64_t T_ = x.rows(), n_in = w.dim(1), n_out = w.dim(0);
-  std::vector<T> row;
+  std::vector<T> row(size_t(w.dim(1)));
   const T* px = x.data<T>();
   T* py = y.data<T>();
   for (int64_t j = 0; j < n_out; ++j) {
-    weight_row(row, w, j);
+    matrix_row(row.data(), w, j);
     for (int64_t t = 0; t < T_; ++t) {
       T s = 0;
       for (int64_t i = 0; i < n_in; ++i) s += px[t * n_in + i] * row[size_t(i)];
@@ -98,11 +74,11 @@ void linear_forward_generic(const Tensor& y, const Tensor& x, const Tensor& w) {
 template <class T>
 void linear_backward_generic(const Tensor& dx, const Tensor& dy, const Tensor& w) {
   const int64_t T_ = dy.rows(), n_in = w.dim(1), n_out = w.dim(0);
-  std::vector<T> row;
+  std::vector<T> row(size_t(w.dim(1)));
   const T* pdy = dy.data<T>();
   T* pdx = dx.data<T>();
   for (int64_t j = 0; j < n_out; ++j) {
-    weight_row(row, w, j);
+    matrix_row(row.data(), w, j);
     for (int64_t t = 0; t < T_; ++t)
       for (int64_t i = 0; i < n_in; ++i) pdx[t * n_in + i] += pdy[t * n_out + j] * row[size_t(i)];
   }
@@ -235,6 +211,10 @@ void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back(linear_case(DType::Q4_0, 17, 63, 96));
   out.push_back(linear_case(DType::Q8_0, 1, 7, 64));
   out.push_back(linear_case(DType::Q8_0, 17, 63, 96));
+  out.push_back(linear_case(DType::Q4_K, 1, 7, 256));
+  out.push_back(linear_case(DType::Q4_K, 17, 65, 512));
+  out.push_back(linear_case(DType::Q6_K, 1, 5, 256));
+  out.push_back(linear_case(DType::Q6_K, 3, 63, 512));
   // F16 takes any even n_in on Vulkan: 46 is neither a multiple of 4 nor of the GEMM tile.
   out.push_back(linear_case(DType::F16, 1, 9, 20));
   out.push_back(linear_case(DType::F16, 5, 33, 46));
@@ -259,7 +239,7 @@ Var linear(Var x, Var w) {
   const DType t = w.value().dtype();
   if (!frozen_kernels(t) && t != x.g->backend().real())
     throw GraphError(std::string("linear: weight type ") + dtype_name(t) +
-                     " is not supported (q4_0, q8_0, f16, or the graph's real type)");
+                     " is not supported (q4_0, q8_0, q4_k, q6_k, f16, or the graph's real type)");
   if (t == DType::F16 && !x.g->backend().is_cpu() && w.value().dim(1) % 2 != 0)
     throw GraphError("linear: an f16 weight on Vulkan needs an even n_in (its kernels read halves in pairs), not "
                      "n_in = " + std::to_string(w.value().dim(1)));

@@ -1,10 +1,16 @@
-// Tiling and threading of the CPU Q8_0 and F16 linears (see frozen_linear.h). The structure follows
+// Tiling and threading of the CPU Q8_0, Q4_K, Q6_K and F16 linears (see frozen_linear.h). The structure follows
 // linear_q4_0.cpp; only the decoding of a row range differs, and it comes from FrozenRowKernels.
+//
+// FrozenRowKernels only decode ranges that start on a block boundary, and a block may be wider than a 32-column
+// panel (the K-quants' 256). So every column range here, whether decoded or handed to a thread, starts on a
+// multiple of the format's column unit, lcm(32, block_elems): one panel for Q8_0 and F16, eight for the K-quants,
+// which are decoded a whole block per row and used panel by panel.
 #include "kernels/cpu/frozen_linear.h"
 
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "kernels/cpu/q4_0_rows.h"
 #include "kernels/cpu/threads.h"
@@ -21,16 +27,17 @@ constexpr int64_t kMinChunkBytes = 128 * 1024;  // weight bytes per thread chunk
 // Below these token counts one fused pass over W per token beats decoding W into panels (as for Q4_0).
 constexpr int64_t kGemmPanelTokens = 12;
 constexpr int64_t kDxPanelTokens = 4;
-constexpr int64_t kDepth = 256;              // K per panel: a 256 x 32 panel is 32 KiB and stays in L1
+constexpr int64_t kDepth = 256;              // K per panel: a 256 x 32 panel is 32 KiB and stays in L1;
+                                             // a multiple of every block size (1, 32, 256)
 constexpr int64_t kPanelGroup = 8;           // panels sharing one packing of the token rows
 constexpr int64_t kTileFloats = 128 * 1024;  // Eigen path: a 512 KiB decoded tile, in L2
 constexpr int64_t kMaxTileRows = 256;        // Eigen path: GEMM output rows per tile
 constexpr int64_t kDxTileCols = 512;         // Eigen path: dx columns per tile
 constexpr int64_t kDxTileRows = 256;         // Eigen path: dx rows j per tile
 
-// kPanelCols (32) is also the unit in which threads split dx columns: one Q8_0 block, 32 F16 weights.
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Columns per unit: whole panels and whole blocks (32 for Q8_0 and F16, 256 for Q4_K and Q6_K).
+int64_t column_unit(const FrozenRowKernels& k) { return std::lcm(kPanelCols, k.block_elems); }
 int64_t row_bytes(const FrozenRowKernels& k, int64_t n_in) { return byte_offset(k, n_in); }
 
 // y[n_out] = W · x, threads over row ranges (a multiple of the 4-row groups the loops share x over).
@@ -42,13 +49,13 @@ void gemv(const FrozenRowKernels& k, float* y, const uint8_t* w, const float* x,
   });
 }
 
-// dx[n_in] (+)= dy[j_start:j_end] · W[j_start:j_end, :], threads over column ranges of 32-column units.
+// dx[n_in] (+)= dy[j_start:j_end] · W[j_start:j_end, :], threads over column ranges of whole units.
 void dx_one_token(const FrozenRowKernels& k, float* dx, const uint8_t* w, const float* dy, int64_t n_in,
                   int64_t j_start, int64_t j_end, bool accumulate) {
-  const int64_t rb = row_bytes(k, n_in);
-  const int64_t grain = std::max<int64_t>(1, kMinChunkBytes / ((j_end - j_start) * byte_offset(k, kPanelCols)));
-  parallel_for(ceil_div(n_in, kPanelCols), grain, [&](int64_t u0, int64_t u1) {
-    const int64_t c0 = u0 * kPanelCols, c1 = std::min(n_in, u1 * kPanelCols);
+  const int64_t rb = row_bytes(k, n_in), unit = column_unit(k);
+  const int64_t grain = std::max<int64_t>(1, kMinChunkBytes / ((j_end - j_start) * byte_offset(k, unit)));
+  parallel_for(ceil_div(n_in, unit), grain, [&](int64_t u0, int64_t u1) {
+    const int64_t c0 = u0 * unit, c1 = std::min(n_in, u1 * unit);
     if (!accumulate) std::memset(dx + c0, 0, size_t(c1 - c0) * sizeof(float));
     k.axpy_rows(dx + c0, w + j_start * rb + byte_offset(k, c0), rb, dy + j_start, j_end - j_start, c1 - c0);
   });
@@ -86,28 +93,53 @@ void gemm_panels(const Q4_0Kernels& pk, const FrozenRowKernels& k, float* Y, con
   }
 }
 
-// dX[:, 32*cp0 : 32*cp1] (+)= dY[:, j_start:j_end] · W[j_start:j_end, those columns]. A panel is 32 columns
-// over 256 rows j, decoded straight into [k][32] layout (no transpose); the last may be narrower.
+// W[0:kc, 0:n) (rows rb bytes apart, n <= one unit) -> ceil(n/32) panels of [kc][32], panel p at P + p·kc·32,
+// zero past column n. A unit of one panel is decoded straight into it; a wider one (a K-quant block) is decoded
+// once per row into `row` and dealt out to its panels.
+void decode_unit_into_panels(const FrozenRowKernels& k, float* P, float* row, const uint8_t* w, int64_t rb,
+                             int64_t kc, int64_t n) {
+  if (n <= kPanelCols) {
+    for (int64_t kk = 0; kk < kc; kk++) {
+      float* Pk = P + kk * kPanelCols;
+      k.decode(Pk, w + kk * rb, n);
+      std::fill(Pk + n, Pk + kPanelCols, 0.0f);
+    }
+    return;
+  }
+  for (int64_t kk = 0; kk < kc; kk++) {
+    k.decode(row, w + kk * rb, n);
+    for (int64_t c0 = 0; c0 < n; c0 += kPanelCols) {
+      float* Pk = P + c0 * kc + kk * kPanelCols;
+      const int64_t m = std::min(kPanelCols, n - c0);
+      std::copy(row + c0, row + c0 + m, Pk);
+      std::fill(Pk + m, Pk + kPanelCols, 0.0f);
+    }
+  }
+}
+
+// dX[:, c0:c1] (+)= dY[:, j_start:j_end] · W[j_start:j_end, c0:c1], c0 on a unit. For each group of 8 panels
+// (256 columns) and 256-deep slice of j, dY's slice is packed once; then each unit's panels are decoded in
+// [k][32] layout (no transpose) and multiplied. The last panel may be narrower.
 void dx_panels(const Q4_0Kernels& pk, const FrozenRowKernels& k, float* dX, const uint8_t* w, const float* dY,
-               int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate,
-               int64_t cp0, int64_t cp1) {
-  const int64_t rb = row_bytes(k, n_in);
+               int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate, int64_t c0,
+               int64_t c1) {
+  const int64_t rb = row_bytes(k, n_in), unit = column_unit(k);
+  const int64_t group = std::lcm(unit, kPanelGroup * kPanelCols);
   const int64_t packed = ceil_div(T, pk.panel_tokens) * pk.panel_tokens * kDepth;
-  float* A = thread_scratch(packed + kDepth * kPanelCols);
-  float* P = A + packed;
-  for (int64_t jc = cp0; jc < cp1; jc += kPanelGroup) {
-    const int64_t jc_end = std::min(cp1, jc + kPanelGroup);
+  float* A = thread_scratch(packed + kDepth * unit + unit);
+  float* P = A + packed;          // one unit's panels, [unit / 32][kc][32]
+  float* row = P + kDepth * unit;  // one row of a unit, decoded
+  for (int64_t g0 = c0; g0 < c1; g0 += group) {
+    const int64_t g1 = std::min(c1, g0 + group);
     for (int64_t j0 = j_start; j0 < j_end; j0 += kDepth) {
       const int64_t kc = std::min(kDepth, j_end - j0);
       pack_panel_tokens(A, dY + j0, n_out, T, kc, pk.panel_tokens);
-      for (int64_t c = jc; c < jc_end; c++) {
-        const int64_t c0 = c * kPanelCols, n = std::min(kPanelCols, n_in - c0);
-        for (int64_t kk = 0; kk < kc; kk++) {
-          float* Pk = P + kk * kPanelCols;
-          k.decode(Pk, w + (j0 + kk) * rb + byte_offset(k, c0), n);
-          std::fill(Pk + n, Pk + kPanelCols, 0.0f);
-        }
-        pk.panel_gemm(dX + c0, n_in, A, P, T, n, kc, accumulate || j0 > j_start);
+      for (int64_t u0 = g0; u0 < g1; u0 += unit) {
+        const int64_t n = std::min(unit, g1 - u0);
+        decode_unit_into_panels(k, P, row, w + j0 * rb + byte_offset(k, u0), rb, kc, n);
+        for (int64_t p0 = 0; p0 < n; p0 += kPanelCols)
+          pk.panel_gemm(dX + u0 + p0, n_in, A, P + p0 * kc, T, std::min(kPanelCols, n - p0), kc,
+                        accumulate || j0 > j_start);
       }
     }
   }
@@ -117,8 +149,8 @@ void dx_panels(const Q4_0Kernels& pk, const FrozenRowKernels& k, float* dX, cons
 // Y[:, rows] (+)= X[:, kc] · tileᵀ, the first column slice overwriting.
 void gemm_tiles(const FrozenRowKernels& k, float* Y, const uint8_t* w, const float* X, int64_t T, int64_t n_out,
                 int64_t n_in, int64_t r0, int64_t r1, int64_t tile_rows) {
-  const int64_t rb = row_bytes(k, n_in);
-  const int64_t kc = std::min(n_in, std::max(kPanelCols, kTileFloats / tile_rows / kPanelCols * kPanelCols));
+  const int64_t rb = row_bytes(k, n_in), unit = column_unit(k);
+  const int64_t kc = std::min(n_in, std::max(unit, kTileFloats / tile_rows / unit * unit));
   float* tile = thread_scratch(tile_rows * kc);
   for (int64_t t0 = r0; t0 < r1; t0 += tile_rows) {
     const int64_t rows = std::min(tile_rows, r1 - t0);
@@ -136,7 +168,8 @@ void gemm_tiles(const FrozenRowKernels& k, float* Y, const uint8_t* w, const flo
   }
 }
 
-// dX[:, col0:col1] (+)= dY[:, j_start:j_end] · W[j_start:j_end, col0:col1] through Eigen.
+// dX[:, col0:col1] (+)= dY[:, j_start:j_end] · W[j_start:j_end, col0:col1] through Eigen (col0 on a unit;
+// kDxTileCols is a multiple of every unit).
 void dx_tiles(const FrozenRowKernels& k, float* dX, const uint8_t* w, const float* dY, int64_t T, int64_t n_out,
               int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate, int64_t col0, int64_t col1) {
   const int64_t rb = row_bytes(k, n_in);
@@ -180,7 +213,7 @@ void frozen_gemm(const FrozenRowKernels& k, float* Y, const uint8_t* w, const fl
   });
 }
 
-// Threads own disjoint column ranges of dX (32-column units), so no two ever write the same element.
+// Threads own disjoint column ranges of dX (whole units), so no two ever write the same element.
 void frozen_dx(const FrozenRowKernels& k, float* dX, const uint8_t* w, const float* dY, int64_t T, int64_t n_out,
                int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) {
   if (T < kDxPanelTokens) {
@@ -189,12 +222,13 @@ void frozen_dx(const FrozenRowKernels& k, float* dX, const uint8_t* w, const flo
     return;
   }
   const Q4_0Kernels& pk = q4_0_kernels();
-  parallel_for(ceil_div(n_in, kPanelCols), 1, [&](int64_t u0, int64_t u1) {
+  const int64_t unit = column_unit(k);
+  parallel_for(ceil_div(n_in, unit), 1, [&](int64_t u0, int64_t u1) {
+    const int64_t c0 = u0 * unit, c1 = std::min(n_in, u1 * unit);
     if (pk.panel_gemm)
-      dx_panels(pk, k, dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate, u0, u1);
+      dx_panels(pk, k, dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate, c0, c1);
     else
-      dx_tiles(k, dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate, u0 * kPanelCols,
-               std::min(n_in, u1 * kPanelCols));
+      dx_tiles(k, dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate, c0, c1);
   });
 }
 

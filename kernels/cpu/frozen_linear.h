@@ -1,7 +1,7 @@
-// The CPU frozen linear for any weight format with FrozenRowKernels (Q8_0, F16): the fused row loops for one
-// token, and for more tokens small tiles of W decoded to f32 and multiplied with the Q4_0 kernel set's
+// The CPU frozen linear for any weight format with FrozenRowKernels (Q8_0, Q4_K, Q6_K, F16): the fused row loops
+// for one token, and for more tokens small tiles of W decoded to f32 and multiplied with the Q4_0 kernel set's
 // packed-panel GEMM (x86 SIMD sets) or with Eigen (portable set). W is never decoded as a whole. Shapes and
-// sizes are checked by the callers (linear_q8_0.cpp, linear_f16.cpp).
+// sizes are checked by the callers (linear_q8_0.cpp, linear_k_quants.cpp, linear_f16.cpp).
 #pragma once
 #include <cstdint>
 

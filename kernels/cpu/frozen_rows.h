@@ -1,7 +1,8 @@
-// The inner loops of the CPU Q8_0 and F16 linears, one set per instruction set (frozen_linear.cpp tiles and
-// threads them). A weight row is a run of blocks of block_elems weights stored in block_bytes bytes each
-// (Q8_0: 32 weights in 34 bytes; F16: 1 weight in 2 bytes), raw GGML bytes with no alignment assumed; rows lie
-// row_bytes apart. Every range of weights below starts at a block boundary.
+// The inner loops of the CPU Q8_0, Q4_K, Q6_K and F16 linears, one set per instruction set (frozen_linear.cpp
+// tiles and threads them). A weight row is a run of blocks of block_elems weights stored in block_bytes bytes
+// each (Q8_0: 32 weights in 34 bytes; Q4_K and Q6_K: 256 in 144 and 210; F16: 1 weight in 2 bytes), raw GGML
+// bytes with no alignment assumed; rows lie row_bytes apart. Every range of weights below starts at a block
+// boundary and is a whole number of blocks.
 #pragma once
 #include <cstdint>
 
@@ -15,7 +16,8 @@ struct FrozenRowKernels {
   // dx[0:n) += Σ_r s[r] · W[r, 0:n) over n_rows rows; w points at the range's first weight in row 0
   // (the T = 1 backward).
   void (*axpy_rows)(float* dx, const uint8_t* w, int64_t row_bytes, const float* s, int64_t n_rows, int64_t n);
-  // y[0:n) = the n weights starting at w, widened to f32 (exact).
+  // y[0:n) = the n weights starting at w, widened to f32: exact, except Q4_K's d·sc·q − dmin·m, which rounds
+  // once, as GGML's float dequantisation does.
   void (*decode)(float* y, const uint8_t* w, int64_t n);
 };
 
@@ -26,10 +28,15 @@ inline int64_t byte_offset(const FrozenRowKernels& k, int64_t col) { return col 
 // the tests cover each set. The AVX-512 set shares the AVX2 loops: one token is bound by memory, not lanes.
 const FrozenRowKernels& q8_0_row_kernels();
 const FrozenRowKernels& f16_row_kernels();
+// Q4_K and Q6_K: blocks of 256 weights (144 and 210 bytes).
+const FrozenRowKernels& q4_k_row_kernels();
+const FrozenRowKernels& q6_k_row_kernels();
 
 #if defined(__x86_64__) || defined(__i386__)
 extern const FrozenRowKernels kQ8_0Avx2;
 extern const FrozenRowKernels kF16Avx2;
+extern const FrozenRowKernels kQ4_KAvx2;
+extern const FrozenRowKernels kQ6_KAvx2;
 #endif
 
 }  // namespace q4t::cpu::detail

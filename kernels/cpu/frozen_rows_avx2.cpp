@@ -1,4 +1,4 @@
-// AVX2 + FMA + F16C loops of the Q8_0 and F16 linears (8 f32 lanes). Compiled for every x86 build through
+// AVX2 + FMA + F16C loops of the Q8_0, Q4_K, Q6_K and F16 linears (8 f32 lanes). Compiled for every x86 build through
 // target attributes and only called when the CPU reports AVX2, FMA and F16C (the Q4_0 AVX2 or AVX-512 set is
 // in use).
 #if defined(__x86_64__) || defined(__i386__)
@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "kernels/cpu/frozen_rows.h"
 #include "kernels/shapes.h"
@@ -191,8 +192,271 @@ Q4T_TARGET void f16_decode(float* y, const uint8_t* w, int64_t n) {
   for (int64_t i = n8; i < n; i++) y[i] = half_at(w + 2 * i);
 }
 
+// --- Q4_K: 144-byte blocks { f16 d, dmin; u8 scales[12]; u8 qs[128] } (kernels/quant/k_quants.h) ---------------
+
+// A block's 8 sub-block scales d·sc and mins dmin·m as floats (both products exact in f32).
+struct Q4_KScales {
+  alignas(32) float scale[8];
+  alignas(32) float min[8];
+};
+
+Q4T_TARGET inline void q4_k_scales(Q4_KScales* s, const uint8_t* block) {
+  uint32_t u[3];
+  std::memcpy(u, block + 4, sizeof u);
+  // GGML's unpacking (k4_scale_min for all 8 at once): sub-blocks 0-3 keep 6 bits in bytes 0-3 (scale) and 4-7
+  // (min); 4-7 keep 4 bits in the nibbles of bytes 8-11 and their top 2 bits in the top bits of bytes 0-7.
+  const uint32_t sc_lo = u[0] & 0x3F3F3F3F, m_lo = u[1] & 0x3F3F3F3F;
+  const uint32_t sc_hi = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);
+  const uint32_t m_hi = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4);
+  const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32(int(sc_lo), int(sc_hi), 0, 0)));
+  const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32(int(m_lo), int(m_hi), 0, 0)));
+  _mm256_store_ps(s->scale, _mm256_mul_ps(sc, _mm256_set1_ps(half_at(block))));
+  _mm256_store_ps(s->min, _mm256_mul_ps(m, _mm256_set1_ps(half_at(block + 2))));
+}
+
+// Quants 8k..8k+8 of sub-block J as 8 floats: the 64-weight chunk J/2 keeps sub-block J in the low (J even) or
+// high (J odd) nibbles of qs[32(J/2) .. +32).
+template <int J>
+Q4T_TARGET inline __m256 q4_k_lanes(const uint8_t* block, int k) {
+  const uint8_t* qs = block + 16 + 32 * (J / 2) + 8 * k;
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
+  return _mm256_cvtepi32_ps(J % 2 ? _mm256_srli_epi32(b, 4) : _mm256_and_si256(b, _mm256_set1_epi32(0xF)));
+}
+
+// Calls f.operator()<J>() for J = 0..N-1 (sub-block indices known at compile time).
+template <int N, class F>
+Q4T_TARGET inline void for_sub_blocks(F&& f) {
+  [&]<int... J>(std::integer_sequence<int, J...>) Q4T_TARGET { (f.template operator()<J>(), ...); }(
+      std::make_integer_sequence<int, N>());
+}
+
+// y[0..R) = R consecutive Q4_K rows · x. Per 32-weight sub-block, Σ x·(d·sc·q − dmin·m) = d·sc·Σ x·q − dmin·m·Σ x:
+// the lanes of Σ x·q per row and of Σ x (shared by the rows) are scaled into one accumulator per row. A chunk
+// of 32 bytes holds two sub-blocks (low and high nibbles), so each byte is widened once for both.
+template <int R>
+Q4T_TARGET void q4_k_dot_group(float* y, const uint8_t* w, int64_t row_bytes, const float* x, int64_t nb) {
+  __m256 acc[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi32(0xF);
+  for (int64_t b = 0; b < nb; b++) {
+    const float* xb = x + b * kQK_KBlockElems;
+    Q4_KScales s[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) q4_k_scales(&s[r], w + r * row_bytes + b * kQ4_KBlockBytes);
+    for (int c = 0; c < 4; c++) {
+      const float* xl = xb + 64 * c;  // sub-block 2c; xl + 32: sub-block 2c + 1
+      __m256 lo[R], hi[R];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; k++) {
+        const __m256 x0 = _mm256_loadu_ps(xl + 8 * k), x1 = _mm256_loadu_ps(xl + 32 + 8 * k);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+          const uint8_t* qs = w + r * row_bytes + b * kQ4_KBlockBytes + 16 + 32 * c + 8 * k;
+          const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
+          lo[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, low4)), x0, lo[r]);
+          hi[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), x1, hi[r]);
+        }
+      }
+      const __m256 sx0 = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xl), _mm256_loadu_ps(xl + 8)),
+                                        _mm256_add_ps(_mm256_loadu_ps(xl + 16), _mm256_loadu_ps(xl + 24)));
+      const __m256 sx1 = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xl + 32), _mm256_loadu_ps(xl + 40)),
+                                        _mm256_add_ps(_mm256_loadu_ps(xl + 48), _mm256_loadu_ps(xl + 56)));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; r++) {
+        acc[r] = _mm256_fmadd_ps(lo[r], _mm256_set1_ps(s[r].scale[2 * c]), acc[r]);
+        acc[r] = _mm256_fmadd_ps(hi[r], _mm256_set1_ps(s[r].scale[2 * c + 1]), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(sx0, _mm256_set1_ps(s[r].min[2 * c]), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(sx1, _mm256_set1_ps(s[r].min[2 * c + 1]), acc[r]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) y[r] = hsum(acc[r]);
+}
+
+Q4T_TARGET void q4_k_dot_rows(float* y, const uint8_t* w, int64_t row_bytes, const float* x, int64_t n_rows,
+                              int64_t n) {
+  for_row_groups(n_rows, [&]<int R>(int64_t r) Q4T_TARGET {
+    q4_k_dot_group<R>(y + r, w + r * row_bytes, row_bytes, x, n / kQK_KBlockElems);
+  });
+}
+
+// dx[nb*256] += Σ over R rows of s[r]·W[r, :]: per sub-block, q times s[r]·d·sc for each row, then the rows'
+// Σ s[r]·dmin·m subtracted once.
+template <int R>
+Q4T_TARGET void q4_k_axpy_group(float* dx, const uint8_t* w, int64_t row_bytes, const float* s, int64_t nb) {
+  for (int64_t b = 0; b < nb; b++) {
+    Q4_KScales c[R];
+    __m256 e = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+      q4_k_scales(&c[r], w + r * row_bytes + b * kQ4_KBlockBytes);
+      const __m256 sr = _mm256_set1_ps(s[r]);
+      _mm256_store_ps(c[r].scale, _mm256_mul_ps(_mm256_load_ps(c[r].scale), sr));
+      e = _mm256_fmadd_ps(_mm256_load_ps(c[r].min), sr, e);
+    }
+    alignas(32) float e_sub[8];
+    _mm256_store_ps(e_sub, e);
+    for_sub_blocks<8>([&]<int J>() Q4T_TARGET {
+      float* xs = dx + b * kQK_KBlockElems + 32 * J;
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; k++) {
+        __m256 a = _mm256_loadu_ps(xs + 8 * k);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+          a = _mm256_fmadd_ps(q4_k_lanes<J>(w + r * row_bytes + b * kQ4_KBlockBytes, k),
+                              _mm256_set1_ps(c[r].scale[J]), a);
+        _mm256_storeu_ps(xs + 8 * k, _mm256_sub_ps(a, _mm256_set1_ps(e_sub[J])));
+      }
+    });
+  }
+}
+
+Q4T_TARGET void q4_k_axpy_rows(float* dx, const uint8_t* w, int64_t row_bytes, const float* s, int64_t n_rows,
+                               int64_t n) {
+  for (int64_t c0 = 0; c0 < n; c0 += kAxpyChunk) {
+    const int64_t nb = std::min(kAxpyChunk, n - c0) / kQK_KBlockElems;
+    const uint8_t* wc = w + c0 / kQK_KBlockElems * kQ4_KBlockBytes;
+    for_row_groups(n_rows, [&]<int R>(int64_t r) Q4T_TARGET {
+      q4_k_axpy_group<R>(dx + c0, wc + r * row_bytes, row_bytes, s + r, nb);
+    });
+  }
+}
+
+// (d·sc)·q − dmin·m with one rounding, as GGML's float expression: d·sc·q is exact, so the fused form rounds the
+// same difference.
+Q4T_TARGET void q4_k_decode(float* y, const uint8_t* w, int64_t n) {
+  for (int64_t b = 0; b < n / kQK_KBlockElems; b++, w += kQ4_KBlockBytes, y += kQK_KBlockElems) {
+    Q4_KScales s;
+    q4_k_scales(&s, w);
+    for_sub_blocks<8>([&]<int J>() Q4T_TARGET {
+      const __m256 sc = _mm256_set1_ps(s.scale[J]), m = _mm256_set1_ps(s.min[J]);
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; k++) _mm256_storeu_ps(y + 32 * J + 8 * k, _mm256_fmsub_ps(q4_k_lanes<J>(w, k), sc, m));
+    });
+  }
+}
+
+// --- Q6_K: 210-byte blocks { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d } ------------------------------------
+
+// A block's 256 quants q − 32 as int8 (read by q8_lanes) in weight order, and its 16 scales d·scale as floats
+// (exact).
+struct Q6_KUnpacked {
+  alignas(32) uint8_t q[256];
+  alignas(32) float scale[16];
+};
+
+// Per 128-weight half, 32 lanes l at a time: weights l, l+32, l+64, l+96 take the low and high nibbles of ql[l]
+// and ql[l+32] and bit pairs 0-1, 2-3, 4-5, 6-7 of qh[l] (16-bit shifts: the bits they carry across bytes are
+// masked off).
+Q4T_TARGET inline void q6_k_unpack(Q6_KUnpacked* u, const uint8_t* block) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+  for (int h = 0; h < 2; h++) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * h));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * h + 32));
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * h));
+    const __m256i q[4] = {
+        _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), bits45)),
+        _mm256_or_si256(_mm256_and_si256(b, low4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), bits45)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4), _mm256_and_si256(hb, bits45)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), low4),
+                        _mm256_and_si256(_mm256_srli_epi16(hb, 2), bits45))};
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(u->q + 128 * h + 32 * i), _mm256_sub_epi8(q[i], k32));
+  }
+  const __m256 d = _mm256_set1_ps(half_at(block + 208));
+  const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192));
+  _mm256_store_ps(u->scale, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), d));
+  _mm256_store_ps(u->scale + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))), d));
+}
+
+// y[0..R) = R consecutive Q6_K rows · x: per 16-weight sub-block, Σ x·(q − 32) times d·scale.
+template <int R>
+Q4T_TARGET void q6_k_dot_group(float* y, const uint8_t* w, int64_t row_bytes, const float* x, int64_t nb) {
+  __m256 acc[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; b++) {
+    const float* xb = x + b * kQK_KBlockElems;
+    Q6_KUnpacked u[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) q6_k_unpack(&u[r], w + r * row_bytes + b * kQ6_KBlockBytes);
+    for (int j = 0; j < 16; j++) {
+      const __m256 x0 = _mm256_loadu_ps(xb + 16 * j), x1 = _mm256_loadu_ps(xb + 16 * j + 8);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; r++) {
+        const __m256 p =
+            _mm256_fmadd_ps(q8_lanes(u[r].q + 16 * j + 8), x1, _mm256_mul_ps(q8_lanes(u[r].q + 16 * j), x0));
+        acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(u[r].scale[j]), acc[r]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) y[r] = hsum(acc[r]);
+}
+
+Q4T_TARGET void q6_k_dot_rows(float* y, const uint8_t* w, int64_t row_bytes, const float* x, int64_t n_rows,
+                              int64_t n) {
+  for_row_groups(n_rows, [&]<int R>(int64_t r) Q4T_TARGET {
+    q6_k_dot_group<R>(y + r, w + r * row_bytes, row_bytes, x, n / kQK_KBlockElems);
+  });
+}
+
+template <int R>
+Q4T_TARGET void q6_k_axpy_group(float* dx, const uint8_t* w, int64_t row_bytes, const float* s, int64_t nb) {
+  for (int64_t b = 0; b < nb; b++) {
+    Q6_KUnpacked u[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) q6_k_unpack(&u[r], w + r * row_bytes + b * kQ6_KBlockBytes);
+    float* xb = dx + b * kQK_KBlockElems;
+    for (int j = 0; j < 16; j++) {
+      __m256 a0 = _mm256_loadu_ps(xb + 16 * j), a1 = _mm256_loadu_ps(xb + 16 * j + 8);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; r++) {
+        const __m256 c = _mm256_set1_ps(s[r] * u[r].scale[j]);
+        a0 = _mm256_fmadd_ps(q8_lanes(u[r].q + 16 * j), c, a0);
+        a1 = _mm256_fmadd_ps(q8_lanes(u[r].q + 16 * j + 8), c, a1);
+      }
+      _mm256_storeu_ps(xb + 16 * j, a0);
+      _mm256_storeu_ps(xb + 16 * j + 8, a1);
+    }
+  }
+}
+
+Q4T_TARGET void q6_k_axpy_rows(float* dx, const uint8_t* w, int64_t row_bytes, const float* s, int64_t n_rows,
+                               int64_t n) {
+  for (int64_t c0 = 0; c0 < n; c0 += kAxpyChunk) {
+    const int64_t nb = std::min(kAxpyChunk, n - c0) / kQK_KBlockElems;
+    const uint8_t* wc = w + c0 / kQK_KBlockElems * kQ6_KBlockBytes;
+    for_row_groups(n_rows, [&]<int R>(int64_t r) Q4T_TARGET {
+      q6_k_axpy_group<R>(dx + c0, wc + r * row_bytes, row_bytes, s + r, nb);
+    });
+  }
+}
+
+// (d·scale)·(q − 32): exact, as GGML's float expression.
+Q4T_TARGET void q6_k_decode(float* y, const uint8_t* w, int64_t n) {
+  for (int64_t b = 0; b < n / kQK_KBlockElems; b++, w += kQ6_KBlockBytes, y += kQK_KBlockElems) {
+    Q6_KUnpacked u;
+    q6_k_unpack(&u, w);
+    for (int j = 0; j < 16; j++) {
+      const __m256 sc = _mm256_set1_ps(u.scale[j]);
+      _mm256_storeu_ps(y + 16 * j, _mm256_mul_ps(q8_lanes(u.q + 16 * j), sc));
+      _mm256_storeu_ps(y + 16 * j + 8, _mm256_mul_ps(q8_lanes(u.q + 16 * j + 8), sc));
+    }
+  }
+}
+
 }  // namespace
 
+const FrozenRowKernels kQ4_KAvx2 = {"avx2", kQK_KBlockElems, kQ4_KBlockBytes,
+                                    q4_k_dot_rows, q4_k_axpy_rows, q4_k_decode};
+const FrozenRowKernels kQ6_KAvx2 = {"avx2", kQK_KBlockElems, kQ6_KBlockBytes,
+                                    q6_k_dot_rows, q6_k_axpy_rows, q6_k_decode};
 const FrozenRowKernels kQ8_0Avx2 = {"avx2", kQ8_0BlockElems, kQ8_0BlockBytes,
                                     q8_0_dot_rows, q8_0_axpy_rows, q8_0_decode};
 const FrozenRowKernels kF16Avx2 = {"avx2", 1, 2, f16_dot_rows, f16_axpy_rows, f16_decode};

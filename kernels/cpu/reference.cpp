@@ -6,6 +6,7 @@
 
 #include "kernels/quant/f16.h"
 #include "kernels/quant/q4_0.h"
+#include "kernels/quant/k_quants.h"
 #include "kernels/quant/q8_0.h"
 
 namespace q4t::ref {
@@ -34,6 +35,20 @@ std::vector<double> q8_0_row(const uint8_t* w, int64_t r, int64_t n_in) {
   const auto blocks = blocks_of_row<quant::BlockQ8_0, kQ8_0BlockElems>(w, r, n_in);
   std::vector<double> row(static_cast<size_t>(n_in));
   quant::dequantize_row_q8_0(row.data(), blocks.data(), n_in);
+  return row;
+}
+
+std::vector<double> q4_k_row(const uint8_t* w, int64_t r, int64_t n_in) {
+  const auto blocks = blocks_of_row<quant::BlockQ4_K, kQK_KBlockElems>(w, r, n_in);
+  std::vector<double> row(static_cast<size_t>(n_in));
+  quant::dequantize_row_q4_k(row.data(), blocks.data(), n_in);
+  return row;
+}
+
+std::vector<double> q6_k_row(const uint8_t* w, int64_t r, int64_t n_in) {
+  const auto blocks = blocks_of_row<quant::BlockQ6_K, kQK_KBlockElems>(w, r, n_in);
+  std::vector<double> row(static_cast<size_t>(n_in));
+  quant::dequantize_row_q6_k(row.data(), blocks.data(), n_in);
   return row;
 }
 
@@ -103,6 +118,24 @@ std::vector<double> q8_0_gemm(const uint8_t* w, const float* X, int64_t T, int64
 std::vector<double> q8_0_dx(const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
                             int64_t n_in, int64_t j_start, int64_t j_end) {
   return linear_dx(q8_0_row, w, dY, dX_in, T, n_out, n_in, j_start, j_end);
+}
+
+std::vector<double> q4_k_gemm(const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in) {
+  return linear_gemm(q4_k_row, w, X, T, n_out, n_in);
+}
+
+std::vector<double> q4_k_dx(const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
+                            int64_t n_in, int64_t j_start, int64_t j_end) {
+  return linear_dx(q4_k_row, w, dY, dX_in, T, n_out, n_in, j_start, j_end);
+}
+
+std::vector<double> q6_k_gemm(const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in) {
+  return linear_gemm(q6_k_row, w, X, T, n_out, n_in);
+}
+
+std::vector<double> q6_k_dx(const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
+                            int64_t n_in, int64_t j_start, int64_t j_end) {
+  return linear_dx(q6_k_row, w, dY, dX_in, T, n_out, n_in, j_start, j_end);
 }
 
 std::vector<double> f16_gemm(const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in) {

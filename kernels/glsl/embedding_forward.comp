@@ -1,7 +1,8 @@
 #version 450
 // y[T, C] = table[ids[t], :], the table [V, C] stored as `format`: 0 = f32, 1 = Q4_0 blocks, 2 = Q8_0 blocks,
-// 3 = f16 (rows dequantised or widened on the fly, one weight per invocation). An id outside [0, V) is clamped to
-// the nearest row: a shader cannot throw, and the CPU backend reports such ids as an error instead.
+// 3 = f16, 4 = Q4_K and 5 = Q6_K super-blocks (C a multiple of 256); rows are dequantised or widened on the fly,
+// one weight per invocation. An id outside [0, V) is clamped to the nearest row: a shader cannot throw, and the
+// CPU backend reports such ids as an error instead.
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) writeonly buffer Y { float y[]; };
@@ -13,6 +14,10 @@ layout(push_constant) uniform Push { uint T; uint C; uint V; uint format; } p;
 #include "q4_0.glsl"
 #define Q8_0_WORDS table
 #include "q8_0.glsl"
+#define Q4_K_WORDS table
+#include "q4_k.glsl"
+#define Q6_K_WORDS table
+#include "q6_k.glsl"
 
 // Weight k of a block sits in quarter (k % 16) / 4, lane k % 4, low nibble for k < 16, high otherwise.
 float q4_0_weight(uint id, uint c) {
@@ -29,6 +34,16 @@ float q8_0_weight(uint id, uint c) {
   return q8_0_scale(bb) * float(q);
 }
 
+// The K-quants decode the 4 weights around c (q4_k.glsl, q6_k.glsl) and keep one.
+float q4_k_weight(uint id, uint c) {
+  const uint bw = (id * (p.C / 256u) + c / 256u) * Q4_K_BLOCK_WORDS, k = c % 256u;
+  return q4_k_weights4(bw, k & ~3u)[k & 3u];
+}
+float q6_k_weight(uint id, uint c) {
+  const uint bb = (id * (p.C / 256u) + c / 256u) * Q6_K_BLOCK_BYTES, k = c % 256u;
+  return q6_k_weights4(bb, k & ~3u)[k & 3u];
+}
+
 void main() {
   const uint i = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 256u + gl_LocalInvocationID.x;
   if (i >= p.T * p.C) return;
@@ -38,5 +53,7 @@ void main() {
   if (p.format == 0u) y[i] = uintBitsToFloat(table[e]);
   else if (p.format == 1u) y[i] = q4_0_weight(id, c);
   else if (p.format == 2u) y[i] = q8_0_weight(id, c);
+  else if (p.format == 4u) y[i] = q4_k_weight(id, c);
+  else if (p.format == 5u) y[i] = q6_k_weight(id, c);
   else y[i] = unpackHalf2x16(table[e >> 1u])[e & 1u];
 }

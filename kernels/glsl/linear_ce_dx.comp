@@ -1,12 +1,12 @@
 #version 450
 // The vocab-tiled loss's share of dx for one tile: dx[T, C] += dlogits[T, n] · W[row0 : row0 + n, :], W [V, C]
-// frozen: f32, or Q4_0 / Q8_0 blocks or halves decoded into shared memory. The tiled GEMM body of
-// gemm_tiled.glsl with M = T, N = C and K = the n rows of the tile (lda = n, the tile's row stride).
+// frozen: f32, or Q4_0 / Q8_0 blocks, halves or Q4_K / Q6_K super-blocks decoded into shared memory. The tiled
+// GEMM body of gemm_tiled.glsl with M = T, N = C and K = the n rows of the tile (lda = n, the tile's row stride).
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) buffer C { float c[]; };
 layout(std430, binding = 1) readonly buffer A { float a[]; };
-layout(std430, binding = 2) readonly buffer W { uint w[]; };  // f32 bits, raw Q4_0 or Q8_0 blocks, or halves
+layout(std430, binding = 2) readonly buffer W { uint w[]; };  // f32 bits, raw blocks, or halves
 layout(push_constant) uniform Push {
   uint M;
   uint N;
@@ -16,7 +16,7 @@ layout(push_constant) uniform Push {
   uint ldb;  // row stride of an f32 W
   uint accumulate;
   uint row0;
-  uint format;  // 0 = f32, 1 = Q4_0, 2 = Q8_0, 3 = f16 (C even)
+  uint format;  // 0 = f32, 1 = Q4_0, 2 = Q8_0, 3 = f16 (C even), 4 = Q4_K, 5 = Q6_K (C % 256 == 0)
 } p;
 #include "gemm_tiled.glsl"
 #include "gemm_load_a.glsl"
@@ -27,6 +27,12 @@ layout(push_constant) uniform Push {
 #include "q8_0_tiles.glsl"
 #define F16_WORDS w
 #include "f16_tiles.glsl"
+#define Q4_K_WORDS w
+#include "q4_k.glsl"
+#include "q4_k_tiles.glsl"
+#define Q6_K_WORDS w
+#include "q6_k.glsl"
+#include "q6_k_tiles.glsl"
 
 // Bs[k * BN + n] = W[row0 + k0 + k, n0 + n]. Q4_0: BK rows x BN/32 blocks = 4 BK BN/32 quarters.
 void load_tile_b(uint n0, uint k0) {
@@ -36,6 +42,14 @@ void load_tile_b(uint n0, uint k0) {
   }
   if (p.format == 3u) {
     f16_load_w(n0, k0, p.k_end, p.row0, p.N);
+    return;
+  }
+  if (p.format == 4u) {
+    q4_k_load_w(n0, k0, p.k_end, p.row0, p.N);
+    return;
+  }
+  if (p.format == 5u) {
+    q6_k_load_w(n0, k0, p.k_end, p.row0, p.N);
     return;
   }
   if (p.format == 0u) {

@@ -1,6 +1,7 @@
 // Host side of the Vulkan linear kernels: checks shapes and buffer sizes, then records dispatches into a
 // Sequence. Same contracts as kernels/cpu/linear.h. Pipelines are built on first use and kept. Frozen weights
-// come as raw GGML bytes: Q4_0 or Q8_0 blocks (n_in a multiple of 32), or F16 halves (n_in even here).
+// come as raw GGML bytes: Q4_0 or Q8_0 blocks (n_in a multiple of 32), Q4_K or Q6_K super-blocks (n_in a
+// multiple of 256), or F16 halves (n_in even here).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -13,7 +14,8 @@
 
 namespace q4t::vk {
 
-struct FrozenFormat;  // the shaders and checks of one frozen weight format, Q8_0 or F16 (linear_kernels.cpp)
+struct FrozenFormat;  // the shaders and checks of one frozen weight format, Q8_0, Q4_K, Q6_K or F16
+                      // (linear_kernels.cpp)
 
 class LinearKernels {
  public:
@@ -42,6 +44,18 @@ class LinearKernels {
   void f16_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
               int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
   static size_t f16_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
+
+  // The same for a Q4_K and a Q6_K weight (n_in a multiple of 256).
+  void q4_k_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
+                 int64_t n_in);
+  void q4_k_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
+               int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
+  static size_t q4_k_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
+  void q6_k_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
+                 int64_t n_in);
+  void q6_k_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
+               int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
+  static size_t q6_k_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
 
   // f32 GEMMs, row-major: nt: C[M,N] (+)= A[M,K]·B[N,K]ᵀ; nn: A[M,K]·B[K,N]; tn: A[K,M]ᵀ·B[K,N].
   void gemm_nt(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N, int64_t K,

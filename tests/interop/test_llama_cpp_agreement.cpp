@@ -1,12 +1,13 @@
 // q4tune's model forward against llama.cpp itself, the reference implementation of GGUF models, run through
 // npm's node-llama-cpp CPU prebuilt (install_node_llama.sh installs it, llama_ref.mjs drives it).
-// For each architecture (llama, qwen2) x output (tied, untied) x weight type (q4_0, f32): q4tune init-model
+// For each architecture (llama, qwen2) x output (tied, untied) x weight type (q4_0, f32, and the mixes
+// llama-quantize writes: Q4_K_M, and Q4_0 with a Q6_K output matrix): q4tune init-model (and q4tune quantize)
 // writes a random model, and the logits at every position of a random id sequence, from q4tune on the CPU and
 // on Vulkan, must agree with llama.cpp's: max_v |q4tune - llama.cpp| <= 1e-3 * max_v |llama.cpp| per position.
 // The same holds with a random GGUF LoRA adapter applied by both.
 //
 // Quantized models: llama.cpp's CPU matmuls round the activations to Q8_0 before a Q4_0 (or Q8_0) dot product
-// (ggml's vec_dot_type), which moves these small random models' logits by a few percent of their max; q4tune
+// and to Q8_K before a Q4_K or Q6_K one (ggml's vec_dot_type), which moves these small random models' logits by a few percent of their max; q4tune
 // multiplies f32 activations by the exactly dequantized weights. So the 1e-3 comparison runs llama.cpp on an
 // "exact" copy of the model: every quantized matmul weight dequantized to F32 by this file's own decoder (from
 // ggml-common.h's block layouts), token_embd.weight kept quantized so that llama.cpp's own decoder (its row
@@ -90,6 +91,13 @@ uint16_t load_u16(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
 
 // Q4_0 block (18 bytes, 32 weights): f16 d; u8 qs[16]; weight j<16 = ((qs[j] & 0xF) - 8)·d, j>=16 = ((qs[j-16] >> 4) - 8)·d.
 // Q8_0 block (34 bytes, 32 weights): f16 d; i8 qs[32]; weight j = qs[j]·d. F16: one half per weight.
+// Q4_K block (144 bytes, 256 weights): f16 d; f16 dmin; u8 sm[12]; u8 qs[128]. Sub-block s (32 weights) has a
+// 6-bit scale and min: s < 4: sm[s] & 63 and sm[s+4] & 63; s >= 4: (sm[s+4] & 15) | (sm[s-4] >> 6) << 4 and
+// (sm[s+4] >> 4) | (sm[s] >> 6) << 4. Its quants are the low (s even) or high (s odd) nibbles of qs[32·(s/2) ...];
+// weight = d·scale·q − dmin·min.
+// Q6_K block (210 bytes, 256 weights): u8 ql[128]; u8 qh[64]; i8 sc[16]; f16 d. Weight i: half h = i / 128,
+// k = i % 128, l = k % 32, quarter g = k / 32; low 4 bits: ql[64h + l + 32·(g & 1)], low nibble for g < 2, high
+// for g >= 2; high 2 bits: (qh[32h + l] >> 2g) & 3; weight = d·sc[8h + g·2 + l/16]·(q − 32).
 std::vector<float> dequantize(const gguf::TensorInfo& t) {
   int64_t n = 1;
   for (int64_t d : t.ne) n *= d;
@@ -113,6 +121,33 @@ std::vector<float> dequantize(const gguf::TensorInfo& t) {
       break;
     case gguf::GgmlType::F16:
       for (int64_t i = 0; i < n; ++i) w[size_t(i)] = half_to_float(load_u16(p + 2 * i));
+      break;
+    case gguf::GgmlType::Q4_K:
+      for (int64_t b = 0; b < n / 256; ++b, p += 144) {
+        const float d = half_to_float(load_u16(p)), dmin = half_to_float(load_u16(p + 2));
+        const uint8_t *sm = p + 4, *qs = p + 16;
+        for (int sub = 0; sub < 8; ++sub) {
+          const int scale = sub < 4 ? sm[sub] & 63 : (sm[sub + 4] & 15) | ((sm[sub - 4] >> 6) << 4);
+          const int min = sub < 4 ? sm[sub + 4] & 63 : (sm[sub + 4] >> 4) | ((sm[sub] >> 6) << 4);
+          for (int l = 0; l < 32; ++l) {
+            const int q = (qs[32 * (sub / 2) + l] >> (4 * (sub % 2))) & 15;
+            w[size_t(b * 256 + sub * 32 + l)] = d * float(scale) * float(q) - dmin * float(min);
+          }
+        }
+      }
+      break;
+    case gguf::GgmlType::Q6_K:
+      for (int64_t b = 0; b < n / 256; ++b, p += 210) {
+        const uint8_t *ql = p, *qh = p + 128;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
+        const float d = half_to_float(load_u16(p + 208));
+        for (int i = 0; i < 256; ++i) {
+          const int h = i / 128, k = i % 128, l = k % 32, g = k / 32;
+          const int lo = (ql[64 * h + l + 32 * (g & 1)] >> (g >= 2 ? 4 : 0)) & 15;
+          const int hi = (qh[32 * h + l] >> (2 * g)) & 3;
+          w[size_t(b * 256 + i)] = d * float(sc[8 * h + 2 * g + l / 16]) * float((lo | (hi << 4)) - 32);
+        }
+      }
       break;
     default:
       throw std::runtime_error(t.name + ": no decoder for type " + gguf::type_name(t.type));
@@ -191,6 +226,8 @@ NodeLlama g_node_llama;
 struct Variant {
   const char* arch;
   bool tied;
+  // init-model's --type, or "q4_0_quantize": an f32 model converted by `q4tune quantize --type q4_0`, which writes
+  // the output matrix as Q6_K as llama-quantize does.
   const char* type;
   uint32_t seed;  // of init-model, the ids and the adapter
   std::string name() const { return std::string(arch) + (tied ? "_tied_" : "_untied_") + type; }
@@ -230,9 +267,20 @@ class LlamaCppAgreement : public ::testing::TestWithParam<Variant> {
   fs::path init_model(uint32_t seed) {
     const Variant& v = GetParam();
     const fs::path model = dir_ / "m.gguf";
-    const CmdResult r = run(std::string(Q4TUNE_BIN) + " init-model --arch " + v.arch + " --type " + v.type +
-                            (v.tied ? " --tied" : "") + " --seed " + std::to_string(seed) + " --out " + quoted(model));
+    const std::string type = v.type;
+    const bool quantize = type == "q4_0_quantize";
+    // The k-quants need rows of whole 256-weight super-blocks; 4 layers give Q4_K_M both Q4_K and Q6_K layers.
+    const bool k_quants = type == "q4_k_m" || quantize;
+    const std::string shape = k_quants ? " --dim 256 --ff 512 --layers 4 --heads 4 --kv-heads 2" : "";
+    const fs::path written = quantize ? dir_ / "m-f32.gguf" : model;
+    CmdResult r = run(std::string(Q4TUNE_BIN) + " init-model --arch " + v.arch + " --type " +
+                      (quantize ? "f32" : type) + shape + (v.tied ? " --tied" : "") + " --seed " +
+                      std::to_string(seed) + " --out " + quoted(written));
     EXPECT_EQ(r.code, 0) << r.out;
+    if (quantize) {
+      r = run(std::string(Q4TUNE_BIN) + " quantize " + quoted(written) + " " + quoted(model) + " --type q4_0");
+      EXPECT_EQ(r.code, 0) << r.out;
+    }
     return model;
   }
 
@@ -364,7 +412,11 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, LlamaCppAgreement,
                          ::testing::Values(Variant{"llama", false, "q4_0", 1}, Variant{"llama", true, "q4_0", 2},
                                            Variant{"llama", false, "f32", 3}, Variant{"llama", true, "f32", 4},
                                            Variant{"qwen2", false, "q4_0", 5}, Variant{"qwen2", true, "q4_0", 6},
-                                           Variant{"qwen2", false, "f32", 7}, Variant{"qwen2", true, "f32", 8}),
+                                           Variant{"qwen2", false, "f32", 7}, Variant{"qwen2", true, "f32", 8},
+                                           Variant{"llama", false, "q4_k_m", 9}, Variant{"llama", true, "q4_k_m", 10},
+                                           Variant{"qwen2", false, "q4_k_m", 11},
+                                           Variant{"llama", false, "q4_0_quantize", 12},
+                                           Variant{"qwen2", true, "q4_0_quantize", 13}),
                          [](const ::testing::TestParamInfo<Variant>& info) { return info.param.name(); });
 
 }  // namespace

@@ -22,6 +22,8 @@ bool matrix_dtype(gguf::GgmlType t, ag::DType real, ag::DType* out) {
     case gguf::GgmlType::F32: *out = real; return true;
     case gguf::GgmlType::Q4_0: *out = ag::DType::Q4_0; return true;
     case gguf::GgmlType::Q8_0: *out = ag::DType::Q8_0; return true;
+    case gguf::GgmlType::Q4_K: *out = ag::DType::Q4_K; return true;
+    case gguf::GgmlType::Q6_K: *out = ag::DType::Q6_K; return true;
     case gguf::GgmlType::F16: *out = ag::DType::F16; return true;
     default: return false;
   }
@@ -51,7 +53,7 @@ void Model::load_tensor(const gguf::File& f, const std::string& name, const std:
   const bool ok = matrix ? matrix_dtype(t->type, be_.real(), &dt) : t->type == gguf::GgmlType::F32;
   if (!ok)
     throw gguf::FormatError(f.path() + ": tensor '" + name + "' has type " + gguf::type_name(t->type) +
-                            ", which q4tune cannot use here (supported: " + (matrix ? "f32, f16, q8_0, q4_0" : "f32") + ")");
+                            ", which q4tune cannot use here (supported: " + (matrix ? "f32, f16, q8_0, q4_0, q4_K, q6_K" : "f32") + ")");
   // Shape as a row-major matrix [n_out, n_in] (ne reversed); vectors stay [n].
   const ag::Shape shape = ne.size() == 2 ? ag::Shape{ne[1], ne[0]} : ag::Shape{ne[0]};
   if (ag::is_frozen_storage(dt)) {
@@ -141,10 +143,11 @@ void ModelGraph::add_adapters(const LoraSpec& spec, std::mt19937& rng) {
 }
 
 ag::Var ModelGraph::frozen_linear(ag::Var x, ag::Var w) const {
-  // llama.cpp rounds the input of Q4_0 and Q8_0 matrices to Q8_0 blocks (its F16 matrices round it to f16,
-  // which is not reproduced here).
-  const bool round = llama_cpp_numerics_ && ag::is_quantized(w.value().dtype());
-  return ag::linear(round ? ag::act_round_q8_0(x) : x, w);
+  // llama.cpp rounds the input of Q4_0 and Q8_0 matrices to Q8_0 blocks and that of Q4_K and Q6_K matrices to
+  // Q8_K blocks (its F16 matrices round it to f16, which is not reproduced here).
+  if (!llama_cpp_numerics_ || !ag::is_quantized(w.value().dtype())) return ag::linear(x, w);
+  const bool k_quant = w.value().dtype() == ag::DType::Q4_K || w.value().dtype() == ag::DType::Q6_K;
+  return ag::linear(k_quant ? ag::act_round_q8_k(x) : ag::act_round_q8_0(x), w);
 }
 
 ag::Var ModelGraph::project(ag::Var x, int64_t layer, const std::string& target) const {

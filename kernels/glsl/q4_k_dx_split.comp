@@ -1,0 +1,103 @@
+#version 450
+// First pass of dx[n_in] = dy[j_start:j_end] · W[j_start:j_end, :] for one token, W in Q4_K super-blocks (the
+// transposed GEMV), laid out as q4_0_dx_split.comp: the row range is cut into chunks of rows_per_chunk rows
+// (gl_WorkGroupID.y) and chunk c writes its sums to partial[c, cols]; q4_0_dx_reduce.comp adds the chunks in
+// order (deterministic, no float atomics).
+//
+// A workgroup covers UNITS units (a unit is 16 bytes of quants, one uvec4, as in q4_k_gemv.comp: 32 columns of
+// dx) and SLOTS = SUB·ROW_SLOTS row slots, slot s walking rows s, s + SLOTS, ... of the chunk. Few columns and
+// many slots per workgroup keep the chunks few (the host sizes them from the columns per workgroup), so the
+// reduce pass stays short. Per row an invocation adds (16·dy·d·sc)·(1 + q/16) to its columns (q4_k.glsl) and
+// 16·dy·d·sc + dy·dmin·m to one correction per sub-block, subtracted once at the end. The slots are summed
+// through shared memory.
+#extension GL_GOOGLE_include_directive : require
+
+const uint UNITS = 4;  // 128 columns per workgroup (linear_kernels.cpp: kDxKCols)
+const uint SUB = 4;    // row slots per unit along x
+layout(local_size_x = UNITS * SUB, local_size_y_id = 0) in;
+layout(constant_id = 0) const uint ROW_SLOTS = 8;
+const uint SLOTS = SUB * ROW_SLOTS;  // a multiple of 8
+const uint NV = UNITS * 8u;          // vec4 columns of the workgroup
+
+layout(std430, binding = 0) writeonly buffer Partial { vec4 partial4[]; };  // [n_chunks, n_in]
+layout(std430, binding = 1) readonly buffer W { uvec4 w4[]; };            // 9 per block
+layout(std430, binding = 2) readonly buffer DY { float dy[]; };
+layout(push_constant) uniform Push {
+  uint n_in;
+  uint j_start;
+  uint j_end;
+  uint rows_per_chunk;
+} p;
+
+#include "q4_k.glsl"
+
+shared vec4 red[SLOTS * NV];
+
+// Columns 64c + 16h + [0, 16) of the block (al, low nibbles) and 64c + 32 + 16h + [0, 16) (ah, high nibbles).
+vec4 al[4], ah[4];
+float corr_l = 0.0, corr_h = 0.0;
+
+void add_row(uvec4 hd, uvec4 qs, float g, uint c) {
+  const vec2 dm = unpackHalf2x16(hd.x);
+  const vec4 s = q4_k_chunk_scales(hd.yzw, c);
+  const float gd = 16.0 * g * dm.x, gm = g * dm.y;
+  const float a_l = gd * s.x, a_h = gd * s.y;
+  corr_l += a_l + gm * s.z;
+  corr_h += a_h + gm * s.w;
+  for (uint k = 0u; k < 4u; ++k) {
+    al[k] += a_l * q4_k_low_1p(qs[k]);
+    ah[k] += a_h * q4_k_high_1p(qs[k]);
+  }
+}
+
+void main() {
+  const uint n_blocks = p.n_in / 256u;
+  const uint ul = gl_LocalInvocationID.x % UNITS;
+  const uint slot = gl_LocalInvocationID.x / UNITS + SUB * gl_LocalInvocationID.y;
+  const uint u = gl_WorkGroupID.x * UNITS + ul;
+  const uint b = u < n_blocks * 8u ? u >> 3u : 0u, c = (u >> 1u) & 3u, h = u & 1u;
+  const uint q_off = 1u + 2u * c + h;  // the unit's uvec4 inside a block
+  const uint chunk = gl_WorkGroupID.y;
+  const uint j0 = p.j_start + chunk * p.rows_per_chunk;
+  const uint j1 = min(p.j_end, j0 + p.rows_per_chunk);
+
+  for (uint k = 0u; k < 4u; ++k) {
+    al[k] = vec4(0.0);
+    ah[k] = vec4(0.0);
+  }
+  uint j = j0 + slot;
+  for (; j + 3u * SLOTS < j1; j += 4u * SLOTS) {
+    uvec4 hd[4], qs[4];
+    float g[4];
+    for (uint i = 0u; i < 4u; ++i) {
+      const uint blk = ((j + i * SLOTS) * n_blocks + b) * 9u;
+      hd[i] = w4[blk];
+      qs[i] = w4[blk + q_off];
+      g[i] = dy[j + i * SLOTS];
+    }
+    for (uint i = 0u; i < 4u; ++i) add_row(hd[i], qs[i], g[i], c);
+  }
+  for (; j < j1; j += SLOTS) {
+    const uint blk = (j * n_blocks + b) * 9u;
+    add_row(w4[blk], w4[blk + q_off], dy[j], c);
+  }
+
+  for (uint k = 0u; k < 4u; ++k) {
+    red[slot * NV + ul * 8u + k] = al[k] - corr_l;
+    red[slot * NV + ul * 8u + 4u + k] = ah[k] - corr_h;
+  }
+  barrier();
+  // Groups of 8 slots, then the groups; slots and groups are added in a fixed order.
+  const uint tid = gl_LocalInvocationIndex, v = tid % NV, grp = tid / NV;  // SLOTS / 8 groups
+  vec4 sum = red[grp * 8u * NV + v];
+  for (uint i = 1u; i < 8u; ++i) sum += red[(grp * 8u + i) * NV + v];
+  red[grp * 8u * NV + v] = sum;  // only this invocation reads that group's column v
+  barrier();
+  if (tid >= NV) return;
+  for (uint g = 1u; g < SLOTS / 8u; ++g) sum += red[g * 8u * NV + v];
+  const uint uo = gl_WorkGroupID.x * UNITS + v / 8u, k = v % 8u;
+  if (uo >= n_blocks * 8u) return;
+  const uint bo = uo >> 3u, co = (uo >> 1u) & 3u, ho = uo & 1u;
+  // Vec4 k < 4 holds columns 64c + 16h + 4k .., k >= 4 columns 64c + 32 + 16h + 4(k - 4) ..
+  partial4[(chunk * p.n_in) / 4u + 64u * bo + 16u * co + 4u * ho + (k < 4u ? k : 4u + k)] = sum;
+}

@@ -1,0 +1,64 @@
+// Q6_K super-block access (kernels/quant/k_quants.h) from a buffer of 32-bit words holding raw blocks
+// { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d } of 256 weights, weight = d·scale·(q − 32). 210 bytes: block b
+// starts at byte 210·b, on a 16-bit boundary only, so every read below is aligned word loads plus shifts (as
+// q8_0.glsl).
+//
+// Each 128-weight half h uses ql[64h..64h+64), qh[32h..32h+32) and scales[8h..8h+8). For l in [0, 32) its
+// "quadrant" k4 (0..3) holds weight 32·k4 + l: the low (k4 = 0, 1) or high (k4 = 2, 3) nibble of
+// ql[64h + 32·(k4 & 1) + l], the bits 2·k4 .. 2·k4+1 of qh[32h + l], and the scale scales[8h + 2·k4 + l / 16].
+#ifndef Q6_K_WORDS
+#error "define Q6_K_WORDS as the uint[] array holding the blocks"
+#endif
+
+const uint Q6_K_BLOCK_BYTES = 210u;
+const uint Q6_K_QH = 128u, Q6_K_SCALES = 192u, Q6_K_D = 208u;  // byte offsets inside a block
+
+// The 4 bytes starting at the even byte address `a`, packed little-endian in one uint.
+uint q6_k_word(uint a) {
+  uint lo = Q6_K_WORDS[a >> 2u];
+  if ((a & 2u) == 0u) return lo;
+  uint hi = Q6_K_WORDS[(a >> 2u) + 1u];
+  return (lo >> 16u) | (hi << 16u);
+}
+
+// The 8 bytes starting at the even byte address `a`, as two such words.
+uvec2 q6_k_words2(uint a) {
+  uint i = a >> 2u;
+  uint w0 = Q6_K_WORDS[i], w1 = Q6_K_WORDS[i + 1u];
+  if ((a & 2u) == 0u) return uvec2(w0, w1);
+  uint w2 = Q6_K_WORDS[i + 2u];
+  return uvec2((w0 >> 16u) | (w1 << 16u), (w1 >> 16u) | (w2 << 16u));
+}
+
+// The f16 super-block scale of the block starting at byte `bb`.
+float q6_k_d(uint bb) {
+  const uint a = bb + Q6_K_D;
+  return unpackHalf2x16(Q6_K_WORDS[a >> 2u] >> ((a & 2u) * 8u)).x;
+}
+
+// Signed byte i (0..3) of a word, as a float.
+float q6_k_i8(uint word, uint i) { return float(bitfieldExtract(int(word), int(8u * i), 8)); }
+
+// The 4 six-bit quants of quadrant k4 from a word of ql bytes and the word of qh bytes at the same l.
+uint q6_k_quants(uint ql, uint qh, uint k4) {
+  return ((ql >> (4u * (k4 >> 1u))) & 0x0F0F0F0Fu) | (((qh >> (2u * k4)) & 0x03030303u) << 4u);
+}
+
+// The 4 quants of a word minus 32, as floats: each byte OR-ed into the mantissa of 2^23, then 2^23 + 32
+// subtracted (exact; no integer-to-float conversion).
+const uint Q6_K_MAGIC = 0x4B000000u;       // 2^23 as f32 bits
+const float Q6_K_MAGIC_PLUS_32 = 8388640.0;  // 2^23 + 32
+
+vec4 q6_k_unpack(uint q) {
+  return uintBitsToFloat(uvec4(q, q >> 8u, q >> 16u, q >> 24u) & 0xFFu | Q6_K_MAGIC) - Q6_K_MAGIC_PLUS_32;
+}
+
+// Weights k..k+3 (k a multiple of 4) of the block starting at byte `bb`.
+vec4 q6_k_weights4(uint bb, uint k) {
+  const uint h = k / 128u, k4 = (k % 128u) / 32u, l = k % 32u;
+  const uint ql = q6_k_word(bb + 64u * h + 32u * (k4 & 1u) + l);
+  const uint qh = q6_k_word(bb + Q6_K_QH + 32u * h + l);
+  const uint s = Q6_K_SCALES + 8u * h + 2u * k4 + l / 16u;  // byte offset of the scale
+  const uint sw = Q6_K_WORDS[(bb + s) >> 2u];
+  return (q6_k_d(bb) * q6_k_i8(sw, (bb + s) & 3u)) * q6_k_unpack(q6_k_quants(ql, qh, k4));
+}

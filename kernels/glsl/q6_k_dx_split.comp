@@ -1,0 +1,99 @@
+#version 450
+// First pass of dx[n_in] = dy[j_start:j_end] · W[j_start:j_end, :] for one token, W in Q6_K super-blocks (the
+// transposed GEMV), laid out as q4_k_dx_split.comp: the row range is cut into chunks (gl_WorkGroupID.y); a
+// workgroup covers UNITS units (a unit as in q6_k_gemv.comp: 8 bytes of ql at l, 8 at l + 32 and 8 of qh, 32
+// columns of dx) and SLOTS = SUB·ROW_SLOTS row slots, slot s walking rows s, s + SLOTS, ... of the chunk. The
+// slots are summed through shared memory and chunk c writes its sums to partial[c, cols]; q4_0_dx_reduce.comp
+// adds the chunks in order (deterministic, no float atomics).
+#extension GL_GOOGLE_include_directive : require
+
+const uint UNITS = 4;  // 128 columns per workgroup (linear_kernels.cpp: kDxKCols)
+const uint SUB = 4;    // row slots per unit along x
+layout(local_size_x = UNITS * SUB, local_size_y_id = 0) in;
+layout(constant_id = 0) const uint ROW_SLOTS = 8;
+const uint SLOTS = SUB * ROW_SLOTS;  // a multiple of 8
+const uint NV = UNITS * 8u;          // vec4 columns of the workgroup
+
+layout(std430, binding = 0) writeonly buffer Partial { vec4 partial4[]; };  // [n_chunks, n_in]
+layout(std430, binding = 1) readonly buffer W { uint w[]; };
+layout(std430, binding = 2) readonly buffer DY { float dy[]; };
+layout(push_constant) uniform Push {
+  uint n_in;
+  uint j_start;
+  uint j_end;
+  uint rows_per_chunk;
+} p;
+
+#define Q6_K_WORDS w
+#include "q6_k.glsl"
+
+shared vec4 red[SLOTS * NV];
+
+// acc[2·k4 + e]: columns 128h + 32·k4 + 8g + 4e + [0, 4) of the block.
+vec4 acc[8];
+
+// One row's unit: ql at l and l + 32, qh, the half's scales 2·k4 + g/2 (in bytes 0 and 2 of .x and .y), d.
+struct Unit {
+  uvec2 ql0, ql1, qh, sw;
+  float d;
+};
+
+Unit load_unit(uint bb, uint h, uint g) {
+  Unit un;
+  un.ql0 = q6_k_words2(bb + 64u * h + 8u * g);
+  un.ql1 = q6_k_words2(bb + 64u * h + 32u + 8u * g);
+  un.qh = q6_k_words2(bb + Q6_K_QH + 32u * h + 8u * g);
+  un.sw = q6_k_words2(bb + Q6_K_SCALES + 8u * h) >> (8u * (g >> 1u));
+  un.d = q6_k_d(bb);
+  return un;
+}
+
+void add_row(Unit un, float g) {
+  const float gd = g * un.d;
+  for (uint k4 = 0u; k4 < 4u; ++k4) {
+    const uvec2 ql = (k4 & 1u) != 0u ? un.ql1 : un.ql0;
+    const float gs = gd * q6_k_i8(un.sw[k4 >> 1u], 2u * (k4 & 1u));
+    acc[2u * k4] += gs * q6_k_unpack(q6_k_quants(ql.x, un.qh.x, k4));
+    acc[2u * k4 + 1u] += gs * q6_k_unpack(q6_k_quants(ql.y, un.qh.y, k4));
+  }
+}
+
+void main() {
+  const uint n_blocks = p.n_in / 256u;
+  const uint ul = gl_LocalInvocationID.x % UNITS;
+  const uint slot = gl_LocalInvocationID.x / UNITS + SUB * gl_LocalInvocationID.y;
+  const uint u = gl_WorkGroupID.x * UNITS + ul;
+  const uint b = u < n_blocks * 8u ? u >> 3u : 0u, h = (u >> 2u) & 1u, g = u & 3u;
+  const uint chunk = gl_WorkGroupID.y;
+  const uint j0 = p.j_start + chunk * p.rows_per_chunk;
+  const uint j1 = min(p.j_end, j0 + p.rows_per_chunk);
+
+  for (uint k = 0u; k < 8u; ++k) acc[k] = vec4(0.0);
+  uint j = j0 + slot;
+  for (; j + 3u * SLOTS < j1; j += 4u * SLOTS) {
+    Unit un[4];
+    float gy[4];
+    for (uint i = 0u; i < 4u; ++i) {
+      un[i] = load_unit(((j + i * SLOTS) * n_blocks + b) * Q6_K_BLOCK_BYTES, h, g);
+      gy[i] = dy[j + i * SLOTS];
+    }
+    for (uint i = 0u; i < 4u; ++i) add_row(un[i], gy[i]);
+  }
+  for (; j < j1; j += SLOTS) add_row(load_unit((j * n_blocks + b) * Q6_K_BLOCK_BYTES, h, g), dy[j]);
+
+  for (uint k = 0u; k < 8u; ++k) red[slot * NV + ul * 8u + k] = acc[k];
+  barrier();
+  // Groups of 8 slots, then the groups; slots and groups are added in a fixed order.
+  const uint tid = gl_LocalInvocationIndex, v = tid % NV, grp = tid / NV;  // SLOTS / 8 groups
+  vec4 sum = red[grp * 8u * NV + v];
+  for (uint i = 1u; i < 8u; ++i) sum += red[(grp * 8u + i) * NV + v];
+  red[grp * 8u * NV + v] = sum;  // only this invocation reads that group's column v
+  barrier();
+  if (tid >= NV) return;
+  for (uint gr = 1u; gr < SLOTS / 8u; ++gr) sum += red[gr * 8u * NV + v];
+  const uint uo = gl_WorkGroupID.x * UNITS + v / 8u, k = v % 8u;
+  if (uo >= n_blocks * 8u) return;
+  // Vec4 k = 2·k4 + e holds columns 128h + 32·k4 + 8g + 4e ..
+  partial4[(chunk * p.n_in) / 4u + 64u * (uo >> 3u) + 32u * ((uo >> 2u) & 1u) + 8u * (k >> 1u) + 2u * (uo & 3u) +
+           (k & 1u)] = sum;
+}

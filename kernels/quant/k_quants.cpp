@@ -1,0 +1,310 @@
+#include "kernels/quant/k_quants.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/quant/f16.h"
+
+namespace q4t::quant {
+
+namespace {
+
+constexpr int kQK = int(kQK_KBlockElems);
+// GGML's GROUP_MAX_EPS: a group whose largest value (or a Q6_K block whose largest scale) is below this is zero.
+constexpr float kGroupMaxEps = 1e-15f;
+
+void check_row(const char* fn, int64_t n) {
+  if (n < 0 || n % kQK_KBlockElems != 0)
+    throw ShapeError(std::string(fn) + ": n = " + std::to_string(n) +
+                     " is not a multiple of 256 (the k-quant super-block size)");
+}
+
+// Round to nearest, ties to even, as GGML's nearest_int: adding 1.5·2^23 leaves the rounded integer in the low
+// mantissa bits (exact for |v| < 2^22, which every caller's levels are far inside).
+int nearest(float v) {
+  const float shifted = v + 12582912.0f;
+  int32_t bits;
+  std::memcpy(&bits, &shifted, sizeof bits);
+  return (bits & 0x007fffff) - 0x00400000;
+}
+
+// Fits x[i] ≈ scale·L[i] + min with L in [0, nmax] and min ≤ 0, minimising Σ w[i]·(scale·L[i] + min − x[i])²:
+// start from the full range, then try nstep + 1 slightly different step sizes, each followed by the weighted
+// least-squares scale and min of its levels. Returns the scale; *neg_min receives −min (≥ 0).
+float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L, float* neg_min, float rmin,
+                    float rdelta, int nstep) {
+  float lo = x[0], hi = x[0], sum_w = w[0], sum_x = w[0] * x[0];
+  for (int i = 1; i < n; i++) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+    sum_w += w[i];
+    sum_x += w[i] * x[i];
+  }
+  if (lo > 0) lo = 0;
+  if (hi == lo) {
+    std::fill(L, L + n, uint8_t(0));
+    *neg_min = -lo;
+    return 0.0f;
+  }
+  float iscale = float(nmax) / (hi - lo), scale = 1.0f / iscale, best_error = 0.0f;
+  for (int i = 0; i < n; i++) {
+    L[i] = uint8_t(std::clamp(nearest(iscale * (x[i] - lo)), 0, nmax));
+    const float diff = scale * float(L[i]) + lo - x[i];
+    best_error += w[i] * diff * diff;
+  }
+  std::vector<uint8_t> trial(static_cast<size_t>(n));
+  for (int step = 0; step <= nstep; step++) {
+    iscale = (rmin + rdelta * float(step) + float(nmax)) / (hi - lo);
+    float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+    for (int i = 0; i < n; i++) {
+      const int l = std::clamp(nearest(iscale * (x[i] - lo)), 0, nmax);
+      trial[size_t(i)] = uint8_t(l);
+      sum_l += w[i] * float(l);
+      sum_l2 += w[i] * float(l) * float(l);
+      sum_xl += w[i] * float(l) * x[i];
+    }
+    const float det = sum_w * sum_l2 - sum_l * sum_l;
+    if (det <= 0) continue;
+    float this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+    float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+    if (this_min > 0) {
+      this_min = 0;
+      this_scale = sum_xl / sum_l2;
+    }
+    float error = 0;
+    for (int i = 0; i < n; i++) {
+      const float diff = this_scale * float(trial[size_t(i)]) + this_min - x[i];
+      error += w[i] * diff * diff;
+    }
+    if (error < best_error) {
+      std::copy(trial.begin(), trial.end(), L);
+      best_error = error;
+      scale = this_scale;
+      lo = this_min;
+    }
+  }
+  *neg_min = -lo;
+  return scale;
+}
+
+// Fits x[i] ≈ scale·(L[i] − nmax) with L[i] − nmax in [−nmax, nmax − 1], weights x[i]²: the value of largest
+// magnitude maps to −nmax, then 18 nearby step sizes are tried and the one with the best weighted
+// least-squares fit kept. Returns the (signed) scale.
+float fit_signed_scale(int n, int nmax, const float* x, uint8_t* L) {
+  float amax = 0, max = 0;
+  for (int i = 0; i < n; i++) {
+    if (std::fabs(x[i]) > amax) {
+      amax = std::fabs(x[i]);
+      max = x[i];
+    }
+  }
+  if (amax < kGroupMaxEps) {
+    std::fill(L, L + n, uint8_t(0));
+    return 0.0f;
+  }
+  auto fit = [&](float iscale, bool store, float* sum_lx, float* sum_l2) {
+    *sum_lx = 0;
+    *sum_l2 = 0;
+    for (int i = 0; i < n; i++) {
+      const int l = std::clamp(nearest(iscale * x[i]), -nmax, nmax - 1);
+      if (store) L[i] = uint8_t(l + nmax);
+      const float w = x[i] * x[i];
+      *sum_lx += w * x[i] * float(l);
+      *sum_l2 += w * float(l) * float(l);
+    }
+  };
+  float sum_lx, sum_l2;
+  fit(-float(nmax) / max, true, &sum_lx, &sum_l2);
+  float scale = sum_l2 != 0 ? sum_lx / sum_l2 : 0.0f;
+  float best = scale * sum_lx;
+  for (int step = -9; step <= 9; step++) {
+    if (step == 0) continue;
+    const float iscale = -(float(nmax) + 0.1f * float(step)) / max;
+    fit(iscale, false, &sum_lx, &sum_l2);
+    if (sum_l2 > 0 && sum_lx * sum_lx > best * sum_l2) {
+      fit(iscale, true, &sum_lx, &sum_l2);
+      scale = sum_lx / sum_l2;
+      best = scale * sum_lx;
+    }
+  }
+  return scale;
+}
+
+template <typename T>
+void dequantize_q4_k(T* y, const BlockQ4_K* x, int64_t n) {
+  for (int64_t b = 0; b < n / kQK; b++) {
+    const BlockQ4_K& blk = x[b];
+    const T d = T(f16_to_f32(blk.d)), dmin = T(f16_to_f32(blk.dmin));
+    T* out = y + b * kQK;
+    for (int j = 0; j < 8; j++) {
+      uint8_t sc, m;
+      k4_scale_min(blk.scales, j, &sc, &m);
+      const T d1 = d * T(sc), m1 = dmin * T(m);
+      const uint8_t* q = blk.qs + 32 * (j / 2);
+      const int shift = 4 * (j % 2);
+      for (int l = 0; l < 32; l++) out[32 * j + l] = d1 * T((q[l] >> shift) & 0xF) - m1;
+    }
+  }
+}
+
+template <typename T>
+void dequantize_q6_k(T* y, const BlockQ6_K* x, int64_t n) {
+  for (int64_t b = 0; b < n / kQK; b++) {
+    const BlockQ6_K& blk = x[b];
+    const T d = T(f16_to_f32(blk.d));
+    for (int h = 0; h < 2; h++) {
+      const uint8_t* ql = blk.ql + 64 * h;
+      const uint8_t* qh = blk.qh + 32 * h;
+      const int8_t* sc = blk.scales + 8 * h;
+      T* out = y + b * kQK + 128 * h;
+      for (int l = 0; l < 32; l++) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        out[l] = d * T(sc[is + 0]) * T(q1);
+        out[l + 32] = d * T(sc[is + 2]) * T(q2);
+        out[l + 64] = d * T(sc[is + 4]) * T(q3);
+        out[l + 96] = d * T(sc[is + 6]) * T(q4);
+      }
+    }
+  }
+}
+
+template <typename Block, void (*QuantizeRow)(Block*, const float*, int64_t)>
+void quantize_matrix(const char* fn, int64_t (*row_bytes)(int64_t), void (*check)(const char*, int64_t, int64_t, int64_t),
+                     std::span<uint8_t> out, std::span<const float> w, int64_t n_out, int64_t n_in) {
+  check(fn, n_out, n_in, 1);
+  check_size(fn, "w", w.size(), size_t(n_out * n_in), "floats");
+  check_size(fn, "out", out.size(), size_t(n_out * row_bytes(n_in)));
+  // A byte span promises no alignment, so each row is built in an aligned buffer and copied out.
+  std::vector<Block> row(size_t(n_in / kQK));
+  for (int64_t r = 0; r < n_out; r++) {
+    QuantizeRow(row.data(), w.data() + r * n_in, n_in);
+    std::memcpy(out.data() + r * row_bytes(n_in), row.data(), row.size() * sizeof(Block));
+  }
+}
+
+}  // namespace
+
+void quantize_row_q4_k(BlockQ4_K* out, const float* x, int64_t n) {
+  check_row("quantize_row_q4_k", n);
+  for (int64_t b = 0; b < n / kQK; b++) {
+    const float* xb = x + b * kQK;
+    BlockQ4_K& blk = out[b];
+    float scales[8], mins[8], weights[32];
+    uint8_t L[256];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; j++) {
+      const float* xs = xb + 32 * j;
+      float sum_x2 = 0;
+      for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
+      const float av_x = std::sqrt(sum_x2 / 32);
+      for (int l = 0; l < 32; l++) weights[l] = av_x + std::fabs(xs[l]);
+      scales[j] = fit_scale_min(32, 15, xs, weights, L + 32 * j, &mins[j], -1.0f, 0.1f, 20);
+      max_scale = std::max(max_scale, scales[j]);
+      max_min = std::max(max_min, mins[j]);
+    }
+    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+    std::memset(blk.scales, 0, sizeof blk.scales);
+    for (int j = 0; j < 8; j++) {
+      // Narrowed to 8 bits before the clamp, as GGML does (only a negative level would notice).
+      const uint8_t ls = std::min<uint8_t>(63, uint8_t(nearest(inv_scale * scales[j])));
+      const uint8_t lm = std::min<uint8_t>(63, uint8_t(nearest(inv_min * mins[j])));
+      if (j < 4) {
+        blk.scales[j] = ls;
+        blk.scales[j + 4] = lm;
+      } else {
+        blk.scales[j + 4] = uint8_t((ls & 0xF) | ((lm & 0xF) << 4));
+        blk.scales[j - 4] |= uint8_t((ls >> 4) << 6);
+        blk.scales[j] |= uint8_t((lm >> 4) << 6);
+      }
+    }
+    blk.d = f32_to_f16(max_scale / 63.0f);
+    blk.dmin = f32_to_f16(max_min / 63.0f);
+    // Requantise against the stored (rounded) scales and mins.
+    for (int j = 0; j < 8; j++) {
+      uint8_t sc, m;
+      k4_scale_min(blk.scales, j, &sc, &m);
+      const float d = f16_to_f32(blk.d) * float(sc);
+      if (d == 0.0f) continue;
+      const float dm = f16_to_f32(blk.dmin) * float(m);
+      for (int l = 0; l < 32; l++) L[32 * j + l] = uint8_t(std::clamp(nearest((xb[32 * j + l] + dm) / d), 0, 15));
+    }
+    for (int c = 0; c < 4; c++)
+      for (int l = 0; l < 32; l++) blk.qs[32 * c + l] = uint8_t(L[64 * c + l] | (L[64 * c + 32 + l] << 4));
+  }
+}
+
+void quantize_row_q6_k(BlockQ6_K* out, const float* x, int64_t n) {
+  check_row("quantize_row_q6_k", n);
+  for (int64_t b = 0; b < n / kQK; b++) {
+    const float* xb = x + b * kQK;
+    BlockQ6_K& blk = out[b];
+    float scales[16];
+    uint8_t L[256];
+    float max_scale = 0, max_abs_scale = 0;
+    for (int s = 0; s < 16; s++) {
+      scales[s] = fit_signed_scale(16, 32, xb + 16 * s, L + 16 * s);
+      if (std::fabs(scales[s]) > max_abs_scale) {
+        max_abs_scale = std::fabs(scales[s]);
+        max_scale = scales[s];
+      }
+    }
+    if (max_abs_scale < kGroupMaxEps) {
+      std::memset(&blk, 0, sizeof blk);
+      continue;
+    }
+    const float iscale = -128.0f / max_scale;
+    blk.d = f32_to_f16(1.0f / iscale);
+    for (int s = 0; s < 16; s++) blk.scales[s] = int8_t(std::min(127, nearest(iscale * scales[s])));
+    // Requantise against the stored (rounded) scales.
+    for (int s = 0; s < 16; s++) {
+      const float d = f16_to_f32(blk.d) * float(blk.scales[s]);
+      if (d == 0.0f) continue;
+      for (int i = 0; i < 16; i++) L[16 * s + i] = uint8_t(std::clamp(nearest(xb[16 * s + i] / d), -32, 31) + 32);
+    }
+    for (int h = 0; h < 2; h++) {
+      const uint8_t* Lh = L + 128 * h;
+      for (int l = 0; l < 32; l++) {
+        blk.ql[64 * h + l] = uint8_t((Lh[l] & 0xF) | ((Lh[l + 64] & 0xF) << 4));
+        blk.ql[64 * h + l + 32] = uint8_t((Lh[l + 32] & 0xF) | ((Lh[l + 96] & 0xF) << 4));
+        blk.qh[32 * h + l] =
+            uint8_t((Lh[l] >> 4) | ((Lh[l + 32] >> 4) << 2) | ((Lh[l + 64] >> 4) << 4) | ((Lh[l + 96] >> 4) << 6));
+      }
+    }
+  }
+}
+
+void dequantize_row_q4_k(float* y, const BlockQ4_K* x, int64_t n) {
+  check_row("dequantize_row_q4_k", n);
+  dequantize_q4_k(y, x, n);
+}
+void dequantize_row_q4_k(double* y, const BlockQ4_K* x, int64_t n) {
+  check_row("dequantize_row_q4_k", n);
+  dequantize_q4_k(y, x, n);
+}
+void dequantize_row_q6_k(float* y, const BlockQ6_K* x, int64_t n) {
+  check_row("dequantize_row_q6_k", n);
+  dequantize_q6_k(y, x, n);
+}
+void dequantize_row_q6_k(double* y, const BlockQ6_K* x, int64_t n) {
+  check_row("dequantize_row_q6_k", n);
+  dequantize_q6_k(y, x, n);
+}
+
+void quantize_q4_k(std::span<uint8_t> out, std::span<const float> w, int64_t n_out, int64_t n_in) {
+  quantize_matrix<BlockQ4_K, quantize_row_q4_k>("quantize_q4_k", q4_k_row_bytes, check_q4_k_linear, out, w, n_out,
+                                                n_in);
+}
+void quantize_q6_k(std::span<uint8_t> out, std::span<const float> w, int64_t n_out, int64_t n_in) {
+  quantize_matrix<BlockQ6_K, quantize_row_q6_k>("quantize_q6_k", q6_k_row_bytes, check_q6_k_linear, out, w, n_out,
+                                                n_in);
+}
+
+}  // namespace q4t::quant

@@ -1,0 +1,66 @@
+// Q4_K and Q6_K block codecs, byte for byte GGML's "k-quant" formats: 256 weights per super-block.
+//
+// Q4_K (144 bytes): { f16 d; f16 dmin; u8 scales[12]; u8 qs[128] }. Eight sub-blocks of 32 weights each have a
+// 6-bit scale sc and a 6-bit min m packed into `scales` (k4_scale_min); weight = d·sc·q − dmin·m with q a
+// 4-bit quant. The 64-weight chunk c keeps sub-block 2c in the low nibbles of qs[32c..32c+32) and sub-block
+// 2c+1 in the high nibbles.
+//
+// Q6_K (210 bytes): { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }. Sixteen sub-blocks of 16 weights each
+// have a signed 8-bit scale; weight = d·scale·(q − 32) with q a 6-bit quant: 4 low bits in ql, 2 high bits in
+// qh. Each 128-weight half h uses ql[64h..64h+64) and qh[32h..32h+32); for l in [0, 32) its weights l, l+32,
+// l+64, l+96 are (ql[l] & 15, ql[l+32] & 15, ql[l] >> 4, ql[l+32] >> 4) with qh[l] bits (0-1, 2-3, 4-5, 6-7).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "kernels/shapes.h"
+
+namespace q4t::quant {
+
+struct BlockQ4_K {
+  uint16_t d;          // f16 scale of the sub-block scales
+  uint16_t dmin;       // f16 scale of the sub-block mins
+  uint8_t scales[12];  // 8 x (6-bit scale, 6-bit min), see k4_scale_min
+  uint8_t qs[128];     // 4-bit quants
+};
+static_assert(sizeof(BlockQ4_K) == kQ4_KBlockBytes, "Q4_K block must be 144 bytes");
+
+struct BlockQ6_K {
+  uint8_t ql[128];    // low 4 bits of the quants
+  uint8_t qh[64];     // high 2 bits of the quants
+  int8_t scales[16];  // sub-block scales
+  uint16_t d;         // f16 super-block scale
+};
+static_assert(sizeof(BlockQ6_K) == kQ6_KBlockBytes, "Q6_K block must be 210 bytes");
+
+// The 6-bit scale and min of Q4_K sub-block j (0..7) from the 12 packed bytes: sub-blocks 0-3 keep theirs in the
+// low 6 bits of bytes j and j+4; sub-blocks 4-7 keep the low 4 bits in byte j+4 (scale low nibble, min high
+// nibble) and the top 2 bits in the top bits of bytes j-4 (scale) and j (min).
+inline void k4_scale_min(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = scales[j] & 63;
+    *m = scales[j + 4] & 63;
+  } else {
+    *sc = uint8_t((scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4));
+    *m = uint8_t((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+  }
+}
+
+// GGML's reference quantizers (a weighted min/scale search per sub-block for Q4_K, a signed scale search per
+// 16 weights for Q6_K). n must be a multiple of 256; out receives n/256 blocks.
+void quantize_row_q4_k(BlockQ4_K* out, const float* x, int64_t n);
+void quantize_row_q6_k(BlockQ6_K* out, const float* x, int64_t n);
+// Writes n weights (n multiple of 256). The float version evaluates GGML's expression in GGML's order
+// ((d·sc)·q − dmin·m for Q4_K, (d·scale)·(q − 32) for Q6_K), so it equals GGML's dequantisation bit for bit;
+// the double version is exact.
+void dequantize_row_q4_k(float* y, const BlockQ4_K* x, int64_t n);
+void dequantize_row_q4_k(double* y, const BlockQ4_K* x, int64_t n);
+void dequantize_row_q6_k(float* y, const BlockQ6_K* x, int64_t n);
+void dequantize_row_q6_k(double* y, const BlockQ6_K* x, int64_t n);
+
+// A whole matrix W[n_out, n_in] (row-major) -> n_out * n_in/256 blocks, as bytes.
+void quantize_q4_k(std::span<uint8_t> out, std::span<const float> w, int64_t n_out, int64_t n_in);
+void quantize_q6_k(std::span<uint8_t> out, std::span<const float> w, int64_t n_out, int64_t n_in);
+
+}  // namespace q4t::quant
