@@ -148,6 +148,7 @@ struct FrozenFormat {
   const char* gemm_shader;
   const char* dx_gemm_shader;
   const char* dx_split_shader;
+  uint32_t gemv_workgroup;    // invocations per GEMV workgroup
   uint32_t gemv_rows;         // rows per GEMV workgroup
   int64_t dx_cols_per_group;  // dx columns per workgroup of the one-token split pass
   int64_t (*row_bytes)(int64_t n_in);
@@ -163,21 +164,24 @@ void check_f16_on_gpu(const char* kernel, int64_t n_out, int64_t n_in, int64_t T
 }
 
 const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", "q8_0_gemm", "q8_0_dx_gemm",
-                         "q8_0_dx_split", 2, kDxQ4_0Cols, q8_0_row_bytes, check_q8_0_linear};
-// Rows per K-quant GEMV workgroup, in row sets of ROWS_PER_INVOCATION rows that split the 256 invocations
-// (q4_k_gemv.comp: 4, so one set; q6_k_gemv.comp: 2, so four sets of 64). The split passes cover 4 units of 32
-// columns per workgroup, so that the chunks, which the reduce pass adds one after another, stay few. Measured
-// on an H200 at 16384x16384: Q4_K 81 us with these 4 rows, 84 with 8 (two sets), 96 and 106 with 8 rows per
-// invocation (8 and 16 rows); Q6_K 106 us with these 8 rows, 113 to 122 with 4 rows per invocation.
+                         "q8_0_dx_split", kGemvWorkgroup, 2, kDxQ4_0Cols, q8_0_row_bytes, check_q8_0_linear};
+// K-quant GEMVs: 128 invocations per workgroup, each taking ROWS_PER_INVOCATION rows (q4_k_gemv.comp: 4, so one
+// row set; q6_k_gemv.comp: 2, so one set of 128 as well). Measured at 16384x16384 against other (invocations,
+// rows) pairs: on an H100, Q4_K 78.2 us here vs 81.7 with (256, 4) and 79.6 with (64, 4); Q6_K 100.2 us vs
+// 108.4 with (256, 8) and 103.7 with (64, 2); on an H200 the same order, and 8 rows per invocation was slower
+// still. The split passes cover 4 units of 32 columns per workgroup, so that the chunks, which the reduce pass
+// adds one after another, stay few (1024 target groups and 8 row slots measured best on the H100: 92 us for
+// Q4_K, 144 us for Q6_K, against 94 to 212 us for 2048 to 8192 groups and 4 or 16 slots).
+constexpr uint32_t kGemvKWorkgroup = 128;
 constexpr uint32_t kGemvQ4_KRows = 4;
-constexpr uint32_t kGemvQ6_KRows = 8;
+constexpr uint32_t kGemvQ6_KRows = 2;
 constexpr int64_t kDxKCols = 128;
-const FrozenFormat kQ4_K{"q4_k_gemm", "q4_k_dx", "q4_k_gemv", "q4_k_gemm", "q4_k_dx_gemm",
-                         "q4_k_dx_split", kGemvQ4_KRows, kDxKCols, q4_k_row_bytes, check_q4_k_linear};
-const FrozenFormat kQ6_K{"q6_k_gemm", "q6_k_dx", "q6_k_gemv", "q6_k_gemm", "q6_k_dx_gemm",
-                         "q6_k_dx_split", kGemvQ6_KRows, kDxKCols, q6_k_row_bytes, check_q6_k_linear};
+const FrozenFormat kQ4_K{"q4_k_gemm", "q4_k_dx", "q4_k_gemv", "q4_k_gemm", "q4_k_dx_gemm", "q4_k_dx_split",
+                         kGemvKWorkgroup, kGemvQ4_KRows, kDxKCols, q4_k_row_bytes, check_q4_k_linear};
+const FrozenFormat kQ6_K{"q6_k_gemm", "q6_k_dx", "q6_k_gemv", "q6_k_gemm", "q6_k_dx_gemm", "q6_k_dx_split",
+                         kGemvKWorkgroup, kGemvQ6_KRows, kDxKCols, q6_k_row_bytes, check_q6_k_linear};
 const FrozenFormat kF16{"f16_gemm", "f16_dx", "f16_gemv", "f16_gemm", "f16_dx_gemm",
-                        "f16_dx_split", 4, kDxF16Cols, f16_row_bytes, check_f16_on_gpu};
+                        "f16_dx_split", kGemvWorkgroup, 4, kDxF16Cols, f16_row_bytes, check_f16_on_gpu};
 }  // namespace
 
 void LinearKernels::frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer& Y, const Buffer& w,
@@ -191,7 +195,7 @@ void LinearKernels::frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer
   check_min_size(k, "Y", Y.size(), size_t(T * n_out) * 4);
   if (T == 1) {
     struct { uint32_t n_out, n_in; } push{uint32_t(n_out), uint32_t(n_in)};
-    const auto& p = pipeline(f.gemv_shader, 3, sizeof(push), {kGemvWorkgroup, f.gemv_rows});
+    const auto& p = pipeline(f.gemv_shader, 3, sizeof(push), {f.gemv_workgroup, f.gemv_rows});
     s.dispatch(p, {&Y, &w, &X}, push, groups_1d(ceil_div(n_out, f.gemv_rows)));
     return;
   }
