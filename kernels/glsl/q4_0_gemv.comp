@@ -4,7 +4,7 @@
 // A workgroup owns NUM_ROWS consecutive rows. Its invocations walk the row's quarters (8 weights each:
 // 4 bytes of quants) with a stride of the workgroup size; neighbouring invocations read neighbouring bytes,
 // so loads coalesce. Each invocation loads its 8 activations once and reuses them for all NUM_ROWS rows,
-// which keeps activation traffic below weight traffic. Partial sums are reduced with subgroupAdd, then
+// which keeps activation traffic below weight traffic. Weights are decoded as 1 + n/16 (q4_0.glsl). Partial sums are reduced with subgroupAdd, then
 // across subgroups through shared memory; nothing here depends on the subgroup size.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -37,11 +37,14 @@ void main() {
     const uint b = u >> 2u, q = u & 3u;
     const vec4 xl = x4[b * 8u + q];
     const vec4 xh = x4[b * 8u + 4u + q];
+    const float sum_x = dot(xl + xh, vec4(1.0));
     for (uint r = 0u; r < NUM_ROWS; ++r) {
       const uint row = min(row0 + r, p.n_out - 1u);
       const uint bb = row * row_bytes + b * Q4_0_BLOCK_BYTES;
       const uint qs = q4_0_quarter(bb, q);
-      acc[r] += q4_0_scale(bb) * (dot(q4_0_low(qs), xl) + dot(q4_0_high(qs), xh));
+      // d·Σ (n − 8)·x = d·(16·Σ f·x − 24·Σ x) with f = 1 + n/16 (q4_0.glsl).
+      const float f = dot(q4_0_low_1p(qs), xl) + dot(q4_0_high_1p(qs), xh);
+      acc[r] += q4_0_scale(bb) * (16.0 * f - 24.0 * sum_x);
     }
   }
 

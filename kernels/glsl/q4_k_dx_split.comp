@@ -16,6 +16,7 @@ const uint UNITS = 4;  // 128 columns per workgroup (linear_kernels.cpp: kDxKCol
 const uint SUB = 4;    // row slots per unit along x
 layout(local_size_x = UNITS * SUB, local_size_y_id = 0) in;
 layout(constant_id = 0) const uint ROW_SLOTS = 8;
+layout(constant_id = 1) const uint RU = 4;  // rows whose loads an invocation issues together (the host sets it)
 const uint SLOTS = SUB * ROW_SLOTS;  // a multiple of 8
 const uint NV = UNITS * 8u;          // vec4 columns of the workgroup
 
@@ -66,16 +67,16 @@ void main() {
     ah[k] = vec4(0.0);
   }
   uint j = j0 + slot;
-  for (; j + 3u * SLOTS < j1; j += 4u * SLOTS) {
-    uvec4 hd[4], qs[4];
-    float g[4];
-    for (uint i = 0u; i < 4u; ++i) {
+  for (; j + (RU - 1u) * SLOTS < j1; j += RU * SLOTS) {
+    uvec4 hd[RU], qs[RU];
+    float g[RU];
+    for (uint i = 0u; i < RU; ++i) {
       const uint blk = ((j + i * SLOTS) * n_blocks + b) * 9u;
       hd[i] = w4[blk];
       qs[i] = w4[blk + q_off];
       g[i] = dy[j + i * SLOTS];
     }
-    for (uint i = 0u; i < 4u; ++i) add_row(hd[i], qs[i], g[i], c);
+    for (uint i = 0u; i < RU; ++i) add_row(hd[i], qs[i], g[i], c);
   }
   for (; j < j1; j += SLOTS) {
     const uint blk = (j * n_blocks + b) * 9u;

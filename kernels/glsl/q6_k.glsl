@@ -13,21 +13,20 @@
 const uint Q6_K_BLOCK_BYTES = 210u;
 const uint Q6_K_QH = 128u, Q6_K_SCALES = 192u, Q6_K_D = 208u;  // byte offsets inside a block
 
-// The 4 bytes starting at the even byte address `a`, packed little-endian in one uint.
+// The 4 bytes starting at the even byte address `a`, packed little-endian in one uint. Both words are always
+// loaded (the second is the first again when `a` is word-aligned, so nothing past the bytes is read) and
+// combined by a select: neighbouring blocks differ in alignment, and a branch would diverge.
 uint q6_k_word(uint a) {
-  uint lo = Q6_K_WORDS[a >> 2u];
-  if ((a & 2u) == 0u) return lo;
-  uint hi = Q6_K_WORDS[(a >> 2u) + 1u];
-  return (lo >> 16u) | (hi << 16u);
+  const uint i = a >> 2u, odd = (a >> 1u) & 1u;
+  const uint lo = Q6_K_WORDS[i], hi = Q6_K_WORDS[i + odd];
+  return odd != 0u ? (lo >> 16u) | (hi << 16u) : lo;
 }
 
 // The 8 bytes starting at the even byte address `a`, as two such words.
 uvec2 q6_k_words2(uint a) {
-  uint i = a >> 2u;
-  uint w0 = Q6_K_WORDS[i], w1 = Q6_K_WORDS[i + 1u];
-  if ((a & 2u) == 0u) return uvec2(w0, w1);
-  uint w2 = Q6_K_WORDS[i + 2u];
-  return uvec2((w0 >> 16u) | (w1 << 16u), (w1 >> 16u) | (w2 << 16u));
+  const uint i = a >> 2u, odd = (a >> 1u) & 1u;
+  const uint w0 = Q6_K_WORDS[i], w1 = Q6_K_WORDS[i + 1u], w2 = Q6_K_WORDS[i + 1u + odd];
+  return odd != 0u ? uvec2((w0 >> 16u) | (w1 << 16u), (w1 >> 16u) | (w2 << 16u)) : uvec2(w0, w1);
 }
 
 // The f16 super-block scale of the block starting at byte `bb`.

@@ -11,6 +11,7 @@ const uint UNITS = 4;  // 128 columns per workgroup (linear_kernels.cpp: kDxKCol
 const uint SUB = 4;    // row slots per unit along x
 layout(local_size_x = UNITS * SUB, local_size_y_id = 0) in;
 layout(constant_id = 0) const uint ROW_SLOTS = 8;
+layout(constant_id = 1) const uint RU = 4;  // rows whose loads an invocation issues together (the host sets it)
 const uint SLOTS = SUB * ROW_SLOTS;  // a multiple of 8
 const uint NV = UNITS * 8u;          // vec4 columns of the workgroup
 
@@ -70,14 +71,14 @@ void main() {
 
   for (uint k = 0u; k < 8u; ++k) acc[k] = vec4(0.0);
   uint j = j0 + slot;
-  for (; j + 3u * SLOTS < j1; j += 4u * SLOTS) {
-    Unit un[4];
-    float gy[4];
-    for (uint i = 0u; i < 4u; ++i) {
+  for (; j + (RU - 1u) * SLOTS < j1; j += RU * SLOTS) {
+    Unit un[RU];
+    float gy[RU];
+    for (uint i = 0u; i < RU; ++i) {
       un[i] = load_unit(((j + i * SLOTS) * n_blocks + b) * Q6_K_BLOCK_BYTES, h, g);
       gy[i] = dy[j + i * SLOTS];
     }
-    for (uint i = 0u; i < 4u; ++i) add_row(un[i], gy[i]);
+    for (uint i = 0u; i < RU; ++i) add_row(un[i], gy[i]);
   }
   for (; j < j1; j += SLOTS) add_row(load_unit((j * n_blocks + b) * Q6_K_BLOCK_BYTES, h, g), dy[j]);
 

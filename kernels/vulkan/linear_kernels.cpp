@@ -18,8 +18,16 @@ struct GemmPush {
 constexpr uint32_t kGemmTile = 64;
 constexpr uint32_t kGemvWorkgroup = 256;
 constexpr uint32_t kGemvRows = 2;
+// Q4_0 GEMV: 128 invocations, 2 rows (H100, 16384x16384: 90.0 us vs 92.9 with 256 invocations; 4 or 8 rows, and
+// several quarters in flight per invocation, measured slower).
+constexpr uint32_t kGemvQ4_0Workgroup = 128;
 constexpr uint32_t kDxQuarters = 64;  // quarters of block columns per dx workgroup (x)
 constexpr uint32_t kDxRowSlots = 8;   // row slots per dx workgroup (y)
+// Rows whose loads an invocation of the one-token dx split issues together (RU of the shaders). The split
+// passes are bound by how many loads are in flight, not by occupancy: on an H100 at 16384x16384, Q4_0 89 us
+// with 16 vs 100 with 4 (32: 91); Q4_K 83 us with 8 vs 92 with 4 (12 and 16 spill: 149, 198); Q6_K 142 vs 145.
+constexpr uint32_t kDxQ4_0RowsInFlight = 16;
+constexpr uint32_t kDxKRowsInFlight = 8;
 constexpr int64_t kDxQ4_0Cols = 8 * kDxQuarters;  // dx columns per Q4_0 (and Q8_0) split workgroup
 // Rows per chunk of the one-token dx: enough chunks to fill a large GPU, few enough that the partial sums
 // (n_chunks x n_in floats, written and read once) stay a small fraction of the weight bytes.
@@ -74,7 +82,7 @@ void LinearKernels::q4_0_gemv(Sequence& s, const Buffer& y, const Buffer& w, con
   check_min_size(k, "x", x.size(), size_t(n_in) * 4);
   check_min_size(k, "y", y.size(), size_t(n_out) * 4);
   struct { uint32_t n_out, n_in; } push{uint32_t(n_out), uint32_t(n_in)};
-  const uint32_t wg = kGemvWorkgroup, rows = kGemvRows;
+  const uint32_t wg = kGemvQ4_0Workgroup, rows = kGemvRows;
   const auto& p = pipeline("q4_0_gemv", 3, sizeof(push), {wg, rows});
   s.dispatch(p, {&y, &w, &x}, push, {ceil_div(n_out, rows), 1, 1});
 }
@@ -127,7 +135,7 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
   check_min_size(k, "scratch", scratch->size(), need);
   struct { uint32_t n_in, j_start, j_end, rows_per_chunk; } split{uint32_t(n_in), uint32_t(j_start),
                                                                    uint32_t(j_end), uint32_t(rows_per_chunk)};
-  const auto& p1 = pipeline("q4_0_dx_split", 3, sizeof(split), {kDxRowSlots});
+  const auto& p1 = pipeline("q4_0_dx_split", 3, sizeof(split), {kDxRowSlots, kDxQ4_0RowsInFlight});
   s.dispatch(p1, {scratch, &w, &dY}, split, {ceil_div(n_in / 8, kDxQuarters), uint32_t(n_chunks), 1});
   dx_reduce(s, dX, *scratch, n_in, n_chunks, accumulate);
 }
@@ -151,6 +159,7 @@ struct FrozenFormat {
   uint32_t gemv_workgroup;    // invocations per GEMV workgroup
   uint32_t gemv_rows;         // rows per GEMV workgroup
   int64_t dx_cols_per_group;  // dx columns per workgroup of the one-token split pass
+  uint32_t dx_rows_in_flight;  // RU of the split pass; 0: the shader has no such constant
   int64_t (*row_bytes)(int64_t n_in);
   void (*check)(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
 };
@@ -164,24 +173,24 @@ void check_f16_on_gpu(const char* kernel, int64_t n_out, int64_t n_in, int64_t T
 }
 
 const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", "q8_0_gemm", "q8_0_dx_gemm",
-                         "q8_0_dx_split", kGemvWorkgroup, 2, kDxQ4_0Cols, q8_0_row_bytes, check_q8_0_linear};
+                         "q8_0_dx_split", kGemvWorkgroup, 2, kDxQ4_0Cols, 0, q8_0_row_bytes, check_q8_0_linear};
 // K-quant GEMVs: 128 invocations per workgroup, each taking ROWS_PER_INVOCATION rows (q4_k_gemv.comp: 4, so one
 // row set; q6_k_gemv.comp: 2, so one set of 128 as well). Measured at 16384x16384 against other (invocations,
 // rows) pairs: on an H100, Q4_K 78.2 us here vs 81.7 with (256, 4) and 79.6 with (64, 4); Q6_K 100.2 us vs
 // 108.4 with (256, 8) and 103.7 with (64, 2); on an H200 the same order, and 8 rows per invocation was slower
 // still. The split passes cover 4 units of 32 columns per workgroup, so that the chunks, which the reduce pass
-// adds one after another, stay few (1024 target groups and 8 row slots measured best on the H100: 92 us for
-// Q4_K, 144 us for Q6_K, against 94 to 212 us for 2048 to 8192 groups and 4 or 16 slots).
+// adds one after another, stay few (1024 target groups and 8 row slots measured best on the H100, against 512
+// to 8192 groups and 4 or 16 slots).
 constexpr uint32_t kGemvKWorkgroup = 128;
 constexpr uint32_t kGemvQ4_KRows = 4;
 constexpr uint32_t kGemvQ6_KRows = 2;
 constexpr int64_t kDxKCols = 128;
 const FrozenFormat kQ4_K{"q4_k_gemm", "q4_k_dx", "q4_k_gemv", "q4_k_gemm", "q4_k_dx_gemm", "q4_k_dx_split",
-                         kGemvKWorkgroup, kGemvQ4_KRows, kDxKCols, q4_k_row_bytes, check_q4_k_linear};
+                         kGemvKWorkgroup, kGemvQ4_KRows, kDxKCols, kDxKRowsInFlight, q4_k_row_bytes, check_q4_k_linear};
 const FrozenFormat kQ6_K{"q6_k_gemm", "q6_k_dx", "q6_k_gemv", "q6_k_gemm", "q6_k_dx_gemm", "q6_k_dx_split",
-                         kGemvKWorkgroup, kGemvQ6_KRows, kDxKCols, q6_k_row_bytes, check_q6_k_linear};
+                         kGemvKWorkgroup, kGemvQ6_KRows, kDxKCols, kDxKRowsInFlight, q6_k_row_bytes, check_q6_k_linear};
 const FrozenFormat kF16{"f16_gemm", "f16_dx", "f16_gemv", "f16_gemm", "f16_dx_gemm",
-                        "f16_dx_split", kGemvWorkgroup, 4, kDxF16Cols, f16_row_bytes, check_f16_on_gpu};
+                        "f16_dx_split", kGemvWorkgroup, 4, kDxF16Cols, 0, f16_row_bytes, check_f16_on_gpu};
 }  // namespace
 
 void LinearKernels::frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer& Y, const Buffer& w,
@@ -231,7 +240,9 @@ void LinearKernels::frozen_dx(const FrozenFormat& f, Sequence& s, const Buffer& 
   check_min_size(k, "scratch", scratch->size(), need);
   struct { uint32_t n_in, j_start, j_end, rows_per_chunk; } split{uint32_t(n_in), uint32_t(j_start),
                                                                    uint32_t(j_end), uint32_t(rows_per_chunk)};
-  const auto& p = pipeline(f.dx_split_shader, 3, sizeof(split), {kDxRowSlots});
+  std::vector<uint32_t> spec{kDxRowSlots};
+  if (f.dx_rows_in_flight) spec.push_back(f.dx_rows_in_flight);
+  const auto& p = pipeline(f.dx_split_shader, 3, sizeof(split), spec);
   s.dispatch(p, {scratch, &w, &dY}, split, {ceil_div(n_in, f.dx_cols_per_group), uint32_t(n_chunks), 1});
   dx_reduce(s, dX, *scratch, n_in, n_chunks, accumulate);
 }
