@@ -6,22 +6,16 @@
 #include <ostream>
 
 #include "data/dataset_cache.h"
+#include "data/splitmix.h"
 
 namespace q4t::data {
 
 namespace {
 
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 // Distinct streams for the split and for each epoch's order, all from the one user seed.
 uint64_t derive_seed(uint64_t seed, uint64_t stream) {
   uint64_t s = seed ^ (stream * 0xD1B54A32D192ED03ull);
-  return splitmix64(s);
+  return splitmix64_next(s);
 }
 constexpr uint64_t kSplitStream = ~0ull;
 
@@ -69,7 +63,7 @@ std::vector<uint32_t> permutation(size_t n, uint64_t seed) {
   for (size_t i = 0; i < n; ++i) p[i] = uint32_t(i);
   uint64_t state = seed;
   for (size_t i = n; i > 1; --i) {
-    size_t j = size_t(splitmix64(state) % i);
+    size_t j = size_t(splitmix64_next(state) % i);
     std::swap(p[i - 1], p[j]);
   }
   return p;

@@ -1,4 +1,5 @@
 // The q4tune binary as a user runs it: exit codes, one-line errors, selftest and the bench's JSON.
+#include <cmath>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -112,6 +113,55 @@ TEST(Cli, BenchWritesOneJsonObjectPerCase) {
   EXPECT_GT(j[3]["tflops"].get<double>(), 0.0);  // dx at T=512 is a GEMM: TFLOPS, no copy fraction
   EXPECT_TRUE(j[3]["roofline_frac"].is_null());
   std::filesystem::remove(path);
+}
+
+// The trainable parameter count of LoRA rank r on all seven targets of a llama model: A [r, n_in] and B [n_out, r]
+// per adapted matrix.
+int64_t lora_params(int64_t r, int64_t dim, int64_t kv_dim, int64_t ff, int64_t layers) {
+  auto ab = [&](int64_t n_in, int64_t n_out) { return r * n_in + n_out * r; };
+  return layers * (ab(dim, dim) + 2 * ab(dim, kv_dim) + ab(dim, dim) + 2 * ab(dim, ff) + ab(ff, dim));
+}
+
+TEST(Cli, BenchTrainTimesEachBatchSizeAndWritesJson) {
+  const auto path = std::filesystem::temp_directory_path() / "q4tune_test_bench_train.json";
+  std::filesystem::remove(path);
+  const CmdResult r = run("bench train --device cpu --shape small --seq-len 16 --batch-sizes 1,3 --steps 1 --warmup 0 "
+                          "--lora-rank 4 --json " + path.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("small (dim 512, 8 layers, 8/4 heads, ff 1408, vocab 32000)"), std::string::npos) << r.out;
+  std::ifstream f(path);
+  const auto j = nlohmann::json::parse(f);
+  ASSERT_TRUE(j.is_array());
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["batch_size"], 1);
+  EXPECT_EQ(j[1]["batch_size"], 3);
+  for (const auto& row : j) {
+    EXPECT_EQ(row["shape"], "small");
+    EXPECT_EQ(row["seq_len"], 16);
+    EXPECT_EQ(row["device"], "cpu");
+    EXPECT_GT(row["tokens_per_s"].get<double>(), 0.0);
+    EXPECT_GT(row["peak_bytes"].get<int64_t>(), row["weight_bytes"].get<int64_t>());
+    EXPECT_EQ(row["trainable_params"], lora_params(4, 512, 256, 1408, 8));
+    // Random tokens over 32000 ids: the loss of a random model sits near ln(32000) = 10.37.
+    EXPECT_NEAR(row["loss"].get<double>(), std::log(32000.0), 1.5);
+  }
+  // Q4_0 blocks of every matrix: 8 layers of q, k, v, o, gate, up, down, the embedding and the output matrix.
+  const int64_t q4_0_bytes = (8 * (2 * 512 * 512 + 2 * 512 * 256 + 3 * 512 * 1408) + 2 * 32000 * 512) / 32 * 18;
+  const int64_t norm_bytes = (8 * 2 + 1) * 512 * 4;
+  EXPECT_EQ(j[0]["weight_bytes"], q4_0_bytes + norm_bytes);
+  std::filesystem::remove(path);
+}
+
+TEST(Cli, BenchTrainRejectsAnUnknownShapeAndBadCounts) {
+  CmdResult r = run("bench train --device cpu --shape tiny");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--shape: unknown shape 'tiny' (known: small, tinyllama-1.1b, llama-7b)"), std::string::npos) << r.out;
+  r = run("bench train --device cpu --steps 0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--steps: must be at least 1"), std::string::npos) << r.out;
+  r = run("bench train --device cpu --batch-sizes 2,0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--batch-sizes: 0 is not a positive batch size"), std::string::npos) << r.out;
 }
 
 TEST(Cli, InfoOnEachMalformedGgufIsOneLineNamingTheProblem) {

@@ -15,6 +15,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "data/splitmix.h"
+
 namespace q4t {
 
 namespace {
@@ -59,8 +61,8 @@ class Hash64 {
   uint64_t digest() const {
     uint64_t tail = kOffset;
     for (size_t i = 0; i < buffered_; ++i) tail = (tail ^ buf_[i]) * kPrime;
-    uint64_t h = mix(total_ ^ tail);
-    for (uint64_t lane : lane_) h = mix(h ^ lane);
+    uint64_t h = mix64(total_ ^ tail);
+    for (uint64_t lane : lane_) h = mix64(h ^ lane);
     return h;
   }
 
@@ -78,11 +80,6 @@ class Hash64 {
       std::memcpy(&w, p + 8 * k, 8);
       lane_[k] = std::rotl((lane_[k] ^ w) * kPrime, 29);
     }
-  }
-  static uint64_t mix(uint64_t x) {
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
   }
 };
 

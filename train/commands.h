@@ -56,4 +56,15 @@ struct BenchOptions {
 };
 int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& out);
 
+// q4tune bench train (train/bench_train.cpp).
+struct BenchTrainOptions {
+  std::string shape = "small";  // small, tinyllama-1.1b or llama-7b
+  int64_t seq_len = 512;
+  std::vector<int64_t> batch_sizes{1, 4};
+  int64_t steps = 5, warmup = 2;  // timed steps, and untimed ones before them
+  int64_t lora_rank = 16;
+  std::string json_path;  // empty: no JSON
+};
+int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::ostream& out);
+
 }  // namespace q4t

@@ -145,6 +145,23 @@ int main(int argc, char** argv) {
   bench->add_option("--seconds", bench_opt.seconds_per_case, "time budget per case")
       ->check(CLI::Range(0.01, 60.0))
       ->capture_default_str();
+  DeviceFlags bench_train_dev;
+  q4t::BenchTrainOptions bt_opt;
+  auto* bench_train = bench->add_subcommand(
+      "train",
+      "Time full LoRA training steps (forward, backward, clip, AdamW) on a random Q4_0 model of a named shape made "
+      "in memory: tokens/s and peak memory per batch size");
+  bench_train_dev.add(bench_train);
+  bench_train->add_option("--shape", bt_opt.shape, "small (dim 512, 8 layers), tinyllama-1.1b or llama-7b")
+      ->capture_default_str();
+  bench_train->add_option("--seq-len", bt_opt.seq_len, "tokens per row")->capture_default_str();
+  bench_train->add_option("--batch-sizes", bt_opt.batch_sizes, "comma-separated batch sizes, each timed on its own (default 1,4)")
+      ->delimiter(',');
+  bench_train->add_option("--steps", bt_opt.steps, "timed steps per batch size")->capture_default_str();
+  bench_train->add_option("--warmup", bt_opt.warmup, "untimed steps before them")->capture_default_str();
+  bench_train->add_option("--lora-rank", bt_opt.lora_rank, "LoRA rank on all seven targets (alpha = 2 * rank)")
+      ->capture_default_str();
+  bench_train->add_option("--json", bt_opt.json_path, "also write the results as a JSON array to this file");
 
   q4t::TrainOptions train_opt;
   auto* train = app.add_subcommand("train",
@@ -202,6 +219,11 @@ int main(int argc, char** argv) {
     if (*quantize) return q4t::run_quantize(quant_in, quant_out, quant_type, std::cout);
     if (*logits) return q4t::run_logits(logits_opt, logits_dev.open(), std::cout);
     if (*tokenize) return q4t::run_tokenize(tok_opt, std::cout);
+    if (*bench_train) {
+      if (!bench_opt.kernels.empty() || !bench_opt.shapes.empty() || !bench_opt.json_path.empty())
+        throw std::invalid_argument("bench train: give its options after `train` (--kernels and --shapes belong to the kernel bench)");
+      return q4t::run_bench_train(bench_train_dev.open(), bt_opt, std::cout);
+    }
     if (*bench) return q4t::run_bench(bench_dev.open(), bench_opt, std::cout);
   } catch (const std::exception& e) {
     std::fflush(stdout);

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -378,6 +379,21 @@ void write_loss_svg(const std::string& path, const std::vector<LossPoint>& train
 }
 
 // ---- progress ----
+
+std::string fmt_bytes(int64_t b) {
+  char s[32];
+  if (b >= (int64_t(1) << 30))
+    std::snprintf(s, sizeof s, "%.2f GiB", double(b) / double(int64_t(1) << 30));
+  else
+    std::snprintf(s, sizeof s, "%.1f MiB", double(b) / double(1 << 20));
+  return s;
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return int64_t(ru.ru_maxrss) * 1024;
+}
 
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0 || seconds > 1e12) return "?";

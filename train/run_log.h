@@ -85,6 +85,10 @@ void write_loss_svg(const std::string& path, const std::vector<LossPoint>& train
 // "m:ss" under an hour, "h:mm:ss" from one hour on (seconds rounded down); "?" for a negative, non-finite or
 // absurd (over 1e12 s) time.
 std::string format_duration(double seconds);
+// "1.23 GiB" from one GiB on, else "12.3 MiB".
+std::string fmt_bytes(int64_t bytes);
+// The process's peak resident set size so far.
+int64_t peak_rss_bytes();
 
 struct ProgressOptions {
   int64_t total_steps = 0;

@@ -1,7 +1,6 @@
 // q4tune train: the loop (see train.h), checkpoints and resume, the end-of-run exports and summary.
 #include "train/train.h"
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,6 +19,7 @@
 #include "data/atomic_file.h"
 #include "data/dataset_cache.h"
 #include "data/gguf.h"
+#include "data/splitmix.h"
 #include "data/tokenizer.h"
 #include "kernels/cpu/threads.h"
 #include "train/checkpoint.h"
@@ -89,15 +89,6 @@ uint64_t fnv1a(std::string_view s) {
   return h;
 }
 
-// splitmix64: the dropout salt of micro-batch i is a pure function of (seed, i), so a resumed run draws the
-// same masks as a straight one.
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 void fail_option(const std::string& name, const std::string& what) {
   throw std::invalid_argument("--" + name + ": " + what);
 }
@@ -140,21 +131,6 @@ json identity_json(const TrainOptions& o, const std::string& model_path, const s
   j["seed"] = o.seed;
   j["vocab-tile"] = o.vocab_tile;
   return j;
-}
-
-std::string fmt_bytes(int64_t b) {
-  char s[32];
-  if (b >= (int64_t(1) << 30))
-    std::snprintf(s, sizeof s, "%.2f GiB", double(b) / double(int64_t(1) << 30));
-  else
-    std::snprintf(s, sizeof s, "%.1f MiB", double(b) / double(1 << 20));
-  return s;
-}
-
-int64_t peak_rss_bytes() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return int64_t(ru.ru_maxrss) * 1024;
 }
 
 // Checkpoint state of the trainable tensors and the optimizer.
@@ -347,7 +323,7 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
   check_vocab(*tok, *model, model_path);
   const model::ModelConfig& mc = model->config();
   out << "model " << model_path << ": " << mc.arch << ", " << mc.n_layer << " layers, dim " << mc.n_embd << ", "
-      << fmt_bytes(model->weight_bytes()) << " of weights on " << dev.name() << "\n";
+      << train::fmt_bytes(model->weight_bytes()) << " of weights on " << dev.name() << "\n";
 
   data::DatasetOptions dopt;
   dopt.seq_len = opt.seq_len;
@@ -544,9 +520,9 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
                 static_cast<long long>(loop_tokens), train_s, double(loop_tokens) / std::max(train_s, 1e-9));
   out << line << "\n";
   out << "peak memory: " << dev.name() << " "
-      << (dev.is_cpu() ? fmt_bytes(peak_rss_bytes()) + " (process RSS)"
-                       : fmt_bytes(dev.vulkan->peak_bytes_allocated()) + " allocated; host " +
-                             fmt_bytes(peak_rss_bytes()) + " RSS")
+      << (dev.is_cpu() ? train::fmt_bytes(train::peak_rss_bytes()) + " (process RSS)"
+                       : train::fmt_bytes(dev.vulkan->peak_bytes_allocated()) + " allocated; host " +
+                             train::fmt_bytes(train::peak_rss_bytes()) + " RSS")
       << "\n";
 
   if (!opt.sample_prompt.empty() && opt.sample_tokens > 0) {

@@ -1,6 +1,11 @@
 #include "train/model/model.h"
 
+#include <cmath>
 #include <cstring>
+
+#include "data/splitmix.h"
+#include "kernels/cpu/threads.h"
+#include "kernels/quant/f16.h"
 
 namespace q4t::model {
 
@@ -63,32 +68,76 @@ void Model::load_tensor(const gguf::File& f, const std::string& name, const std:
   weights_[name] = be_.from_host(std::span<const float>(reinterpret_cast<const float*>(t->data), t->bytes / 4), shape);
 }
 
+void Model::for_each_tensor(const ModelConfig& c,
+                            const std::function<void(const std::string&, const std::vector<int64_t>&, bool)>& fn) {
+  const int64_t C = c.n_embd, q_out = c.n_head * c.head_dim, kv_out = c.n_head_kv * c.head_dim;
+  fn("token_embd.weight", {C, c.n_vocab}, true);
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    fn(b + "attn_norm.weight", {C}, false);
+    fn(b + "attn_q.weight", {C, q_out}, true);
+    fn(b + "attn_k.weight", {C, kv_out}, true);
+    fn(b + "attn_v.weight", {C, kv_out}, true);
+    fn(b + "attn_output.weight", {q_out, C}, true);
+    if (c.qkv_bias) {
+      fn(b + "attn_q.bias", {q_out}, false);
+      fn(b + "attn_k.bias", {kv_out}, false);
+      fn(b + "attn_v.bias", {kv_out}, false);
+    }
+    fn(b + "ffn_norm.weight", {C}, false);
+    fn(b + "ffn_gate.weight", {C, c.n_ff}, true);
+    fn(b + "ffn_up.weight", {C, c.n_ff}, true);
+    fn(b + "ffn_down.weight", {c.n_ff, C}, true);
+  }
+  fn("output_norm.weight", {C}, false);
+  if (!c.tied) fn("output.weight", {C, c.n_vocab}, true);
+}
+
 std::unique_ptr<Model> Model::load(const std::string& path, ag::Backend& be) {
   auto f = gguf::File::open(path);
   std::unique_ptr<Model> m(new Model(be));
   m->cfg_ = ModelConfig::from_gguf(*f);
-  const ModelConfig& c = m->cfg_;
-  const int64_t C = c.n_embd, q_out = c.n_head * c.head_dim, kv_out = c.n_head_kv * c.head_dim;
-  m->load_tensor(*f, "token_embd.weight", {C, c.n_vocab}, true);
-  for (int64_t l = 0; l < c.n_layer; ++l) {
-    const std::string b = "blk." + std::to_string(l) + ".";
-    m->load_tensor(*f, b + "attn_norm.weight", {C}, false);
-    m->load_tensor(*f, b + "attn_q.weight", {C, q_out}, true);
-    m->load_tensor(*f, b + "attn_k.weight", {C, kv_out}, true);
-    m->load_tensor(*f, b + "attn_v.weight", {C, kv_out}, true);
-    m->load_tensor(*f, b + "attn_output.weight", {q_out, C}, true);
-    if (c.qkv_bias) {
-      m->load_tensor(*f, b + "attn_q.bias", {q_out}, false);
-      m->load_tensor(*f, b + "attn_k.bias", {kv_out}, false);
-      m->load_tensor(*f, b + "attn_v.bias", {kv_out}, false);
+  for_each_tensor(m->cfg_, [&](const std::string& name, const std::vector<int64_t>& ne, bool matrix) {
+    m->load_tensor(*f, name, ne, matrix);
+  });
+  return m;
+}
+
+std::unique_ptr<Model> Model::random_q4_0(const ModelConfig& c, ag::Backend& be, uint64_t seed) {
+  std::unique_ptr<Model> m(new Model(be));
+  m->cfg_ = c;
+  uint64_t tensor_index = 0;
+  for_each_tensor(c, [&](const std::string& name, const std::vector<int64_t>& ne, bool matrix) {
+    const uint64_t tensor_seed = splitmix64(seed ^ splitmix64(++tensor_index));
+    if (!matrix) {
+      const std::vector<float> v(size_t(ne[0]), name.find(".bias") != std::string::npos ? 0.0f : 1.0f);
+      m->weights_[name] = be.from_host(std::span<const float>(v), ag::Shape{ne[0]});
+      return;
     }
-    m->load_tensor(*f, b + "ffn_norm.weight", {C}, false);
-    m->load_tensor(*f, b + "ffn_gate.weight", {C, c.n_ff}, true);
-    m->load_tensor(*f, b + "ffn_up.weight", {C, c.n_ff}, true);
-    m->load_tensor(*f, b + "ffn_down.weight", {c.n_ff, C}, true);
-  }
-  m->load_tensor(*f, "output_norm.weight", {C}, false);
-  if (!c.tied) m->load_tensor(*f, "output.weight", {C, c.n_vocab}, true);
+    const int64_t n_in = ne[0], n_out = ne[1];
+    if (n_in % 32 != 0)
+      throw std::invalid_argument("random model: " + name + " has rows of " + std::to_string(n_in) +
+                                  " values, not a multiple of the 32 of a Q4_0 block");
+    // Quants uniform in 0..15 give values d·(q − 8) of standard deviation about 4.6·d.
+    const uint16_t d = quant::f32_to_f16(float(1.0 / (4.6 * std::sqrt(double(n_in)))));
+    const int64_t row_bytes = n_in / 32 * 18;
+    std::vector<uint8_t> bytes(size_t(n_out * row_bytes));
+    cpu::parallel_for(n_out, 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        uint64_t state = splitmix64(tensor_seed ^ uint64_t(r));
+        uint8_t* row = bytes.data() + r * row_bytes;
+        for (int64_t b = 0; b < n_in / 32; ++b) {
+          uint8_t* blk = row + b * 18;
+          std::memcpy(blk, &d, 2);
+          for (int k = 0; k < 16; k += 8) {
+            state = splitmix64(state);
+            std::memcpy(blk + 2 + k, &state, 8);
+          }
+        }
+      }
+    });
+    m->weights_[name] = be.quantized(bytes, ag::Shape{n_out, n_in}, ag::DType::Q4_0);
+  });
   return m;
 }
 

@@ -32,6 +32,10 @@ class Model {
  public:
   // Opens, validates (keys, every tensor's presence, shape and type) and uploads the weights to `be`.
   static std::unique_ptr<Model> load(const std::string& path, ag::Backend& be);
+  // A model of config c made in memory, for benchmarks: every matrix Q4_0 with uniformly random quants and one
+  // scale per matrix (values of spread about 1/sqrt(n_in), so activations keep their size through the layers),
+  // norms 1, no biases. The same seed gives the same bytes for any thread count.
+  static std::unique_ptr<Model> random_q4_0(const ModelConfig& c, ag::Backend& be, uint64_t seed);
 
   const ModelConfig& config() const { return cfg_; }
   ag::Backend& backend() const { return be_; }
@@ -43,6 +47,9 @@ class Model {
  private:
   Model(ag::Backend& be) : be_(be) {}
   void load_tensor(const gguf::File& f, const std::string& name, const std::vector<int64_t>& ne, bool matrix);
+  // Calls fn(name, ne, matrix) for every tensor config c's model has, in file order.
+  static void for_each_tensor(const ModelConfig& c,
+                              const std::function<void(const std::string&, const std::vector<int64_t>&, bool)>& fn);
 
   ag::Backend& be_;
   ModelConfig cfg_;

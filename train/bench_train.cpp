@@ -1,0 +1,170 @@
+// q4tune bench train: full LoRA training steps (forward, backward, gradient clip, AdamW) on a random Q4_0
+// model of a named shape made in memory, timed after warm-up; tokens/s and peak memory per batch size.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <random>
+#include <stdexcept>
+
+#include "autograd/optim.h"
+#include "kernels/cpu/threads.h"
+#include "train/commands.h"
+#include "train/device_choice.h"
+#include "train/loss_graph.h"
+#include "train/model/model.h"
+#include "train/run_log.h"
+
+namespace q4t {
+
+namespace {
+
+struct NamedShape {
+  const char* name;
+  int64_t dim, layers, heads, kv_heads, ff, vocab;
+};
+const NamedShape kShapes[] = {
+    {"small", 512, 8, 8, 4, 1408, 32000},
+    {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 32000},
+    {"llama-7b", 4096, 32, 32, 32, 11008, 32000},
+};
+
+model::ModelConfig shape_config(const std::string& name, int64_t seq_len) {
+  for (const NamedShape& s : kShapes) {
+    if (name != s.name) continue;
+    model::ModelConfig c;
+    c.arch = "llama";
+    c.n_vocab = s.vocab;
+    c.n_embd = s.dim;
+    c.n_layer = s.layers;
+    c.n_ff = s.ff;
+    c.n_head = s.heads;
+    c.n_head_kv = s.kv_heads;
+    c.head_dim = s.dim / s.heads;
+    c.n_ctx = std::max<int64_t>(2048, seq_len);
+    return c;
+  }
+  std::string known;
+  for (const NamedShape& s : kShapes) known += std::string(known.empty() ? "" : ", ") + s.name;
+  throw std::invalid_argument("--shape: unknown shape '" + name + "' (known: " + known + ")");
+}
+
+// One row of B x T random tokens: every position counted, one example per row.
+data::Batch random_batch(int64_t B, int64_t T, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(vocab - 1));
+  data::Batch b;
+  b.B = B;
+  b.T = T;
+  const size_t n = size_t(B * T);
+  b.ids.resize(n);
+  b.labels.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    b.ids[i] = tok(rng);
+    b.labels[i] = tok(rng);
+  }
+  b.attn_mask.assign(n, 1);
+  b.segment_ids.assign(n, 1);
+  b.positions.resize(n);
+  for (size_t i = 0; i < n; ++i) b.positions[i] = int32_t(int64_t(i) % T);
+  return b;
+}
+
+struct Result {
+  int64_t batch_size = 0;
+  double seconds = 0, tokens_per_s = 0, ms_per_step = 0, loss = 0;
+  int64_t peak_bytes = 0, trainable = 0;
+};
+
+}  // namespace
+
+int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::ostream& out) {
+  const model::ModelConfig cfg = shape_config(opt.shape, opt.seq_len);
+  if (opt.seq_len < 2) throw std::invalid_argument("--seq-len: must be at least 2");
+  if (opt.batch_sizes.empty()) throw std::invalid_argument("--batch-sizes: give at least one");
+  for (int64_t b : opt.batch_sizes)
+    if (b < 1) throw std::invalid_argument("--batch-sizes: " + std::to_string(b) + " is not a positive batch size");
+  if (opt.steps < 1) throw std::invalid_argument("--steps: must be at least 1");
+  if (opt.warmup < 0) throw std::invalid_argument("--warmup: must be 0 or more");
+  if (opt.lora_rank < 1) throw std::invalid_argument("--lora-rank: must be at least 1");
+  std::ofstream json_file;
+  if (!opt.json_path.empty()) {
+    json_file.open(opt.json_path + ".tmp");
+    if (!json_file) throw std::runtime_error("--json: cannot write " + opt.json_path + ".tmp");
+  }
+
+  auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan);
+  const auto t_model = std::chrono::steady_clock::now();
+  auto model = model::Model::random_q4_0(cfg, *be, 1234);
+  const double model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_model).count();
+  out << "bench train on " << dev.name();
+  if (dev.is_cpu()) out << " (" << cpu::num_threads() << " threads)";
+  out << ": " << opt.shape << " (dim " << cfg.n_embd << ", " << cfg.n_layer << " layers, " << cfg.n_head << "/"
+      << cfg.n_head_kv << " heads, ff " << cfg.n_ff << ", vocab " << cfg.n_vocab << "), random Q4_0 weights "
+      << train::fmt_bytes(model->weight_bytes()) << " (made in " << std::fixed << std::setprecision(1) << model_s
+      << " s); LoRA r=" << opt.lora_rank << " on q,k,v,o,gate,up,down; seq " << opt.seq_len << "; " << opt.warmup
+      << " warm-up + " << opt.steps << " timed steps\n";
+  out.unsetf(std::ios::floatfield);
+
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t B : opt.batch_sizes) {
+    if (!dev.is_cpu()) dev.vulkan->reset_peak();
+    Result r;
+    r.batch_size = B;
+    {
+      LossGraph lg(*model, B, opt.seq_len, 4096);
+      model::LoraSpec spec;
+      spec.cfg.rank = opt.lora_rank;
+      spec.cfg.alpha = 2.0 * double(opt.lora_rank);
+      std::mt19937 init_rng(7);
+      lg.model_graph().add_adapters(spec, init_rng);
+      lg.build();
+      ag::AdamW adam(lg.graph(), {1e-4, 0.9, 0.999, 1e-8, 0.0});
+      for (const ag::Var& p : adam.params()) r.trainable += p.value().numel();
+      const std::vector<data::Batch> micro{random_batch(B, opt.seq_len, cfg.n_vocab, uint32_t(B))};
+      auto step = [&] {
+        const StepLoss sl = accumulate_gradients(lg, micro);
+        adam.clip(1.0);
+        adam.step(1e-4);
+        return sl.loss;
+      };
+      for (int64_t i = 0; i < opt.warmup; ++i) step();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < opt.steps; ++i) r.loss = step();
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    r.tokens_per_s = double(B * opt.seq_len * opt.steps) / r.seconds;
+    r.ms_per_step = 1e3 * r.seconds / double(opt.steps);
+    r.peak_bytes = dev.is_cpu() ? train::peak_rss_bytes() : dev.vulkan->peak_bytes_allocated();
+    char line[256];
+    std::snprintf(line, sizeof line, "bs %-3lld %10.1f tok/s %10.1f ms/step   peak %s %s   loss %.3f",
+                  (long long)B, r.tokens_per_s, r.ms_per_step, train::fmt_bytes(r.peak_bytes).c_str(),
+                  dev.is_cpu() ? "(process RSS)" : "device", r.loss);
+    out << line << std::endl;
+    rows.push_back({{"shape", opt.shape},
+                    {"device", dev.name()},
+                    {"seq_len", opt.seq_len},
+                    {"batch_size", B},
+                    {"steps", opt.steps},
+                    {"tokens_per_s", r.tokens_per_s},
+                    {"ms_per_step", r.ms_per_step},
+                    {"peak_bytes", r.peak_bytes},
+                    {"peak_is_process_rss", dev.is_cpu()},
+                    {"weight_bytes", model->weight_bytes()},
+                    {"trainable_params", r.trainable},
+                    {"lora_rank", opt.lora_rank},
+                    {"loss", r.loss}});
+  }
+  if (json_file.is_open()) {
+    json_file << rows.dump(2) << "\n";
+    json_file.close();
+    if (!json_file || std::rename((opt.json_path + ".tmp").c_str(), opt.json_path.c_str()) != 0)
+      throw std::runtime_error("--json: cannot write " + opt.json_path);
+  }
+  return 0;
+}
+
+}  // namespace q4t
