@@ -10,8 +10,11 @@
 // Backward, with dO = dL/d(out):
 //   dP = dO · vᵀ, dS = P ∘ (dP - rowsum(dP ∘ P)),
 //   dq = dS · k / sqrt(D), dk = dSᵀ · q / sqrt(D), dv = Pᵀ · dO, dk and dv of a kv head summing over its G heads.
-// The forward saves P [H, T, T] (entries j > i are never written nor read); the Vulkan backward also keeps a
-// dS [H, T, T] scratch. Every sum runs in a fixed order in one invocation: no atomics, deterministic results.
+// The CPU forward saves P [H, T, T] (entries j > i are never written nor read). On Vulkan the fused kernels
+// (attention_flash_*.comp) keep no T×T matrix: the forward saves LSE [H, T] (each row's max plus log of its
+// softmax denominator) and the backward recomputes P tile by tile from it, with Δ_i = dO_i·O_i in a [H, T]
+// scratch.
+// Every sum runs in a fixed order: no atomics, deterministic results.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -68,15 +71,40 @@ Shape attention_shape(const Graph& g, const Node& n) {
   return q.shape();
 }
 
-// P [H, T, T] for the backward; on Vulkan also the dS [H, T, T] scratch of the backward.
+// How the fused Vulkan kernels split a head's D dims over the invocations of a row (attention_flash.glsl).
+struct FlashLayout {
+  uint32_t split = 1, dpl = 1, tile = 32;
+};
+
+// Rows of up to `dims` head dims per invocation, SPLIT a power of two within the subgroup (and at most 64, the
+// workgroup); shared tiles of TILE rows keep two [TILE, DP] arrays within 32 KiB.
+FlashLayout flash_layout(int64_t D, uint32_t dims, uint32_t subgroup) {
+  FlashLayout f;
+  while (f.split < 64 && f.split * 2 <= subgroup && (uint32_t(D) + f.split - 1) / f.split > dims) f.split *= 2;
+  f.dpl = (uint32_t(D) + f.split - 1) / f.split;
+  const uint32_t dp = f.split * f.dpl;
+  f.tile = 32;
+  while (f.tile > 4 && 2 * f.tile * dp * 4 > 32768) f.tile /= 2;
+  return f;
+}
+
+// CPU: P [H, T, T]. Vulkan: LSE [H, T]; when a gradient is needed also Δ [H, T], and a stand-in for dq when q
+// needs none (the pass that writes Δ writes dq too).
 void attention_prepare(OpContext& c) {
   const Dims n = attention_dims(c);
-  const Shape hTT{n.H, n.T, n.T};
-  if (!c.be.is_cpu() && numel(hTT) > int64_t(std::numeric_limits<uint32_t>::max()))
-    throw GraphError("attention: H * T * T = " + std::to_string(numel(hTT)) +
-                     " saved probabilities exceed the 32-bit indexing of the Vulkan kernels; use fewer tokens");
-  c.node.saved.push_back(c.be.empty(hTT, c.be.real()));
-  if (!c.be.is_cpu() && c.node.requires_grad) c.node.saved.push_back(c.be.empty(hTT, c.be.real()));
+  if (c.be.is_cpu()) {
+    c.node.saved.push_back(c.be.empty({n.H, n.T, n.T}, c.be.real()));
+    return;
+  }
+  const FlashLayout f = flash_layout(n.D, 32, c.be.device().subgroup_size());
+  if (f.tile * f.split * f.dpl * 4 * 2 > 32768)
+    throw GraphError("attention: head dim " + std::to_string(n.D) + " is too large for the Vulkan kernels' shared tiles");
+  if (n.H * n.T > int64_t(std::numeric_limits<uint32_t>::max()) / 2 || n.T * n.H * n.D > int64_t(std::numeric_limits<uint32_t>::max()))
+    throw GraphError("attention: " + std::to_string(n.T) + " tokens of " + std::to_string(n.H * n.D) +
+                     " values exceed the 32-bit indexing of the Vulkan kernels; use fewer tokens");
+  c.node.saved.push_back(c.be.empty({n.H, n.T}, c.be.real()));
+  if (c.node.requires_grad) c.node.saved.push_back(c.be.empty({n.H, n.T}, c.be.real()));
+  if (c.node.requires_grad && !c.needs_grad(0)) c.node.saved.push_back(c.be.empty(c.in(0).shape(), c.be.real()));
 }
 
 // --- CPU ---------------------------------------------------------------------------------------------------
@@ -162,67 +190,63 @@ void attention_backward_cpu(OpContext& c) {
 
 // --- Vulkan ------------------------------------------------------------------------------------------------
 
-// The one push block of every attention_*.comp: s scales the scores or the weighted sums, accumulate makes
-// attention_rows add into y (attention_cols always adds), segmented makes the kernel read its seg buffer.
-struct AttentionPush {
-  uint32_t T, H, Hkv, D;
-  float s;
-  uint32_t accumulate, segmented;
-};
-
-AttentionPush attention_push(const OpContext& c, float s, bool accumulate) {
-  const Dims n = attention_dims(c);
-  return {uint32_t(n.T), uint32_t(n.H), uint32_t(n.Hkv), uint32_t(n.D), s, accumulate ? 1u : 0u,
-          is_segmented(c) ? 1u : 0u};
-}
-
-// The seg binding every attention kernel has; unsegmented, q's buffer stands in (never read).
+// The seg binding of the fused kernels; unsegmented, q's buffer stands in (never read).
 const vk::Buffer& segment_buffer(const OpContext& c) { return c.in(is_segmented(c) ? 3 : 0).buffer(); }
 
-// y (+)= s · Σ_{j ≤ i} W[h, i, j] X[j, kv head of h] (attention_rows), or y += s · Σ_{h, i ≥ j} W[h, i, j] X[i, h]
-// for the kv-head-shaped y (attention_cols).
-void weighted_sum_vk(OpContext& c, const char* shader, const Tensor& y, const Tensor& w, const Tensor& x, float s,
-                     bool accumulate) {
-  const AttentionPush push = attention_push(c, s, accumulate);
-  c.seq->dispatch(c.be.pipeline(shader, 4, sizeof(push)),
-                  {&y.buffer(), &w.buffer(), &x.buffer(), &segment_buffer(c)}, push, groups_for(y.numel(), 64));
+// The fused kernels' push block (attention_flash.glsl).
+struct FlashPush {
+  uint32_t T, H, Hkv, D;
+  float s;
+  uint32_t segmented, flags;
+};
+
+FlashPush flash_push(const OpContext& c, uint32_t flags) {
+  const Dims n = attention_dims(c);
+  return {uint32_t(n.T), uint32_t(n.H), uint32_t(n.Hkv), uint32_t(n.D), float(1 / std::sqrt(double(n.D))),
+          is_segmented(c) ? 1u : 0u, flags};
 }
 
-void attention_forward_vk(OpContext& c) {
+std::vector<uint32_t> flash_spec(const FlashLayout& f) { return {f.split, f.dpl, f.tile}; }
+
+void attention_forward_flash(OpContext& c) {
   const Dims n = attention_dims(c);
-  const Tensor& P = c.node.saved.at(0);
-  const AttentionPush push = attention_push(c, float(1 / std::sqrt(double(n.D))), false);
-  c.seq->dispatch(c.be.pipeline("attention_scores", 4, sizeof(push)),
-                  {&P.buffer(), &c.in(0).buffer(), &c.in(1).buffer(), &segment_buffer(c)}, push,
-                  groups_for(P.numel(), 64));
-  // One workgroup of 64 per row (h, i).
-  c.seq->dispatch(c.be.pipeline("attention_softmax", 2, sizeof(push)), {&P.buffer(), &segment_buffer(c)}, push,
-                  groups_for(n.H * n.T * 64, 64));
-  weighted_sum_vk(c, "attention_rows", c.node.value, P, c.in(2), 1.0f, false);
+  const FlashLayout f = flash_layout(n.D, 32, c.be.device().subgroup_size());
+  const FlashPush push = flash_push(c, 0);
+  c.seq->dispatch(c.be.pipeline("attention_flash_fwd", 6, sizeof(push), flash_spec(f)),
+                  {&c.node.value.buffer(), &c.node.saved.at(0).buffer(), &c.in(0).buffer(), &c.in(1).buffer(),
+                   &c.in(2).buffer(), &segment_buffer(c)},
+                  push, {uint32_t((n.T + 64 / f.split - 1) / (64 / f.split)), uint32_t(n.H), 1});
 }
 
-void attention_backward_vk(OpContext& c) {
+void attention_backward_flash(OpContext& c) {
   const Dims n = attention_dims(c);
-  const Tensor &P = c.node.saved.at(0), &dS = c.node.saved.at(1), &dout = c.node.grad;
-  const float scale = float(1 / std::sqrt(double(n.D)));
-  if (c.needs_grad(0) || c.needs_grad(1)) {
-    const AttentionPush push = attention_push(c, 1.0f, false);
-    c.seq->dispatch(c.be.pipeline("attention_dscores", 6, sizeof(push)),
-                    {&dS.buffer(), &P.buffer(), &dout.buffer(), &c.in(2).buffer(), &c.node.value.buffer(),
-                     &segment_buffer(c)},
-                    push, groups_for(dS.numel(), 64));
-  }
-  if (c.needs_grad(0)) weighted_sum_vk(c, "attention_rows", c.in_grad(0), dS, c.in(1), scale, true);
-  if (c.needs_grad(1)) weighted_sum_vk(c, "attention_cols", c.in_grad(1), dS, c.in(0), scale, true);
-  if (c.needs_grad(2)) weighted_sum_vk(c, "attention_cols", c.in_grad(2), P, dout, 1.0f, true);
+  const Tensor &lse = c.node.saved.at(0), &delta = c.node.saved.at(1);
+  // Δ comes from the dq pass, which therefore always runs; its dq goes to a stand-in when q needs none.
+  const FlashLayout fq = flash_layout(n.D, 32, c.be.device().subgroup_size());
+  const FlashPush pq = flash_push(c, 0);
+  const Tensor& dq = c.needs_grad(0) ? c.in_grad(0) : c.node.saved.at(2);
+  c.seq->dispatch(c.be.pipeline("attention_flash_dq", 9, sizeof(pq), flash_spec(fq)),
+                  {&dq.buffer(), &delta.buffer(), &c.in(0).buffer(), &c.in(1).buffer(), &c.in(2).buffer(),
+                   &c.node.value.buffer(), &c.node.grad.buffer(), &lse.buffer(), &segment_buffer(c)},
+                  pq, {uint32_t((n.T + 64 / fq.split - 1) / (64 / fq.split)), uint32_t(n.H), 1});
+  if (!c.needs_grad(1) && !c.needs_grad(2)) return;
+  const FlashLayout fk = flash_layout(n.D, 16, c.be.device().subgroup_size());
+  const FlashPush pk = flash_push(c, (c.needs_grad(1) ? 1u : 0u) | (c.needs_grad(2) ? 2u : 0u));
+  // A gradient not needed gets the other one's buffer as an unwritten stand-in.
+  const Tensor& dk = c.needs_grad(1) ? c.in_grad(1) : c.in_grad(2);
+  const Tensor& dv = c.needs_grad(2) ? c.in_grad(2) : c.in_grad(1);
+  c.seq->dispatch(c.be.pipeline("attention_flash_dkv", 9, sizeof(pk), flash_spec(fk)),
+                  {&dk.buffer(), &dv.buffer(), &c.in(0).buffer(), &c.in(1).buffer(), &c.in(2).buffer(),
+                   &c.node.grad.buffer(), &lse.buffer(), &delta.buffer(), &segment_buffer(c)},
+                  pk, {uint32_t((n.T + 64 / fk.split - 1) / (64 / fk.split)), uint32_t(n.Hkv), 1});
 }
 
 void attention_forward(OpContext& c) {
-  if (!c.be.is_cpu()) return attention_forward_vk(c);
+  if (!c.be.is_cpu()) return attention_forward_flash(c);
   c.be.real() == DType::F64 ? attention_forward_cpu<double>(c) : attention_forward_cpu<float>(c);
 }
 void attention_backward(OpContext& c) {
-  if (!c.be.is_cpu()) return attention_backward_vk(c);
+  if (!c.be.is_cpu()) return attention_backward_flash(c);
   c.be.real() == DType::F64 ? attention_backward_cpu<double>(c) : attention_backward_cpu<float>(c);
 }
 
@@ -265,11 +289,15 @@ void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back(attention_case(5, 4, 2, 8));
   out.push_back(attention_case(7, 3, 3, 4));
   out.push_back(attention_case(1, 2, 1, 16));
-  out.push_back(attention_case(70, 2, 1, 4, " (rows longer than a softmax workgroup)"));
+  out.push_back(attention_case(70, 2, 1, 4, " (rows longer than a key tile)"));
   out.push_back(segmented_attention_case({1, 1, 1, 2, 2, 3, 3}, 2, 1, 8));
   out.push_back(segmented_attention_case({1, 1, 2, 2, 2, 0}, 2, 1, 8, " (padding)"));
   out.push_back(segmented_attention_case({1, 2, 1, 2, 1, 2}, 4, 2, 4, " (interleaved ids)"));
-  out.push_back(segmented_attention_case(segments_of({30, 25, 15}), 2, 1, 4, " (segments past a softmax workgroup)"));
+  out.push_back(segmented_attention_case(segments_of({30, 25, 15}), 2, 1, 4, " (segments across key tiles)"));
+  // The fused Vulkan kernels: head dims split over 2 to 8 invocations (D = 40, 72), key and query tiles that do
+  // not divide T, and whole tiles skipped because their segments cannot meet.
+  out.push_back(attention_case(45, 4, 2, 40, " (dims split over invocations)"));
+  out.push_back(segmented_attention_case(segments_of({30, 25, 15}), 2, 1, 72, " (tiles skipped by segment)"));
 }
 
 const OpRegistration kRegistration({&kAttentionOp}, add_cases);

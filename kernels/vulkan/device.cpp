@@ -178,9 +178,10 @@ std::unique_ptr<Device> Device::open(const Options& opt) {
   p2.pNext = &sg;
   vkGetPhysicalDeviceProperties2(d->physical_, &p2);
   d->subgroup_size_ = sg.subgroupSize;
-  const VkSubgroupFeatureFlags need = VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_ARITHMETIC_BIT;
+  const VkSubgroupFeatureFlags need =
+      VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_ARITHMETIC_BIT | VK_SUBGROUP_FEATURE_SHUFFLE_BIT;
   if ((sg.supportedOperations & need) != need || !(sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT))
-    throw DeviceError(d->name_ + ": compute shaders lack subgroup arithmetic, which q4tune's kernels need");
+    throw DeviceError(d->name_ + ": compute shaders lack subgroup arithmetic or shuffles, which q4tune's kernels need");
 
   uint32_t nq = 0;
   vkGetPhysicalDeviceQueueFamilyProperties(d->physical_, &nq, nullptr);

@@ -6,7 +6,7 @@ namespace q4t::vk {
 
 namespace {
 constexpr uint32_t kSetsPerPool = 256;
-constexpr uint32_t kMaxBuffersPerSet = 8;
+constexpr uint32_t kMaxBuffersPerSet = 12;  // the fused attention backward binds 9
 }  // namespace
 
 Sequence::Sequence(Device& dev, uint32_t max_timestamps) : dev_(dev), max_timestamps_(max_timestamps) {

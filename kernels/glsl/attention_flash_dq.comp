@@ -1,0 +1,85 @@
+#version 450
+// Fused causal attention backward, first pass: dq (+)= s·Σ_j dS_ij k_j for ROWS query rows of one head per
+// workgroup, recomputing P_ij = exp(s·q_i·k_j − LSE_i) tile by tile (attention_flash_fwd.comp), with
+// dP_ij = dO_i·v_j and dS_ij = P_ij (dP_ij − Δ_i), Δ_i = dO_i·O_i. Also writes Δ [H, T] for the dK/dV pass.
+#extension GL_GOOGLE_include_directive : require
+
+layout(std430, binding = 0) buffer DQ { float dq_out[]; };
+layout(std430, binding = 1) writeonly buffer Delta { float delta[]; };  // [H, T]
+layout(std430, binding = 2) readonly buffer Q { float q[]; };
+layout(std430, binding = 3) readonly buffer K { float k[]; };
+layout(std430, binding = 4) readonly buffer V { float v[]; };
+layout(std430, binding = 5) readonly buffer Out { float o[]; };
+layout(std430, binding = 6) readonly buffer DOut { float dout[]; };
+layout(std430, binding = 7) readonly buffer Lse { float lse[]; };
+layout(std430, binding = 8) readonly buffer Seg { int seg[]; };
+#define SEG_IDS seg
+#include "attention_flash.glsl"
+
+shared float ks[TILE * DP], vs[TILE * DP];
+
+void main() {
+  const uint lid = gl_LocalInvocationIndex, part = lid % SPLIT, r = lid / SPLIT;
+  const uint h = gl_WorkGroupID.y, hk = h / (u.H / u.Hkv);
+  const uint i0 = gl_WorkGroupID.x * ROWS, i = i0 + r;
+  const bool row_ok = i < u.T;
+  const uint ic = min(i, u.T - 1u);
+  const uint i_last = min(i0 + ROWS, u.T) - 1u;
+  const uint qs = u.H * u.D, kvs = u.Hkv * u.D;
+
+  float qr[DPL], dor[DPL], dq[DPL];
+  float dd = 0.0;
+  for (uint t = 0u; t < DPL; ++t) {
+    const uint d = part + SPLIT * t;
+    const uint a = ic * qs + h * u.D + d;
+    qr[t] = d < u.D ? u.s * q[a] : 0.0;
+    dor[t] = d < u.D ? dout[a] : 0.0;
+    dq[t] = 0.0;
+  }
+  // Δ in the same form as dP below (a fused multiply-add per dim, in the same order), so that where O_i is
+  // exactly one v_j (a lone token) dP − Δ is exactly 0, as in double.
+  for (uint t = 0u; t < DPL; ++t) {
+    const uint d = part + SPLIT * t;
+    const float ot = d < u.D ? o[ic * qs + h * u.D + d] : 0.0;
+    dd += dor[t] * ot;
+  }
+  const float dlt = row_sum(dd);
+  if (row_ok && part == 0u) delta[h * u.T + i] = dlt;
+  const float lse_i = lse[h * u.T + ic];
+  const int my_seg = u.segmented != 0u ? seg[ic] : 0;
+  if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0, 0u);
+
+  for (uint j0 = 0u; j0 <= i_last; j0 += TILE) {
+    barrier();
+    for (uint e = lid; e < TILE * DP; e += 64u) {
+      const uint c = e / DP, d = e % DP, j = j0 + c;
+      const bool ok = j < u.T && d < u.D;
+      ks[e] = ok ? k[j * kvs + hk * u.D + d] : 0.0;
+      vs[e] = ok ? v[j * kvs + hk * u.D + d] : 0.0;
+    }
+    const uint n_keys = min(TILE, u.T - j0);
+    if (u.segmented != 0u) {
+      if (lid < n_keys) tile_seg[lid] = seg[j0 + lid];
+      seg_range(j0, n_keys, 2u);
+    }
+    barrier();
+    if (u.segmented != 0u && (range[3] < range[0] || range[2] > range[1])) continue;  // uniform
+    for (uint c = 0u; c < TILE; ++c) {
+      const uint j = j0 + c;
+      float a = 0.0, b = 0.0;
+      for (uint t = 0u; t < DPL; ++t) {
+        a += qr[t] * ks[c * DP + part + SPLIT * t];
+        b += dor[t] * vs[c * DP + part + SPLIT * t];
+      }
+      const float sc = row_sum(a), dp = row_sum(b);
+      const bool ok = row_ok && j <= i && (u.segmented == 0u || tile_seg[c] == my_seg);
+      const float ds = ok ? exp(sc - lse_i) * (dp - dlt) : 0.0;
+      for (uint t = 0u; t < DPL; ++t) dq[t] += ds * ks[c * DP + part + SPLIT * t];
+    }
+  }
+  if (!row_ok) return;
+  for (uint t = 0u; t < DPL; ++t) {
+    const uint d = part + SPLIT * t;
+    if (d < u.D) dq_out[i * qs + h * u.D + d] += u.s * dq[t];
+  }
+}

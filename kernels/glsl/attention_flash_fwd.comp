@@ -1,0 +1,79 @@
+#version 450
+// Fused causal attention forward: out [T, H*D] and LSE [H, T] (the log of each row's softmax denominator, with
+// its max: the backward recomputes the probabilities from it), without the [H, T, T] score matrix.
+// A workgroup takes ROWS query rows of one head (gl_WorkGroupID.y) and walks the key tiles up to its last row,
+// keeping per row the running max m, the running sum l of exp(s − m) and the output o rescaled whenever m grows
+// (the online softmax). Key tiles whose segment ids cannot meet the rows' are skipped whole.
+#extension GL_GOOGLE_include_directive : require
+
+layout(std430, binding = 0) writeonly buffer Out { float o_out[]; };
+layout(std430, binding = 1) writeonly buffer Lse { float lse[]; };  // [H, T]
+layout(std430, binding = 2) readonly buffer Q { float q[]; };
+layout(std430, binding = 3) readonly buffer K { float k[]; };
+layout(std430, binding = 4) readonly buffer V { float v[]; };
+layout(std430, binding = 5) readonly buffer Seg { int seg[]; };
+#define SEG_IDS seg
+#include "attention_flash.glsl"
+
+shared float ks[TILE * DP], vs[TILE * DP];
+
+void main() {
+  const uint lid = gl_LocalInvocationIndex, part = lid % SPLIT, r = lid / SPLIT;
+  const uint h = gl_WorkGroupID.y, hk = h / (u.H / u.Hkv);
+  const uint i0 = gl_WorkGroupID.x * ROWS, i = i0 + r;
+  const bool row_ok = i < u.T;
+  const uint ic = min(i, u.T - 1u);
+  const uint i_last = min(i0 + ROWS, u.T) - 1u;
+  const uint qs = u.H * u.D, kvs = u.Hkv * u.D;
+
+  float qr[DPL], o[DPL];
+  for (uint t = 0u; t < DPL; ++t) {
+    const uint d = part + SPLIT * t;
+    qr[t] = d < u.D ? u.s * q[ic * qs + h * u.D + d] : 0.0;
+    o[t] = 0.0;
+  }
+  const int my_seg = u.segmented != 0u ? seg[ic] : 0;
+  if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0, 0u);
+  float m = -1.0 / 0.0, l = 0.0;
+
+  for (uint j0 = 0u; j0 <= i_last; j0 += TILE) {
+    barrier();  // the previous tile is consumed
+    for (uint e = lid; e < TILE * DP; e += 64u) {
+      const uint c = e / DP, d = e % DP, j = j0 + c;
+      const bool ok = j < u.T && d < u.D;
+      ks[e] = ok ? k[j * kvs + hk * u.D + d] : 0.0;
+      vs[e] = ok ? v[j * kvs + hk * u.D + d] : 0.0;
+    }
+    const uint n_keys = min(TILE, u.T - j0);
+    if (u.segmented != 0u) {
+      if (lid < n_keys) tile_seg[lid] = seg[j0 + lid];
+      seg_range(j0, n_keys, 2u);
+    }
+    barrier();
+    if (u.segmented != 0u && (range[3] < range[0] || range[2] > range[1])) continue;  // uniform
+    for (uint c = 0u; c < TILE; ++c) {
+      const uint j = j0 + c;
+      float dot_qk = 0.0;
+      for (uint t = 0u; t < DPL; ++t) dot_qk += qr[t] * ks[c * DP + part + SPLIT * t];
+      const float sc = row_sum(dot_qk);
+      const bool ok = row_ok && j <= i && (u.segmented == 0u || tile_seg[c] == my_seg);
+      if (ok) {
+        if (sc > m) {
+          const float corr = exp(m - sc);
+          l *= corr;
+          for (uint t = 0u; t < DPL; ++t) o[t] *= corr;
+          m = sc;
+        }
+        const float p = exp(sc - m);
+        l += p;
+        for (uint t = 0u; t < DPL; ++t) o[t] += p * vs[c * DP + part + SPLIT * t];
+      }
+    }
+  }
+  if (!row_ok) return;
+  for (uint t = 0u; t < DPL; ++t) {
+    const uint d = part + SPLIT * t;
+    if (d < u.D) o_out[i * qs + h * u.D + d] = o[t] / l;
+  }
+  if (part == 0u) lse[h * u.T + i] = m + log(l);
+}
