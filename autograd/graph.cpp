@@ -150,23 +150,48 @@ void Graph::run_pass(bool backward, int out, const Tensor* seed, bool keep_param
     });
   }
   std::unique_ptr<vk::Sequence>& seq = backward ? bwd_seq_[keep_param_grads] : fwd_seq_;
+  std::vector<int>& marks = backward ? bwd_marks_[keep_param_grads] : fwd_marks_;
   const Recorded want{size(), out};
   Recorded& have = backward ? bwd_recorded_[keep_param_grads] : fwd_recorded_;
   if (!seq || !(have == want)) {
-    seq = std::make_unique<vk::Sequence>(be_.device());
+    std::vector<int> ids = order;  // forward: every node in creation order
+    if (!backward)
+      for (int id = 0; id < size(); ++id) ids.push_back(id);
+    marks.clear();
+    seq = std::make_unique<vk::Sequence>(be_.device(), profiling_ ? uint32_t(ids.size() + 1) : 0);
     seq->begin();
-    if (!backward) {
-      for (int id = 0; id < size(); ++id) run_op(id, seq.get());
-    } else {
+    if (backward) {
       for (Node& n : nodes_)
         if (n.requires_grad && !(keep_param_grads && n.is_param)) seq->fill_zero(n.grad.buffer());
       seq->copy(nodes_[size_t(out)].grad.buffer(), seed_.buffer(), seed_.bytes());
-      for (int id : order) run_op(id, seq.get());
+    }
+    if (profiling_) seq->timestamp();
+    for (int id : ids) {
+      run_op(id, seq.get());
+      if (profiling_) {
+        seq->timestamp();
+        marks.push_back(id);
+      }
     }
     seq->end();
     have = want;
   }
   seq->run();
+  for (size_t k = 0; k < marks.size(); ++k) {
+    const Node& n = nodes_[size_t(marks[k])];
+    if (!n.op) continue;
+    OpTime& t = op_times_[n.op->name];
+    (backward ? t.backward_ns : t.forward_ns) += seq->elapsed_ns(uint32_t(k), uint32_t(k + 1));
+  }
+}
+
+void Graph::set_profiling(bool on) {
+  if (on && !be_.is_cpu() && !be_.device().timestamps_supported())
+    throw GraphError("profiling: " + be_.device().name() + " has no timestamp queries");
+  profiling_ = on;
+  op_times_.clear();
+  fwd_seq_.reset(), bwd_seq_[0].reset(), bwd_seq_[1].reset();
+  fwd_recorded_ = {}, bwd_recorded_[0] = {}, bwd_recorded_[1] = {};
 }
 
 const Tensor& Graph::grad(Var v) const {

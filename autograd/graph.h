@@ -9,6 +9,7 @@
 #pragma once
 #include <array>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,6 +93,15 @@ class Graph {
   // Zeroes every parameter's gradient (before a run of backward(..., Accumulate::Params)).
   void zero_param_grads();
 
+  // Vulkan: GPU time per op name, summed over every pass run since profiling was switched on, from a timestamp
+  // after each op of the recorded passes (switching re-records them). Off by default; the CPU records nothing.
+  struct OpTime {
+    double forward_ns = 0, backward_ns = 0;
+  };
+  void set_profiling(bool on);
+  const std::map<std::string, OpTime>& op_times() const { return op_times_; }
+  void clear_op_times() { op_times_.clear(); }
+
   const Node& node(int id) const { return nodes_.at(size_t(id)); }
   Node& node(int id) { return nodes_.at(size_t(id)); }
   int size() const { return int(nodes_.size()); }
@@ -112,6 +122,10 @@ class Graph {
   };
   std::unique_ptr<vk::Sequence> fwd_seq_, bwd_seq_[2];  // backward: [keep_param_grads]
   Recorded fwd_recorded_, bwd_recorded_[2];
+  // Profiling: the node run between timestamps k and k + 1 of each recorded pass.
+  bool profiling_ = false;
+  std::vector<int> fwd_marks_, bwd_marks_[2];
+  std::map<std::string, OpTime> op_times_;
   Tensor ones_;  // the default seed of a scalar output
   Tensor seed_;  // Vulkan: the seed is copied here, so the recorded pass never points at a caller's buffer
 };

@@ -151,6 +151,39 @@ TEST(GraphRules, AVulkanGraphRecordedOnceSeesNewInputsOnEveryRun) {
   EXPECT_EQ(be.to_host(g.grad(s)), (std::vector<double>{-1, 0, 5}));
 }
 
+TEST(GraphRules, ProfilingTimesEachOpOfTheRecordedPassesWithoutChangingResults) {
+  auto& be = *backends().vulkan;
+  Graph g(be);
+  Var x = g.param(be.from_host(std::vector<float>{1, -2, 3, 0.5f}, {2, 2}), "x");
+  Var w = g.constant(be.from_host(std::vector<float>{1, 2, 3, 4, 5, 6}, {3, 2}), "w");
+  Var y = matmul_nt(x, w);  // [2, 3]
+  Var z = mul(y, y);
+  const std::vector<float> ones(6, 1.0f);
+  g.forward();
+  g.backward(z, be.from_host(ones, {2, 3}));
+  const std::vector<double> want_z = be.to_host(z.value()), want_dx = be.to_host(g.grad(x));
+  EXPECT_TRUE(g.op_times().empty());  // off by default
+
+  g.set_profiling(true);
+  for (int run = 0; run < 2; ++run) {
+    g.forward();
+    g.backward(z, be.from_host(ones, {2, 3}));
+  }
+  EXPECT_EQ(be.to_host(z.value()), want_z);
+  EXPECT_EQ(be.to_host(g.grad(x)), want_dx);
+  ASSERT_EQ(g.op_times().size(), 2u);
+  for (const char* op : {"matmul_nt", "mul"}) {
+    ASSERT_TRUE(g.op_times().count(op)) << op;
+    EXPECT_GT(g.op_times().at(op).forward_ns, 0.0) << op;
+    EXPECT_GT(g.op_times().at(op).backward_ns, 0.0) << op;
+  }
+  g.clear_op_times();
+  EXPECT_TRUE(g.op_times().empty());
+  g.set_profiling(false);
+  g.forward();
+  EXPECT_TRUE(g.op_times().empty());
+}
+
 
 // Rows [r0, r1) of a row-major [rows, cols] matrix.
 std::vector<double> row_slice(const std::vector<double>& m, int64_t cols, int64_t r0, int64_t r1) {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -73,6 +74,27 @@ data::Batch random_batch(int64_t B, int64_t T, int64_t vocab, uint32_t seed) {
   return b;
 }
 
+// GPU ms per step by op, largest first, and what the step spent outside the graph's ops (AdamW, the clip,
+// uploads, host work).
+std::string format_profile(const std::map<std::string, ag::Graph::OpTime>& times, int64_t steps, double seconds) {
+  std::vector<std::pair<std::string, ag::Graph::OpTime>> rows(times.begin(), times.end());
+  auto total = [](const ag::Graph::OpTime& t) { return t.forward_ns + t.backward_ns; };
+  std::sort(rows.begin(), rows.end(), [&](const auto& a, const auto& b) { return total(a.second) > total(b.second); });
+  const double step_ms = 1e3 * seconds / double(steps);
+  std::string s = "    op                      fwd ms    bwd ms   of step\n";
+  double sum_ms = 0;
+  char buf[160];
+  for (const auto& [name, t] : rows) {
+    const double f = t.forward_ns * 1e-6 / double(steps), b = t.backward_ns * 1e-6 / double(steps);
+    sum_ms += f + b;
+    std::snprintf(buf, sizeof buf, "    %-22s %8.2f  %8.2f  %6.1f%%\n", name.c_str(), f, b, 100.0 * (f + b) / step_ms);
+    s += buf;
+  }
+  std::snprintf(buf, sizeof buf, "    %-22s %18.2f  %6.1f%%\n", "(outside the ops)", step_ms - sum_ms,
+                100.0 * (step_ms - sum_ms) / step_ms);
+  return s + buf;
+}
+
 struct Result {
   int64_t batch_size = 0;
   double seconds = 0, tokens_per_s = 0, ms_per_step = 0, loss = 0;
@@ -114,6 +136,7 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
     if (!dev.is_cpu()) dev.vulkan->reset_peak();
     Result r;
     r.batch_size = B;
+    std::string profile_table;
     {
       LossGraph lg(*model, B, opt.seq_len, 4096);
       model::LoraSpec spec;
@@ -131,10 +154,14 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
         adam.step(1e-4);
         return sl.loss;
       };
+      const bool profile = opt.profile && !dev.is_cpu();
+      if (profile) lg.graph().set_profiling(true);
       for (int64_t i = 0; i < opt.warmup; ++i) step();
+      lg.graph().clear_op_times();
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t i = 0; i < opt.steps; ++i) r.loss = step();
       r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (profile) profile_table = format_profile(lg.graph().op_times(), opt.steps, r.seconds);
     }
     r.tokens_per_s = double(B * opt.seq_len * opt.steps) / r.seconds;
     r.ms_per_step = 1e3 * r.seconds / double(opt.steps);
@@ -143,7 +170,7 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
     std::snprintf(line, sizeof line, "bs %-3lld %10.1f tok/s %10.1f ms/step   peak %s %s   loss %.3f",
                   (long long)B, r.tokens_per_s, r.ms_per_step, train::fmt_bytes(r.peak_bytes).c_str(),
                   dev.is_cpu() ? "(process RSS)" : "device", r.loss);
-    out << line << std::endl;
+    out << line << std::endl << profile_table;
     rows.push_back({{"shape", opt.shape},
                     {"device", dev.name()},
                     {"seq_len", opt.seq_len},

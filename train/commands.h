@@ -63,6 +63,7 @@ struct BenchTrainOptions {
   std::vector<int64_t> batch_sizes{1, 4};
   int64_t steps = 5, warmup = 2;  // timed steps, and untimed ones before them
   int64_t lora_rank = 16;
+  bool profile = false;   // Vulkan: GPU time per op of the graph's passes
   std::string json_path;  // empty: no JSON
 };
 int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::ostream& out);

@@ -161,6 +161,8 @@ int main(int argc, char** argv) {
   bench_train->add_option("--warmup", bt_opt.warmup, "untimed steps before them")->capture_default_str();
   bench_train->add_option("--lora-rank", bt_opt.lora_rank, "LoRA rank on all seven targets (alpha = 2 * rank)")
       ->capture_default_str();
+  bench_train->add_flag("--profile", bt_opt.profile,
+                        "Vulkan: also print the GPU time per op (forward and backward) of the timed steps");
   bench_train->add_option("--json", bt_opt.json_path, "also write the results as a JSON array to this file");
 
   q4t::TrainOptions train_opt;
