@@ -126,7 +126,7 @@ class VulkanHostKernels final : public HostKernels {
 
  private:
   using GemmFn = void (vk::LinearKernels::*)(vk::Sequence&, const vk::Buffer&, const vk::Buffer&,
-                                             const vk::Buffer&, int64_t, int64_t, int64_t, bool);
+                                             const vk::Buffer&, int64_t, int64_t, int64_t, bool, const vk::Buffer*);
   using FrozenGemmFn = void (vk::LinearKernels::*)(vk::Sequence&, const vk::Buffer&, const vk::Buffer&,
                                                    const vk::Buffer&, int64_t, int64_t, int64_t);
   using FrozenDxFn = void (vk::LinearKernels::*)(vk::Sequence&, const vk::Buffer&, const vk::Buffer&,
@@ -197,7 +197,10 @@ class VulkanHostKernels final : public HostKernels {
     check_size("gemm", "B", B.size(), size_t(K * N), "floats");
     check_size("gemm", "C", C.size(), size_t(M * N), "floats");
     vk::Buffer ba = upload(A), bb = upload(B), bc = upload(std::span<const float>(C));
-    run([&](vk::Sequence& s) { (kernels_.*fn)(s, bc, ba, bb, M, N, K, accumulate); });
+    // The split-K scratch when the product is skinny enough to be split (see LinearKernels).
+    const size_t split = vk::LinearKernels::gemm_split_scratch_bytes(M, N, K);
+    vk::Buffer scratch(dev_, std::max<size_t>(split, 4));
+    run([&](vk::Sequence& s) { (kernels_.*fn)(s, bc, ba, bb, M, N, K, accumulate, split ? &scratch : nullptr); });
     bc.download(C.data(), C.size_bytes());
   }
 

@@ -362,9 +362,10 @@ void linear_ce_backward_cpu(OpContext& c) {
 }
 
 // Must match the push block of linear_ce_logits.comp / linear_ce_dx.comp (gemm_tiled.glsl's fields + row0,
-// format).
+// format, and k_slice, which stays 0: no split of K).
 struct TileGemmPush {
   uint32_t M, N, k_begin, k_end, lda, ldb, accumulate, row0, format;
+  uint32_t k_slice = 0;
 };
 constexpr uint32_t kGemmTile = 64;  // BM = BN of gemm_tiled.glsl, as in kernels/vulkan/linear_kernels.cpp
 

@@ -171,10 +171,28 @@ void matmul_backward_cpu(OpContext& c) {
   }
 }
 
+// Vulkan: one scratch for the split-K passes of the forward and backward products (LoRA's skinny sides), sized
+// for the largest; the products run one after another, so they share it.
+void matmul_prepare(OpContext& c) {
+  if (c.be.is_cpu()) return;
+  const int64_t M = c.in(0).rows(), N = c.in(1).dim(0), K = c.in(0).cols();
+  size_t bytes = vk::LinearKernels::gemm_split_scratch_bytes(M, N, K);
+  if (c.node.requires_grad) {
+    if (c.needs_grad(0)) bytes = std::max(bytes, vk::LinearKernels::gemm_split_scratch_bytes(M, K, N));
+    if (c.needs_grad(1)) bytes = std::max(bytes, vk::LinearKernels::gemm_split_scratch_bytes(N, K, M));
+  }
+  if (bytes > 0) c.node.saved.push_back(c.be.empty({int64_t(bytes / 4)}, DType::F32));
+}
+
+const vk::Buffer* split_scratch(const OpContext& c) {
+  return c.node.saved.empty() ? nullptr : &c.node.saved.front().buffer();
+}
+
 void matmul_forward(OpContext& c) {
   const Tensor &a = c.in(0), &b = c.in(1), &y = c.node.value;
   const int64_t M = a.rows(), N = b.dim(0), K = a.cols();
-  if (!c.be.is_cpu()) return c.be.linear().gemm_nt(*c.seq, y.buffer(), a.buffer(), b.buffer(), M, N, K, false);
+  if (!c.be.is_cpu())
+    return c.be.linear().gemm_nt(*c.seq, y.buffer(), a.buffer(), b.buffer(), M, N, K, false, split_scratch(c));
   if (c.be.real() == DType::F64) return matmul_forward_cpu<double>(y, a, b);
   cpu::gemm_nt(f32_mut(y), f32_span(a), f32_span(b), M, N, K, false);
 }
@@ -183,8 +201,10 @@ void matmul_backward(OpContext& c) {
   const Tensor &a = c.in(0), &b = c.in(1), &dy = c.node.grad;
   const int64_t M = a.rows(), N = b.dim(0), K = a.cols();
   if (!c.be.is_cpu()) {
-    if (c.needs_grad(0)) c.be.linear().gemm_nn(*c.seq, c.in_grad(0).buffer(), dy.buffer(), b.buffer(), M, K, N, true);
-    if (c.needs_grad(1)) c.be.linear().gemm_tn(*c.seq, c.in_grad(1).buffer(), dy.buffer(), a.buffer(), N, K, M, true);
+    if (c.needs_grad(0))
+      c.be.linear().gemm_nn(*c.seq, c.in_grad(0).buffer(), dy.buffer(), b.buffer(), M, K, N, true, split_scratch(c));
+    if (c.needs_grad(1))
+      c.be.linear().gemm_tn(*c.seq, c.in_grad(1).buffer(), dy.buffer(), a.buffer(), N, K, M, true, split_scratch(c));
     return;
   }
   if (c.be.real() == DType::F64) return matmul_backward_cpu<double>(c);
@@ -193,7 +213,7 @@ void matmul_backward(OpContext& c) {
 }
 
 const OpDef kLinearOp{"linear", linear_shape, linear_prepare, linear_forward, linear_backward};
-const OpDef kMatmulOp{"matmul_nt", matmul_shape, nullptr, matmul_forward, matmul_backward};
+const OpDef kMatmulOp{"matmul_nt", matmul_shape, matmul_prepare, matmul_forward, matmul_backward};
 
 // x is the parameter: the frozen weight itself never has a gradient.
 GradcheckCase linear_case(DType t, int64_t T, int64_t n_out, int64_t n_in) {
@@ -224,6 +244,14 @@ void add_cases(std::vector<GradcheckCase>& out) {
                  }});
   out.push_back({"matmul_nt", [](Graph& g, std::mt19937& r) {
                    return matmul_nt(random_param(g, r, {5, 19}, "a"), random_param(g, r, {7, 19}, "b"));
+                 }});
+  // Vulkan splits K of products with few output tiles: the forward here (K = 300 in 2 slices) ...
+  out.push_back({"matmul_nt 40x300 16x300 (forward split over K)", [](Graph& g, std::mt19937& r) {
+                   return matmul_nt(random_param(g, r, {40, 300}, "a"), random_param(g, r, {16, 300}, "b"));
+                 }});
+  // ... and both backward products here (da = dy·b and db = dyᵀ·a, each summing over 300).
+  out.push_back({"matmul_nt 300x16 300x16 (backward split over K)", [](Graph& g, std::mt19937& r) {
+                   return matmul_nt(random_param(g, r, {300, 16}, "a"), random_param(g, r, {300, 16}, "b"));
                  }});
 }
 

@@ -7,4 +7,5 @@ layout(push_constant) uniform Push {
   uint lda;      // row stride of A as stored
   uint ldb;      // row stride of B as stored (f32 B only)
   uint accumulate;
+  uint k_slice;  // 0, or split K: workgroup z covers [k_begin + z·k_slice, +k_slice) into C + z·M·N (see gemm_tiled.glsl)
 } p;

@@ -5,6 +5,9 @@
 //   void load_tile_b(uint n0, uint k0);  // fills Bs[k * BN + n] = B[k0 + k, n0 + n], zero outside
 // so one body serves the f32 GEMMs in every transposition and the fused-dequant Q4_0 GEMMs (B decoded from
 // blocks straight into shared memory; no dequantised copy of W exists outside a BK x BN tile).
+// Split K (p.k_slice != 0, a multiple of BK): workgroup z sums its slice of K only and writes the partial tile,
+// without accumulating, to slice z of C (then [slices, M, N]); gemm_split_reduce.comp adds the slices in order.
+// Skinny products (LoRA's rank-r sides) get enough workgroups this way.
 // 256 invocations (16 x 16), each computing a TM x TN micro-tile strided by 16, so shared reads are broadcast
 // (As) or consecutive (Bs). BM and BN (64 or 128) are specialization constants: large tiles for large
 // matrices, small ones so that few-token calls do not waste most of a tile.
@@ -25,7 +28,15 @@ void main() {
   for (uint i = 0u; i < TM; ++i)
     for (uint j = 0u; j < TN; ++j) acc[i][j] = 0.0;
 
-  for (uint k0 = p.k_begin; k0 < p.k_end; k0 += BK) {
+  uint k_first = p.k_begin, k_last = p.k_end, c0 = 0u;
+  bool add_to_c = p.accumulate != 0u;
+  if (p.k_slice != 0u) {
+    k_first = p.k_begin + gl_WorkGroupID.z * p.k_slice;
+    k_last = min(p.k_end, k_first + p.k_slice);
+    c0 = gl_WorkGroupID.z * p.M * p.N;
+    add_to_c = false;
+  }
+  for (uint k0 = k_first; k0 < k_last; k0 += BK) {
     load_tile_a(m0, k0);
     load_tile_b(n0, k0);
     barrier();
@@ -45,8 +56,8 @@ void main() {
     for (uint j = 0u; j < TN; ++j) {
       const uint n = n0 + tx + 16u * j;
       if (n >= p.N) continue;
-      const uint idx = m * p.N + n;
-      c[idx] = (p.accumulate != 0u ? c[idx] : 0.0) + acc[i][j];
+      const uint idx = c0 + m * p.N + n;
+      c[idx] = (add_to_c ? c[idx] : 0.0) + acc[i][j];
     }
   }
 }

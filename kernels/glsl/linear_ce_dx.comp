@@ -17,6 +17,7 @@ layout(push_constant) uniform Push {
   uint accumulate;
   uint row0;
   uint format;  // 0 = f32, 1 = Q4_0, 2 = Q8_0, 3 = f16 (C even), 4 = Q4_K, 5 = Q6_K (C % 256 == 0)
+  uint k_slice;  // gemm_tiled.glsl's split of K: always 0 here
 } p;
 #include "gemm_tiled.glsl"
 #include "gemm_load_a.glsl"

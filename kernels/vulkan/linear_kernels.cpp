@@ -11,6 +11,7 @@ namespace {
 // Must match kernels/glsl/gemm_push.glsl.
 struct GemmPush {
   uint32_t M, N, k_begin, k_end, lda, ldb, accumulate;
+  uint32_t k_slice = 0;  // split K (gemm_tiled.glsl); 0: none
 };
 
 // GEMM tile edge (BM = BN, specialization constants of gemm_tiled.glsl). 64: with 128 the 8x8 micro-tile's
@@ -298,8 +299,32 @@ size_t LinearKernels::q6_k_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n
   return dx_scratch_bytes(T, n_rows, n_in, kQ6_K.dx_cols_per_group);
 }
 
+namespace {
+// Split K when a product has fewer than kSplitBelowTiles output tiles: into enough slices of at least
+// kMinSliceK (a multiple of the tile's BK = 32) to make about kSplitTargetGroups workgroups.
+constexpr int64_t kSplitBelowTiles = 64;
+constexpr int64_t kSplitTargetGroups = 128;
+constexpr int64_t kMinSliceK = 128;
+
+// {slices, k_slice}: 1 slice means no split.
+std::pair<int64_t, int64_t> gemm_split(int64_t M, int64_t N, int64_t K) {
+  const int64_t tiles = ((M + kGemmTile - 1) / kGemmTile) * ((N + kGemmTile - 1) / kGemmTile);
+  if (tiles >= kSplitBelowTiles) return {1, 0};
+  const int64_t want = std::min((kSplitTargetGroups + tiles - 1) / tiles, K / kMinSliceK);
+  if (want < 2) return {1, 0};
+  const int64_t k_slice = ((K + want - 1) / want + 31) / 32 * 32;
+  return {(K + k_slice - 1) / k_slice, k_slice};
+}
+}  // namespace
+
+size_t LinearKernels::gemm_split_scratch_bytes(int64_t M, int64_t N, int64_t K) {
+  const auto [slices, k_slice] = gemm_split(M, N, K);
+  return slices > 1 ? size_t(slices * M * N) * 4 : 0;
+}
+
 void LinearKernels::f32_gemm(const char* shader, Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B,
-                             int64_t M, int64_t N, int64_t K, uint32_t lda, uint32_t ldb, bool accumulate) {
+                             int64_t M, int64_t N, int64_t K, uint32_t lda, uint32_t ldb, bool accumulate,
+                             const Buffer* scratch) {
   check_gemm(shader, M, N, K);
   check_fits_u32(shader, "A", M * K);
   check_fits_u32(shader, "B", K * N);
@@ -307,23 +332,33 @@ void LinearKernels::f32_gemm(const char* shader, Sequence& s, const Buffer& C, c
   check_min_size(shader, "A", A.size(), size_t(M * K) * 4);
   check_min_size(shader, "B", B.size(), size_t(K * N) * 4);
   check_min_size(shader, "C", C.size(), size_t(M * N) * 4);
-  GemmPush push{uint32_t(M), uint32_t(N), 0, uint32_t(K), lda, ldb, accumulate ? 1u : 0u};
   const uint32_t bm = kGemmTile, bn = kGemmTile;
-  const auto& p = pipeline(shader, 3, sizeof(push), {bm, bn});
+  const auto& p = pipeline(shader, 3, sizeof(GemmPush), {bm, bn});
+  const auto [slices, k_slice] = gemm_split(M, N, K);
+  if (scratch && slices > 1) {
+    check_fits_u32(shader, "the split partial sums", slices * M * N);
+    check_min_size(shader, "scratch", scratch->size(), gemm_split_scratch_bytes(M, N, K));
+    GemmPush push{uint32_t(M), uint32_t(N), 0, uint32_t(K), lda, ldb, 0, uint32_t(k_slice)};
+    s.dispatch(p, {scratch, &A, &B}, push, {ceil_div(N, bn), ceil_div(M, bm), uint32_t(slices)});
+    struct { uint32_t n, n_slices, accumulate; } red{uint32_t(M * N), uint32_t(slices), accumulate ? 1u : 0u};
+    s.dispatch(pipeline("gemm_split_reduce", 2, sizeof(red)), {&C, scratch}, red, groups_1d(ceil_div(M * N, 256)));
+    return;
+  }
+  GemmPush push{uint32_t(M), uint32_t(N), 0, uint32_t(K), lda, ldb, accumulate ? 1u : 0u};
   s.dispatch(p, {&C, &A, &B}, push, {ceil_div(N, bn), ceil_div(M, bm), 1});
 }
 
 void LinearKernels::gemm_nt(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N,
-                            int64_t K, bool accumulate) {
-  f32_gemm("f32_gemm_nt", s, C, A, B, M, N, K, uint32_t(K), uint32_t(K), accumulate);
+                            int64_t K, bool accumulate, const Buffer* scratch) {
+  f32_gemm("f32_gemm_nt", s, C, A, B, M, N, K, uint32_t(K), uint32_t(K), accumulate, scratch);
 }
 void LinearKernels::gemm_nn(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N,
-                            int64_t K, bool accumulate) {
-  f32_gemm("f32_gemm_nn", s, C, A, B, M, N, K, uint32_t(K), uint32_t(N), accumulate);
+                            int64_t K, bool accumulate, const Buffer* scratch) {
+  f32_gemm("f32_gemm_nn", s, C, A, B, M, N, K, uint32_t(K), uint32_t(N), accumulate, scratch);
 }
 void LinearKernels::gemm_tn(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N,
-                            int64_t K, bool accumulate) {
-  f32_gemm("f32_gemm_tn", s, C, A, B, M, N, K, uint32_t(M), uint32_t(N), accumulate);
+                            int64_t K, bool accumulate, const Buffer* scratch) {
+  f32_gemm("f32_gemm_tn", s, C, A, B, M, N, K, uint32_t(M), uint32_t(N), accumulate, scratch);
 }
 
 void LinearKernels::copy(Sequence& s, const Buffer& dst, const Buffer& src, size_t bytes) {
