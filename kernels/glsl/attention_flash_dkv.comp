@@ -2,7 +2,10 @@
 // Fused causal attention backward, second pass: for ROWS key rows of one kv head per workgroup,
 //   dk_j (+)= s·Σ_{h in the head's group, i ≥ j} dS_ij q_i,   dv_j (+)= Σ P_ij dO_i,
 // walking the query tiles of each of the G query heads in order and recomputing P and dS from LSE and Δ
-// (attention_flash_dq.comp wrote Δ). u.flags says which of dK, dV to write.
+// (attention_flash_dq.comp wrote Δ). u.flags says which of dK, dV to write (bits 0, 1). With bit 2 (G > 1, for
+// parallelism) workgroup z takes query head g = z of the group alone and writes its sums, not adding, to
+// slice g of dK and slice G + g of dV, both bound to one [2G, T, Hkv*D] scratch; attention_dkv_reduce.comp then
+// adds the slices in order.
 #extension GL_GOOGLE_include_directive : require
 
 layout(std430, binding = 0) buffer DK { float dk_out[]; };
@@ -39,7 +42,8 @@ void main() {
   const int my_seg = u.segmented != 0u ? seg[jc] : 0;
   if (u.segmented != 0u) seg_range(j0, min(ROWS, u.T - j0), 0u);
 
-  for (uint g = 0u; g < G; ++g) {
+  const bool split = (u.flags & 4u) != 0u;
+  for (uint g = split ? gl_WorkGroupID.z : 0u; g < (split ? gl_WorkGroupID.z + 1u : G); ++g) {
     const uint h = hk * G + g;
     for (uint i0 = j0; i0 < u.T; i0 += TILE) {
       barrier();
@@ -77,10 +81,17 @@ void main() {
     }
   }
   if (!key_ok) return;
+  const uint slice = u.T * kvs;
   for (uint t = 0u; t < DPL; ++t) {
     const uint d = part + SPLIT * t;
     if (d >= u.D) continue;
-    if ((u.flags & 1u) != 0u) dk_out[j * kvs + hk * u.D + d] += dk[t];
-    if ((u.flags & 2u) != 0u) dv_out[j * kvs + hk * u.D + d] += dv[t];
+    const uint a = j * kvs + hk * u.D + d;
+    if (split) {
+      dk_out[gl_WorkGroupID.z * slice + a] = dk[t];
+      dv_out[(G + gl_WorkGroupID.z) * slice + a] = dv[t];
+      continue;
+    }
+    if ((u.flags & 1u) != 0u) dk_out[a] += dk[t];
+    if ((u.flags & 2u) != 0u) dv_out[a] += dv[t];
   }
 }
