@@ -365,7 +365,7 @@ TEST_F(VulkanKernels, EmbeddingForwardLooksUpKQuantRows) {
 // multiple of the 64-wide GEMM tile, starting at an odd row.
 TEST_F(VulkanKernels, LossTilesReadKQuantOutputMatrices) {
   const uint32_t V = 300, C = 512, T = 5, row0 = 37, n = 130;
-  struct { uint32_t M, N, k_begin, k_end, lda, ldb, accumulate, row0, format; } push{};
+  struct { uint32_t M, N, k_begin, k_end, lda, ldb, accumulate, row0, format, k_slice; } push{};  // k_slice 0: no split
   for (const KTable& t : kKTables) {
     const auto w = t.make(rng_, V, C);
     const uint8_t* tile_w = w.data() + row0 * t.row_bytes(C);

@@ -8,8 +8,8 @@
 // Split K (p.k_slice != 0, a multiple of BK): workgroup z sums its slice of K only and writes the partial tile,
 // without accumulating, to slice z of C (then [slices, M, N]); gemm_split_reduce.comp adds the slices in order.
 // Skinny products (LoRA's rank-r sides) get enough workgroups this way.
-// 256 invocations (16 x 16), each computing a TM x TN micro-tile strided by 16, so shared reads are broadcast
-// (As) or consecutive (Bs). BM and BN (64 or 128) are specialization constants: large tiles for large
+// 256 invocations (16 x 16), each computing a contiguous TM x TN micro-tile, so its shared reads per k are TM
+// and TN consecutive floats (128-bit loads), broadcast across the invocations of one row (As) or column (Bs). BM and BN (64 or 128) are specialization constants: large tiles for large
 // matrices, small ones so that few-token calls do not waste most of a tile.
 layout(constant_id = 0) const uint BM = 64;
 layout(constant_id = 1) const uint BN = 64;
@@ -42,8 +42,8 @@ void main() {
     barrier();
     for (uint kk = 0u; kk < BK; ++kk) {
       float a[TM], b[TN];
-      for (uint i = 0u; i < TM; ++i) a[i] = As[kk * BM + ty + 16u * i];
-      for (uint j = 0u; j < TN; ++j) b[j] = Bs[kk * BN + tx + 16u * j];
+      for (uint i = 0u; i < TM; ++i) a[i] = As[kk * BM + ty * TM + i];
+      for (uint j = 0u; j < TN; ++j) b[j] = Bs[kk * BN + tx * TN + j];
       for (uint i = 0u; i < TM; ++i)
         for (uint j = 0u; j < TN; ++j) acc[i][j] = fma(a[i], b[j], acc[i][j]);
     }
@@ -51,10 +51,10 @@ void main() {
   }
 
   for (uint i = 0u; i < TM; ++i) {
-    const uint m = m0 + ty + 16u * i;
+    const uint m = m0 + ty * TM + i;
     if (m >= p.M) continue;
     for (uint j = 0u; j < TN; ++j) {
-      const uint n = n0 + tx + 16u * j;
+      const uint n = n0 + tx * TN + j;
       if (n >= p.N) continue;
       const uint idx = c0 + m * p.N + n;
       c[idx] = (add_to_c ? c[idx] : 0.0) + acc[i][j];
