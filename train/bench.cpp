@@ -366,16 +366,26 @@ nlohmann::json to_json(const Result& r, const std::string& device) {
 
 }  // namespace
 
+BenchJson::BenchJson(const std::string& path) : path_(path) {
+  if (path_.empty()) return;
+  file_.open(path_ + ".tmp");
+  if (!file_) throw std::runtime_error("--json: cannot write " + path_ + ".tmp");
+}
+
+void BenchJson::write(const nlohmann::json& rows) {
+  if (path_.empty()) return;
+  file_ << rows.dump(2) << "\n";
+  file_.close();
+  if (!file_ || std::rename((path_ + ".tmp").c_str(), path_.c_str()) != 0)
+    throw std::runtime_error("--json: cannot write " + path_);
+}
+
 int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& out) {
   std::vector<Case> cases = make_cases(opt);
   // The roofline is always measured in the same run, first, even when --kernels leaves copy out.
   const bool copy_listed = !cases.empty() && cases.front().kernel == "copy";
   if (!copy_listed) cases.insert(cases.begin(), {"copy", 0, 0, 0});
-  std::ofstream json_file;
-  if (!opt.json_path.empty()) {
-    json_file.open(opt.json_path + ".tmp");
-    if (!json_file) throw std::runtime_error("--json: cannot write " + opt.json_path + ".tmp");
-  }
+  BenchJson json(opt.json_path);
   out << "bench on " << dev.name();
   if (dev.is_cpu()) out << " (" << cpu::num_threads() << " threads)";
   out << "\n";
@@ -391,12 +401,7 @@ int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& ou
     out << format_row(r) << std::endl;
     rows.push_back(to_json(r, dev.name()));
   }
-  if (json_file.is_open()) {
-    json_file << rows.dump(2) << "\n";
-    json_file.close();
-    if (!json_file || std::rename((opt.json_path + ".tmp").c_str(), opt.json_path.c_str()) != 0)
-      throw std::runtime_error("--json: cannot write " + opt.json_path);
-  }
+  json.write(rows);
   return 0;
 }
 

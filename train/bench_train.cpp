@@ -112,11 +112,7 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
   if (opt.steps < 1) throw std::invalid_argument("--steps: must be at least 1");
   if (opt.warmup < 0) throw std::invalid_argument("--warmup: must be 0 or more");
   if (opt.lora_rank < 1) throw std::invalid_argument("--lora-rank: must be at least 1");
-  std::ofstream json_file;
-  if (!opt.json_path.empty()) {
-    json_file.open(opt.json_path + ".tmp");
-    if (!json_file) throw std::runtime_error("--json: cannot write " + opt.json_path + ".tmp");
-  }
+  BenchJson json(opt.json_path);
 
   auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan);
   const auto t_model = std::chrono::steady_clock::now();
@@ -185,12 +181,7 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
                     {"lora_rank", opt.lora_rank},
                     {"loss", r.loss}});
   }
-  if (json_file.is_open()) {
-    json_file << rows.dump(2) << "\n";
-    json_file.close();
-    if (!json_file || std::rename((opt.json_path + ".tmp").c_str(), opt.json_path.c_str()) != 0)
-      throw std::runtime_error("--json: cannot write " + opt.json_path);
-  }
+  json.write(rows);
   return 0;
 }
 

@@ -1,8 +1,10 @@
 // The q4tune subcommands implemented in train/; each returns the process exit code.
 #pragma once
-#include <iosfwd>
-#include <string>
 #include <cstdint>
+#include <fstream>
+#include <iosfwd>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 namespace q4t {
@@ -55,6 +57,18 @@ struct BenchOptions {
   double seconds_per_case = 0.25;
 };
 int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& out);
+
+// A benchmark's --json FILE: opened (as FILE.tmp) before the run, so an unwritable path fails at once, and
+// renamed over FILE once the results are written. An empty path writes nothing.
+class BenchJson {
+ public:
+  explicit BenchJson(const std::string& path);
+  void write(const nlohmann::json& rows);
+
+ private:
+  std::string path_;
+  std::ofstream file_;
+};
 
 // q4tune bench train (train/bench_train.cpp).
 struct BenchTrainOptions {

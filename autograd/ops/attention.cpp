@@ -88,14 +88,19 @@ FlashLayout flash_layout(int64_t D, uint32_t dims, uint32_t subgroup) {
   return f;
 }
 
+// Workgroups covering T rows, 64 / SPLIT rows each (attention_flash.glsl's ROWS).
+uint32_t row_groups(int64_t T, const FlashLayout& f) {
+  const int64_t rows = 64 / f.split;
+  return uint32_t((T + rows - 1) / rows);
+}
+
 // Whether the dK/dV pass runs one workgroup per query head of each kv group (then adds the heads in a second
 // pass): when G > 1 and the key tiles times the kv heads make fewer than kSplitBelowGroups workgroups, which
 // leaves a large GPU idle (tinyllama's 4 kv heads: 128 at 512 tokens, 512 at 2048). The per-head sums cost
 // 2G·T·Hkv·D floats per attention node. H100, tinyllama-1.1b: backward 45 -> 22 ms per bs1 step, 179 -> 132 at bs4.
 constexpr int64_t kSplitBelowGroups = 4096;
 bool split_dkv(const Dims& n, const FlashLayout& fk) {
-  const int64_t key_groups = (n.T + 64 / fk.split - 1) / (64 / fk.split);
-  return n.G() > 1 && key_groups * n.Hkv < kSplitBelowGroups;
+  return n.G() > 1 && int64_t(row_groups(n.T, fk)) * n.Hkv < kSplitBelowGroups;
 }
 
 // CPU: P [H, T, T]. Vulkan: LSE [H, T]; when a gradient is needed also Δ [H, T], a stand-in for dq when q needs
@@ -230,7 +235,7 @@ void attention_forward_flash(OpContext& c) {
   c.seq->dispatch(c.be.pipeline("attention_flash_fwd", 6, sizeof(push), flash_spec(f)),
                   {&c.node.value.buffer(), &c.node.saved.at(0).buffer(), &c.in(0).buffer(), &c.in(1).buffer(),
                    &c.in(2).buffer(), &segment_buffer(c)},
-                  push, {uint32_t((n.T + 64 / f.split - 1) / (64 / f.split)), uint32_t(n.H), 1});
+                  push, {row_groups(n.T, f), uint32_t(n.H), 1});
 }
 
 void attention_backward_flash(OpContext& c) {
@@ -243,14 +248,14 @@ void attention_backward_flash(OpContext& c) {
   c.seq->dispatch(c.be.pipeline("attention_flash_dq", 9, sizeof(pq), flash_spec(fq)),
                   {&dq.buffer(), &delta.buffer(), &c.in(0).buffer(), &c.in(1).buffer(), &c.in(2).buffer(),
                    &c.node.value.buffer(), &c.node.grad.buffer(), &lse.buffer(), &segment_buffer(c)},
-                  pq, {uint32_t((n.T + 64 / fq.split - 1) / (64 / fq.split)), uint32_t(n.H), 1});
+                  pq, {row_groups(n.T, fq), uint32_t(n.H), 1});
   if (!c.needs_grad(1) && !c.needs_grad(2)) return;
   const FlashLayout fk = flash_layout(n.D, 16, c.be.device().subgroup_size());
   const uint32_t want = (c.needs_grad(1) ? 1u : 0u) | (c.needs_grad(2) ? 2u : 0u);
   // A gradient not needed gets the other one's buffer as an unwritten stand-in.
   const Tensor& dk = c.needs_grad(1) ? c.in_grad(1) : c.in_grad(2);
   const Tensor& dv = c.needs_grad(2) ? c.in_grad(2) : c.in_grad(1);
-  const uint32_t key_groups = uint32_t((n.T + 64 / fk.split - 1) / (64 / fk.split));
+  const uint32_t key_groups = row_groups(n.T, fk);
   const auto& pipe = c.be.pipeline("attention_flash_dkv", 9, sizeof(FlashPush), flash_spec(fk));
   if (!split_dkv(n, fk)) {
     const FlashPush pk = flash_push(c, want);

@@ -43,3 +43,29 @@ void seg_range(uint first, uint n, uint slot) {
     range[slot + 1u] = hi;
   }
 }
+
+#ifdef FLASH_KEY_TILES
+// The forward and dq passes: keys j0 .. j0 + TILE - 1 of kv head hk staged as ks, vs [TILE, DP] (zero past T and
+// D) from the including shader's k and v buffers, with their segment ids in tile_seg. Returns false when the
+// tile's ids cannot meet the workgroup's rows' (range[0..1], from seg_range(.., 0)): the caller skips it. Every
+// invocation gets the same answer, and the leading barrier keeps the previous tile until all have used it.
+shared float ks[TILE * DP], vs[TILE * DP];
+
+bool stage_key_tile(uint j0, uint hk) {
+  const uint lid = gl_LocalInvocationIndex, kvs = u.Hkv * u.D;
+  barrier();
+  for (uint e = lid; e < TILE * DP; e += 64u) {
+    const uint c = e / DP, d = e % DP, j = j0 + c;
+    const bool ok = j < u.T && d < u.D;
+    ks[e] = ok ? k[j * kvs + hk * u.D + d] : 0.0;
+    vs[e] = ok ? v[j * kvs + hk * u.D + d] : 0.0;
+  }
+  const uint n_keys = min(TILE, u.T - j0);
+  if (u.segmented != 0u) {
+    if (lid < n_keys) tile_seg[lid] = SEG_IDS[j0 + lid];
+    seg_range(j0, n_keys, 2u);
+  }
+  barrier();
+  return u.segmented == 0u || (range[3] >= range[0] && range[2] <= range[1]);
+}
+#endif

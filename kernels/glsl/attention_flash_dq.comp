@@ -14,9 +14,8 @@ layout(std430, binding = 6) readonly buffer DOut { float dout[]; };
 layout(std430, binding = 7) readonly buffer Lse { float lse[]; };
 layout(std430, binding = 8) readonly buffer Seg { int seg[]; };
 #define SEG_IDS seg
+#define FLASH_KEY_TILES
 #include "attention_flash.glsl"
-
-shared float ks[TILE * DP], vs[TILE * DP];
 
 void main() {
   const uint lid = gl_LocalInvocationIndex, part = lid % SPLIT, r = lid / SPLIT;
@@ -25,7 +24,7 @@ void main() {
   const bool row_ok = i < u.T;
   const uint ic = min(i, u.T - 1u);
   const uint i_last = min(i0 + ROWS, u.T) - 1u;
-  const uint qs = u.H * u.D, kvs = u.Hkv * u.D;
+  const uint qs = u.H * u.D;
 
   float qr[DPL], dor[DPL], dq[DPL];
   float dd = 0.0;
@@ -50,20 +49,7 @@ void main() {
   if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0, 0u);
 
   for (uint j0 = 0u; j0 <= i_last; j0 += TILE) {
-    barrier();
-    for (uint e = lid; e < TILE * DP; e += 64u) {
-      const uint c = e / DP, d = e % DP, j = j0 + c;
-      const bool ok = j < u.T && d < u.D;
-      ks[e] = ok ? k[j * kvs + hk * u.D + d] : 0.0;
-      vs[e] = ok ? v[j * kvs + hk * u.D + d] : 0.0;
-    }
-    const uint n_keys = min(TILE, u.T - j0);
-    if (u.segmented != 0u) {
-      if (lid < n_keys) tile_seg[lid] = seg[j0 + lid];
-      seg_range(j0, n_keys, 2u);
-    }
-    barrier();
-    if (u.segmented != 0u && (range[3] < range[0] || range[2] > range[1])) continue;  // uniform
+    if (!stage_key_tile(j0, hk)) continue;  // uniform
     for (uint c = 0u; c < TILE; ++c) {
       const uint j = j0 + c;
       float a = 0.0, b = 0.0;

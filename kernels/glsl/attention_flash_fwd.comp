@@ -13,9 +13,8 @@ layout(std430, binding = 3) readonly buffer K { float k[]; };
 layout(std430, binding = 4) readonly buffer V { float v[]; };
 layout(std430, binding = 5) readonly buffer Seg { int seg[]; };
 #define SEG_IDS seg
+#define FLASH_KEY_TILES
 #include "attention_flash.glsl"
-
-shared float ks[TILE * DP], vs[TILE * DP];
 
 void main() {
   const uint lid = gl_LocalInvocationIndex, part = lid % SPLIT, r = lid / SPLIT;
@@ -24,7 +23,7 @@ void main() {
   const bool row_ok = i < u.T;
   const uint ic = min(i, u.T - 1u);
   const uint i_last = min(i0 + ROWS, u.T) - 1u;
-  const uint qs = u.H * u.D, kvs = u.Hkv * u.D;
+  const uint qs = u.H * u.D;
 
   float qr[DPL], o[DPL];
   for (uint t = 0u; t < DPL; ++t) {
@@ -37,20 +36,7 @@ void main() {
   float m = -1.0 / 0.0, l = 0.0;
 
   for (uint j0 = 0u; j0 <= i_last; j0 += TILE) {
-    barrier();  // the previous tile is consumed
-    for (uint e = lid; e < TILE * DP; e += 64u) {
-      const uint c = e / DP, d = e % DP, j = j0 + c;
-      const bool ok = j < u.T && d < u.D;
-      ks[e] = ok ? k[j * kvs + hk * u.D + d] : 0.0;
-      vs[e] = ok ? v[j * kvs + hk * u.D + d] : 0.0;
-    }
-    const uint n_keys = min(TILE, u.T - j0);
-    if (u.segmented != 0u) {
-      if (lid < n_keys) tile_seg[lid] = seg[j0 + lid];
-      seg_range(j0, n_keys, 2u);
-    }
-    barrier();
-    if (u.segmented != 0u && (range[3] < range[0] || range[2] > range[1])) continue;  // uniform
+    if (!stage_key_tile(j0, hk)) continue;  // uniform
     for (uint c = 0u; c < TILE; ++c) {
       const uint j = j0 + c;
       float dot_qk = 0.0;

@@ -6,7 +6,7 @@
 // so one body serves the f32 GEMMs in every transposition and the fused-dequant Q4_0 GEMMs (B decoded from
 // blocks straight into shared memory; no dequantised copy of W exists outside a BK x BN tile).
 // Split K (p.k_slice != 0, a multiple of BK): workgroup z sums its slice of K only and writes the partial tile,
-// without accumulating, to slice z of C (then [slices, M, N]); gemm_split_reduce.comp adds the slices in order.
+// without accumulating, to slice z of C (then [slices, M, N]); q4_0_dx_reduce.comp adds the slices in order.
 // Skinny products (LoRA's rank-r sides) get enough workgroups this way.
 // 256 invocations (16 x 16), each computing a contiguous TM x TN micro-tile, so its shared reads per k are TM
 // and TN consecutive floats (128-bit loads), broadcast across the invocations of one row (As) or column (Bs). BM and BN (64 or 128) are specialization constants: large tiles for large

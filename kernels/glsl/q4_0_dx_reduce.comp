@@ -1,5 +1,6 @@
 #version 450
-// Second pass of the one-token dx: dx[i] = (accumulate ? dx[i] : 0) + Σ_c partial[c, i], chunks in order.
+// Second pass of the one-token dx: dx[i] = (accumulate ? dx[i] : 0) + Σ_c partial[c, i], chunks in order. The
+// f32 GEMMs split over K (gemm_tiled.glsl) add their slices with it too.
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) buffer DX { float dx[]; };
 layout(std430, binding = 1) readonly buffer Partial { float partial[]; };  // [n_chunks, n]

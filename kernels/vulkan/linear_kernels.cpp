@@ -340,8 +340,7 @@ void LinearKernels::f32_gemm(const char* shader, Sequence& s, const Buffer& C, c
     check_min_size(shader, "scratch", scratch->size(), gemm_split_scratch_bytes(M, N, K));
     GemmPush push{uint32_t(M), uint32_t(N), 0, uint32_t(K), lda, ldb, 0, uint32_t(k_slice)};
     s.dispatch(p, {scratch, &A, &B}, push, {ceil_div(N, bn), ceil_div(M, bm), uint32_t(slices)});
-    struct { uint32_t n, n_slices, accumulate; } red{uint32_t(M * N), uint32_t(slices), accumulate ? 1u : 0u};
-    s.dispatch(pipeline("gemm_split_reduce", 2, sizeof(red)), {&C, scratch}, red, groups_1d(ceil_div(M * N, 256)));
+    dx_reduce(s, C, *scratch, M * N, slices, accumulate);  // the slices, in order, as the dx chunks are
     return;
   }
   GemmPush push{uint32_t(M), uint32_t(N), 0, uint32_t(K), lda, ldb, accumulate ? 1u : 0u};
