@@ -1,5 +1,7 @@
 #include "autograd/backend.h"
 
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 
 namespace q4t::ag {
@@ -23,17 +25,60 @@ std::string Backend::name() const {
   return real_ == DType::F64 ? "cpu (f64)" : "cpu";
 }
 
-Tensor Backend::empty(const Shape& shape, DType dtype) {
-  if (dtype == DType::F64 && !is_cpu()) throw GraphError("f64 tensors exist only on the CPU");
+namespace {
+std::shared_ptr<Storage> new_storage(const vk::Device* dev, const Shape& shape, DType dtype) {
+  if (dtype == DType::F64 && dev) throw GraphError("f64 tensors exist only on the CPU");
   for (int64_t d : shape)
     if (d <= 0) throw GraphError("tensor shape " + shape_str(shape) + " has a non-positive dimension");
   auto st = std::make_shared<Storage>();
   st->bytes = storage_bytes(dtype, shape);
+  return st;
+}
+constexpr size_t kHostAlignment = 64;
+}  // namespace
+
+Tensor Backend::empty(const Shape& shape, DType dtype) {
+  auto st = new_storage(vk_, shape, dtype);
   if (vk_)
     st->buffer = std::make_unique<vk::Buffer>(*vk_, st->bytes);
   else
     st->host.resize(st->bytes);
   return Tensor(shape, dtype, std::move(st));
+}
+
+Tensor Backend::unplaced(const Shape& shape, DType dtype) {
+  auto st = new_storage(vk_, shape, dtype);
+  if (vk_) st->buffer = std::make_unique<vk::Buffer>(*vk_, st->bytes, vk::Buffer::Unplaced{});
+  return Tensor(shape, dtype, std::move(st));
+}
+
+size_t Backend::placement_alignment(const Tensor& t) const {
+  return vk_ ? size_t(t.buffer().requirements().alignment) : kHostAlignment;
+}
+
+void Backend::place(const std::vector<std::pair<Tensor, size_t>>& at, size_t bytes) {
+  if (!vk_) {
+    // Over-allocated by the alignment, the base rounded up to it: every offset the plan gives is a multiple.
+    auto arena = std::make_shared<std::vector<std::max_align_t>>((bytes + sizeof(std::max_align_t) - 1) /
+                                                                   sizeof(std::max_align_t) + kHostAlignment);
+    auto* base = reinterpret_cast<std::byte*>(arena->data());
+    base += (kHostAlignment - reinterpret_cast<uintptr_t>(base) % kHostAlignment) % kHostAlignment;
+    for (const auto& [t, offset] : at) {
+      Storage& st = t.storage();
+      if (st.placed || !st.host.empty()) throw std::logic_error("Backend::place: tensor already has memory");
+      st.placed = base + offset;
+      st.arena = arena;
+    }
+    return;
+  }
+  uint32_t type_bits = ~0u;
+  for (const auto& [t, offset] : at) type_bits &= t.buffer().requirements().memoryTypeBits;
+  auto arena = std::make_shared<vk::Arena>(*vk_, bytes, type_bits);
+  for (const auto& [t, offset] : at) {
+    Storage& st = t.storage();
+    st.buffer->place(*arena, offset);
+    st.arena = arena;
+  }
 }
 
 Tensor Backend::zeros(const Shape& shape, DType dtype) {

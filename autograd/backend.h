@@ -27,6 +27,12 @@ class Backend {
   // Uninitialised / zero-filled tensors of the given shape and dtype.
   Tensor empty(const Shape& shape, DType dtype);
   Tensor zeros(const Shape& shape, DType dtype);
+  // A tensor without memory yet: place() gives it bytes in an arena before any use (a graph's memory plan).
+  Tensor unplaced(const Shape& shape, DType dtype);
+  // The alignment an arena offset of t must have.
+  size_t placement_alignment(const Tensor& t) const;
+  // Places each unplaced tensor at its offset of one new arena of `bytes` (host memory or device memory).
+  void place(const std::vector<std::pair<Tensor, size_t>>& at, size_t bytes);
   // Real tensors from host values (converted to real()), and back (as double).
   Tensor from_host(std::span<const float> v, const Shape& shape);
   Tensor from_host(std::span<const double> v, const Shape& shape);

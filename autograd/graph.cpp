@@ -3,11 +3,16 @@
 #include <algorithm>
 #include <cstring>
 
+#include "autograd/memory_plan.h"
+
 namespace q4t::ag {
 
 const Tensor& OpContext::in(int k) const { return graph.node(node.inputs.at(size_t(k))).value; }
 const Tensor& OpContext::in_grad(int k) const { return graph.node(node.inputs.at(size_t(k))).grad; }
 bool OpContext::needs_grad(int k) const { return graph.node(node.inputs.at(size_t(k))).requires_grad; }
+Tensor OpContext::scratch(const Shape& shape, DType dtype, Scratch use) const {
+  return graph.scratch(node, shape, dtype, use);
+}
 
 const Tensor& Var::value() const { return g->node(id).value; }
 
@@ -54,15 +59,34 @@ Var Graph::add(const OpDef& def, std::vector<Var> inputs, OpParams params, const
     n.inputs.push_back(v.id);
     n.requires_grad = n.requires_grad || node(v.id).requires_grad;
   }
+  if (planned_) throw GraphError(std::string(def.name) + ": the graph's memory is planned; it takes no more op nodes");
   const Shape shape = def.shape(*this, n);
-  n.value = be_.empty(shape, be_.real());
-  if (n.requires_grad) n.grad = be_.empty(shape, be_.real());
+  const int id = size();
+  if (deferred_) {
+    n.value = be_.unplaced(shape, be_.real());
+    planned_tensors_.push_back({id, Planned::Value, n.value});
+    if (n.requires_grad) {
+      n.grad = be_.unplaced(shape, be_.real());
+      planned_tensors_.push_back({id, Planned::Grad, n.grad});
+    }
+  } else {
+    n.value = be_.empty(shape, be_.real());
+    if (n.requires_grad) n.grad = be_.empty(shape, be_.real());
+  }
   nodes_.push_back(std::move(n));
   if (def.prepare) {
     OpContext c{be_, *this, nodes_.back(), nullptr};
     def.prepare(c);
   }
-  return {this, size() - 1};
+  return {this, id};
+}
+
+Tensor Graph::scratch(const Node& n, const Shape& shape, DType dtype, Scratch use) {
+  if (!deferred_) return be_.empty(shape, dtype);
+  if (planned_) throw std::logic_error("Graph::scratch after plan_memory");
+  Tensor t = be_.unplaced(shape, dtype);
+  planned_tensors_.push_back({id_of(n), use == Scratch::Saved ? Planned::Saved : Planned::Pass, t});
+  return t;
 }
 
 std::vector<int> Graph::ancestors(int out) const {
@@ -80,7 +104,11 @@ std::vector<int> Graph::ancestors(int out) const {
   return order;
 }
 
-void Graph::forward() { run_pass(false, -1, nullptr); }
+void Graph::forward() {
+  if (deferred_ && !planned_) throw GraphError("forward: the graph defers its memory; call plan_memory first");
+  run_pass(false, -1, nullptr);
+  fresh_forward_ = true;
+}
 
 void Graph::backward(Var out) {
   const Node& n = node(out.id);
@@ -99,7 +127,169 @@ void Graph::backward(Var out, const Tensor& seed, Accumulate acc) {
   if (seed.shape() != n.value.shape() || seed.dtype() != n.value.dtype())
     throw GraphError("backward: seed " + shape_str(seed.shape()) + " does not match the output " +
                      shape_str(n.value.shape()));
+  if (deferred_) {
+    if (!planned_) throw GraphError("backward: the graph defers its memory; call plan_memory first");
+    if (out.id != plan_out_)
+      throw GraphError("backward from " + label(n, out.id) + ": the memory plan is for backward from " +
+                       label(node(plan_out_), plan_out_));
+    if (!fresh_forward_)
+      throw GraphError("backward: a memory-planned graph needs a forward before each backward");
+  }
   run_pass(true, out.id, &seed, acc == Accumulate::Params);
+  fresh_forward_ = false;
+}
+
+void Graph::defer_memory() {
+  for (const Node& n : nodes_)
+    if (n.op) throw GraphError("defer_memory: the graph already has op nodes with memory of their own");
+  deferred_ = true;
+}
+
+void Graph::checkpoint(Var v) {
+  if (v.g != this || v.id < 0 || v.id >= size()) throw GraphError("checkpoint: the node belongs to another graph");
+  if (!node(v.id).op) throw GraphError("checkpoint: " + label(node(v.id), v.id) + " is a leaf, not an op output");
+  if (planned_) throw GraphError("checkpoint: the graph's memory is already planned");
+  const auto it = std::lower_bound(checkpoints_.begin(), checkpoints_.end(), v.id);
+  if (it == checkpoints_.end() || *it != v.id) checkpoints_.insert(it, v.id);
+}
+
+// The backward pass: the ancestors of out in reverse creation order. With recompute, each segment (the nodes
+// after one checkpoint up to the next) starts by running again the forward of its nodes whose values are not
+// kept: op outputs other than the checkpoints and out, read only inside their segment, outside the last
+// segment (its forward ran just before). Each step zero-fills the gradients it is the first to add into.
+std::vector<Graph::Step> Graph::backward_steps(int out, bool recompute) const {
+  const int N = size();
+  auto seg = [&](int id) {
+    return int(std::lower_bound(checkpoints_.begin(), checkpoints_.end(), id) - checkpoints_.begin());
+  };
+  const int last_seg = int(checkpoints_.size());
+  std::vector<char> again(size_t(N), 0);
+  if (recompute) {
+    for (int id = 0; id < N; ++id)
+      again[size_t(id)] = nodes_[size_t(id)].op && id != out && seg(id) < last_seg &&
+                          !std::binary_search(checkpoints_.begin(), checkpoints_.end(), id);
+    for (int j = 0; j < N; ++j)
+      for (int in : nodes_[size_t(j)].inputs)
+        if (seg(in) != seg(j)) again[size_t(in)] = 0;
+  }
+  std::vector<Step> steps;
+  int current = -1;
+  for (int id : ancestors(out)) {
+    if (!nodes_[size_t(id)].op) continue;
+    const int s = seg(id);
+    if (s != current) {
+      current = s;
+      const int lo = s == 0 ? 0 : checkpoints_[size_t(s - 1)] + 1, hi = s == last_seg ? N : checkpoints_[size_t(s)];
+      for (int r = lo; r < hi; ++r)
+        if (again[size_t(r)]) steps.push_back({r, StepKind::Recompute, {}});
+    }
+    steps.push_back({id, StepKind::Backward, {}});
+  }
+  std::vector<char> written(size_t(N), 0);
+  written[size_t(out)] = 1;  // the seed
+  for (Step& st : steps) {
+    if (st.kind != StepKind::Backward) continue;
+    const Node& n = nodes_[size_t(st.id)];
+    if (!written[size_t(st.id)]) {  // nothing added into it: its backward reads zeros
+      written[size_t(st.id)] = 1;
+      st.zero_grads.push_back(st.id);
+    }
+    if (!n.op->backward) continue;
+    for (int in : n.inputs) {
+      const Node& m = nodes_[size_t(in)];
+      if (!m.requires_grad || m.is_param || written[size_t(in)]) continue;
+      written[size_t(in)] = 1;
+      st.zero_grads.push_back(in);
+    }
+  }
+  return steps;
+}
+
+void Graph::plan_memory(Var out, bool recompute) {
+  if (!deferred_) throw GraphError("plan_memory: call defer_memory before building the graph");
+  if (planned_) throw GraphError("plan_memory: the graph's memory is already planned");
+  if (out.g != this || out.id < 0 || out.id >= size()) throw GraphError("plan_memory: the output belongs to another graph");
+  const int N = size();
+  std::vector<Step> fwd;
+  for (int id = 0; id < N; ++id)
+    if (nodes_[size_t(id)].op) fwd.push_back({id, StepKind::Forward, {}});
+  plan_bwd_ = node(out.id).requires_grad ? backward_steps(out.id, recompute) : std::vector<Step>{};
+
+  // Steps: the forward's, then the seed copy, then the backward's; `end` stands for after the last pass.
+  struct Event {
+    int64_t t;
+    bool fresh;  // a write that does not read what was there
+  };
+  std::vector<std::vector<Event>> value_ev(static_cast<size_t>(N)), grad_ev(static_cast<size_t>(N));
+  std::vector<std::vector<int64_t>> fwd_runs(static_cast<size_t>(N)), bwd_runs(static_cast<size_t>(N));
+  const int64_t seed_t = int64_t(fwd.size()), end_t = seed_t + 1 + int64_t(plan_bwd_.size());
+  auto visit = [&](const Step& st, int64_t t) {
+    const Node& n = nodes_[size_t(st.id)];
+    if (st.kind != StepKind::Backward) {
+      value_ev[size_t(st.id)].push_back({t, true});
+      for (int in : n.inputs) value_ev[size_t(in)].push_back({t, false});
+      fwd_runs[size_t(st.id)].push_back(t);
+      return;
+    }
+    // A backward may read its inputs' values and its own, and adds into its inputs' gradients.
+    value_ev[size_t(st.id)].push_back({t, false});
+    grad_ev[size_t(st.id)].push_back({t, false});
+    for (int in : n.inputs) {
+      value_ev[size_t(in)].push_back({t, false});
+      if (n.op->backward && nodes_[size_t(in)].requires_grad) grad_ev[size_t(in)].push_back({t, false});
+    }
+    bwd_runs[size_t(st.id)].push_back(t);
+  };
+  for (size_t k = 0; k < fwd.size(); ++k) visit(fwd[k], int64_t(k));
+  for (size_t k = 0; k < plan_bwd_.size(); ++k) visit(plan_bwd_[k], seed_t + 1 + int64_t(k));
+  grad_ev[size_t(out.id)].push_back({seed_t, false});
+  value_ev[size_t(out.id)].push_back({end_t, false});
+
+  // Live intervals: each fresh write opens one, which lasts to the last access before the next fresh write.
+  auto intervals = [](std::vector<Event> ev) {
+    std::sort(ev.begin(), ev.end(), [](const Event& a, const Event& b) { return a.t < b.t; });
+    std::vector<LiveInterval> live;
+    for (const Event& e : ev) {
+      if (e.fresh || live.empty())
+        live.push_back({e.t, e.t});
+      else
+        live.back().last = std::max(live.back().last, e.t);
+    }
+    return live;
+  };
+  std::vector<PlanItem> items;
+  size_t align = 1;
+  for (const Planned& p : planned_tensors_) {
+    PlanItem it;
+    it.bytes = be_.is_cpu() ? p.t.bytes() : size_t(p.t.buffer().requirements().size);
+    align = std::max(align, be_.placement_alignment(p.t));
+    const size_t id = size_t(p.node);
+    switch (p.kind) {
+      case Planned::Value: it.live = intervals(value_ev[id]); break;
+      case Planned::Grad: it.live = intervals(grad_ev[id]); break;  // one interval: every write adds
+      case Planned::Saved: {
+        std::vector<Event> ev;
+        for (int64_t t : fwd_runs[id]) ev.push_back({t, true});
+        for (int64_t t : bwd_runs[id]) ev.push_back({t, false});
+        it.live = intervals(ev);
+        break;
+      }
+      case Planned::Pass:
+        for (const auto* runs : {&fwd_runs[id], &bwd_runs[id]})
+          for (int64_t t : *runs) it.live.push_back({t, t});
+        std::sort(it.live.begin(), it.live.end(), [](auto& a, auto& b) { return a.first < b.first; });
+        break;
+    }
+    items.push_back(std::move(it));
+  }
+  const Placement placement = place_items(items, align);
+  std::vector<std::pair<Tensor, size_t>> at;
+  for (size_t k = 0; k < planned_tensors_.size(); ++k) at.emplace_back(planned_tensors_[k].t, placement.offset[k]);
+  be_.place(at, placement.bytes);
+  planned_tensors_.clear();
+  planned_bytes_ = placement.bytes;
+  plan_out_ = out.id;
+  planned_ = true;
 }
 
 void Graph::zero_param_grads() {
@@ -115,26 +305,47 @@ void Graph::zero_param_grads() {
 }
 
 void Graph::run_pass(bool backward, int out, const Tensor* seed, bool keep_param_grads) {
-  auto run_op = [&](int id, vk::Sequence* seq) {
-    Node& n = nodes_[size_t(id)];
-    if (!n.op) return;
+  std::vector<Step> local;
+  const std::vector<Step>* steps = &local;
+  if (!backward) {
+    for (int id = 0; id < size(); ++id)
+      if (nodes_[size_t(id)].op) local.push_back({id, StepKind::Forward, {}});
+  } else if (planned_) {
+    steps = &plan_bwd_;
+  } else {
+    local = backward_steps(out, false);
+  }
+  auto zero = [&](const Tensor& t, vk::Sequence* seq) {
+    if (seq)
+      seq->fill_zero(t.buffer());
+    else
+      std::memset(t.data<std::byte>(), 0, t.bytes());
+  };
+  // The backward starts from zero gradients (a planned graph zeroes its planned ones step by step) and the seed.
+  auto begin_backward = [&](vk::Sequence* seq) {
+    for (Node& n : nodes_) {
+      const bool kept = keep_param_grads && n.is_param;
+      if (n.requires_grad && !kept && (n.is_param || !planned_)) zero(n.grad, seq);
+    }
+    if (seq)
+      seq->copy(nodes_[size_t(out)].grad.buffer(), seed_.buffer(), seed_.bytes());
+    else
+      std::memcpy(nodes_[size_t(out)].grad.data<std::byte>(), seed->data<std::byte>(), seed->bytes());
+  };
+  auto run_step = [&](const Step& st, vk::Sequence* seq) {
+    if (planned_)
+      for (int z : st.zero_grads) zero(nodes_[size_t(z)].grad, seq);
+    Node& n = nodes_[size_t(st.id)];
     OpContext c{be_, *this, n, seq};
-    if (!backward)
+    if (st.kind != StepKind::Backward)
       n.op->forward(c);
     else if (n.op->backward)
       n.op->backward(c);
   };
-  const std::vector<int> order = backward ? ancestors(out) : std::vector<int>{};
 
   if (be_.is_cpu()) {
-    if (!backward) {
-      for (int id = 0; id < size(); ++id) run_op(id, nullptr);
-      return;
-    }
-    for (Node& n : nodes_)
-      if (n.requires_grad && !(keep_param_grads && n.is_param)) std::memset(n.grad.data<std::byte>(), 0, n.grad.bytes());
-    std::memcpy(nodes_[size_t(out)].grad.data<std::byte>(), seed->data<std::byte>(), seed->bytes());
-    for (int id : order) run_op(id, nullptr);
+    if (backward) begin_backward(nullptr);
+    for (const Step& st : *steps) run_step(st, nullptr);
     return;
   }
 
@@ -150,27 +361,20 @@ void Graph::run_pass(bool backward, int out, const Tensor* seed, bool keep_param
     });
   }
   std::unique_ptr<vk::Sequence>& seq = backward ? bwd_seq_[keep_param_grads] : fwd_seq_;
-  std::vector<int>& marks = backward ? bwd_marks_[keep_param_grads] : fwd_marks_;
+  std::vector<Mark>& marks = backward ? bwd_marks_[keep_param_grads] : fwd_marks_;
   const Recorded want{size(), out};
   Recorded& have = backward ? bwd_recorded_[keep_param_grads] : fwd_recorded_;
   if (!seq || !(have == want)) {
-    std::vector<int> ids = order;  // forward: every node in creation order
-    if (!backward)
-      for (int id = 0; id < size(); ++id) ids.push_back(id);
     marks.clear();
-    seq = std::make_unique<vk::Sequence>(be_.device(), profiling_ ? uint32_t(ids.size() + 1) : 0);
+    seq = std::make_unique<vk::Sequence>(be_.device(), profiling_ ? uint32_t(steps->size() + 1) : 0);
     seq->begin();
-    if (backward) {
-      for (Node& n : nodes_)
-        if (n.requires_grad && !(keep_param_grads && n.is_param)) seq->fill_zero(n.grad.buffer());
-      seq->copy(nodes_[size_t(out)].grad.buffer(), seed_.buffer(), seed_.bytes());
-    }
+    if (backward) begin_backward(seq.get());
     if (profiling_) seq->timestamp();
-    for (int id : ids) {
-      run_op(id, seq.get());
+    for (const Step& st : *steps) {
+      run_step(st, seq.get());
       if (profiling_) {
         seq->timestamp();
-        marks.push_back(id);
+        marks.push_back({st.id, st.kind != StepKind::Backward});
       }
     }
     seq->end();
@@ -178,10 +382,8 @@ void Graph::run_pass(bool backward, int out, const Tensor* seed, bool keep_param
   }
   seq->run();
   for (size_t k = 0; k < marks.size(); ++k) {
-    const Node& n = nodes_[size_t(marks[k])];
-    if (!n.op) continue;
-    OpTime& t = op_times_[n.op->name];
-    (backward ? t.backward_ns : t.forward_ns) += seq->elapsed_ns(uint32_t(k), uint32_t(k + 1));
+    OpTime& t = op_times_[nodes_[size_t(marks[k].id)].op->name];
+    (marks[k].forward ? t.forward_ns : t.backward_ns) += seq->elapsed_ns(uint32_t(k), uint32_t(k + 1));
   }
 }
 

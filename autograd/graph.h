@@ -4,6 +4,14 @@
 // reverse, each op adding (+=) into its inputs' gradients, so a tensor used twice sums both contributions.
 // On Vulkan each pass is recorded into a command sequence once and submitted on every later call.
 //
+// Memory planning (training graphs): after defer_memory(), op outputs, their gradients and the ops' scratch
+// get no memory of their own while the graph is built; plan_memory(loss) then fixes the schedule of the
+// forward and the backward passes and places those tensors in one arena, tensors that are never live at the
+// same step sharing bytes. A gradient is live from the first backward step that adds into it to its node's
+// own backward; a value from its forward to the last step that reads it. With recomputation, checkpoint()
+// splits the graph into segments (a decoder's layers): only the checkpoints' values are kept from the forward
+// to the backward, and each segment's other values are computed again just before the segment's backward.
+//
 // Parameters are marked explicitly and must be real (f32/f64). Gradients flow only into real tensors:
 // a quantized tensor can never be a parameter, never requires a gradient, and asking for its gradient fails.
 #pragma once
@@ -29,6 +37,12 @@ struct OpParams {
   std::array<double, 4> f{};
 };
 
+// What an op's scratch tensor holds (see OpContext::scratch).
+enum class Scratch : uint8_t {
+  Saved,  // written by the forward, read by the backward
+  Pass,   // used within one run of the forward or of the backward only
+};
+
 // What an op's forward/backward sees: the backend, the node, and (on Vulkan) the sequence to record into.
 struct OpContext {
   Backend& be;
@@ -38,6 +52,9 @@ struct OpContext {
   const Tensor& in(int k) const;       // value of input k
   const Tensor& in_grad(int k) const;  // gradient of input k (undefined tensor when it needs none)
   bool needs_grad(int k) const;
+  // A tensor for node.saved (from prepare): its own memory, or in a memory-planned graph a place in the arena
+  // for the steps `use` says it is needed.
+  Tensor scratch(const Shape& shape, DType dtype, Scratch use) const;
 };
 
 // One op = one place: shape rule, forward and backward for the CPU (float and double) and for Vulkan.
@@ -85,6 +102,17 @@ class Graph {
   // Records a node of op `def` (used by the op builders in autograd/ops.h).
   Var add(const OpDef& def, std::vector<Var> inputs, OpParams params = {}, const std::string& name = "");
 
+  // Memory planning (see the top of this file). defer_memory() comes before the first op node;
+  // plan_memory(out, recompute) after the last one and before the first pass. A planned graph runs backward
+  // from `out` only, each backward right after a forward, and after a pass only `out`'s value and the
+  // parameters' gradients are defined (the other values and gradients share memory).
+  void defer_memory();
+  void checkpoint(Var v);
+  void plan_memory(Var out, bool recompute);
+  bool memory_planned() const { return planned_; }
+  // Bytes of the arena (0 before planning).
+  size_t planned_bytes() const { return planned_bytes_; }
+
   void forward();
   // Backpropagates from `out` with dL/d(out) = seed (must match out's shape); defaults to 1 for a scalar.
   enum class Accumulate { None, Params };
@@ -94,7 +122,8 @@ class Graph {
   void zero_param_grads();
 
   // Vulkan: GPU time per op name, summed over every pass run since profiling was switched on, from a timestamp
-  // after each op of the recorded passes (switching re-records them). Off by default; the CPU records nothing.
+  // after each op of the recorded passes (switching re-records them); forward_ns includes the recomputation in
+  // the backward pass. Off by default; the CPU records nothing.
   struct OpTime {
     double forward_ns = 0, backward_ns = 0;
   };
@@ -108,10 +137,29 @@ class Graph {
   // dL/d(v) after backward(); throws GraphError for tensors that have no gradient (quantized, constants).
   const Tensor& grad(Var v) const;
   std::vector<Var> params();
+  // OpContext::scratch.
+  Tensor scratch(const Node& n, const Shape& shape, DType dtype, Scratch use);
 
  private:
+  // One op run of a pass: node id's forward (also when recomputed in the backward pass) or backward, after
+  // zero-filling the gradients of zero_grads (nodes whose gradient this step is the first to add into).
+  enum class StepKind : uint8_t { Forward, Recompute, Backward };
+  struct Step {
+    int id = -1;
+    StepKind kind = StepKind::Forward;
+    std::vector<int> zero_grads;
+  };
+  // A tensor that a memory plan places: node's value, gradient, or a scratch of its op.
+  struct Planned {
+    int node = -1;
+    enum Kind : uint8_t { Value, Grad, Saved, Pass } kind = Value;
+    Tensor t;
+  };
+
   void run_pass(bool backward, int out, const Tensor* seed, bool keep_param_grads = false);
   std::vector<int> ancestors(int out) const;
+  std::vector<Step> backward_steps(int out, bool recompute) const;
+  int id_of(const Node& n) const { return int(&n - nodes_.data()); }
 
   Backend& be_;
   std::vector<Node> nodes_;
@@ -124,10 +172,21 @@ class Graph {
   Recorded fwd_recorded_, bwd_recorded_[2];
   // Profiling: the node run between timestamps k and k + 1 of each recorded pass.
   bool profiling_ = false;
-  std::vector<int> fwd_marks_, bwd_marks_[2];
+  struct Mark {
+    int id = -1;
+    bool forward = true;
+  };
+  std::vector<Mark> fwd_marks_, bwd_marks_[2];
   std::map<std::string, OpTime> op_times_;
   Tensor ones_;  // the default seed of a scalar output
   Tensor seed_;  // Vulkan: the seed is copied here, so the recorded pass never points at a caller's buffer
+  // Memory planning.
+  bool deferred_ = false, planned_ = false, fresh_forward_ = false;
+  int plan_out_ = -1;
+  std::vector<int> checkpoints_;  // ascending
+  std::vector<Planned> planned_tensors_;
+  std::vector<Step> plan_bwd_;
+  size_t planned_bytes_ = 0;
 };
 
 }  // namespace q4t::ag

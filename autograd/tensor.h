@@ -35,11 +35,15 @@ int64_t numel(const Shape& s);
 // Q4_K: rows * cols/256 * 144; Q6_K: rows * cols/256 * 210; F16: 2 per element).
 size_t storage_bytes(DType t, const Shape& s);
 
-// Where the bytes live. Exactly one of host / buffer is used.
+// Where the bytes live. Exactly one of host / buffer is used. A planned tensor (see Graph::defer_memory) has
+// no bytes of its own until the plan places it: then `placed` points into a host arena, or the buffer is bound
+// into a device arena; `arena` keeps that arena alive as long as the tensor.
 struct Storage {
   std::vector<std::byte> host;
   std::unique_ptr<vk::Buffer> buffer;
   size_t bytes = 0;
+  std::byte* placed = nullptr;
+  std::shared_ptr<void> arena;
 };
 
 // Thrown for graphs that cannot be built: shape mismatches, quantized parameters, gradients of frozen tensors.
@@ -67,7 +71,9 @@ class Tensor {
   template <class T>
   T* data() const {
     if (!on_host()) throw std::logic_error("Tensor::data on a device tensor");
-    return reinterpret_cast<T*>(storage_->host.data());
+    if (!storage_->placed && storage_->host.size() < storage_->bytes)
+      throw std::logic_error("Tensor::data on a tensor not placed in memory yet");
+    return reinterpret_cast<T*>(storage_->placed ? storage_->placed : storage_->host.data());
   }
   // The Vulkan buffer (device tensors only).
   const vk::Buffer& buffer() const {
@@ -76,6 +82,7 @@ class Tensor {
   }
   // Same storage, another shape with the same number of elements (not for quantized tensors).
   Tensor view(Shape shape) const;
+  Storage& storage() const { return *storage_; }
 
  private:
   Shape shape_;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "autograd/gradcheck.h"
+#include "autograd/memory_plan.h"
 #include "autograd/ops.h"
 #include "kernels/quant/q4_0.h"
 
@@ -182,6 +183,78 @@ TEST(GraphRules, ProfilingTimesEachOpOfTheRecordedPassesWithoutChangingResults) 
   g.set_profiling(false);
   g.forward();
   EXPECT_TRUE(g.op_times().empty());
+}
+
+// The arena placement: items live at the same step never share a byte, items that never meet do, and offsets
+// keep the alignment. Random lifetimes and sizes, checked pair by pair.
+TEST(MemoryPlan, ItemsLiveTogetherNeverShareBytes) {
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> step(0, 200), len(0, 30), bytes(1, 5000);
+  std::vector<PlanItem> items(400);
+  for (PlanItem& it : items) {
+    it.bytes = size_t(bytes(rng));
+    for (int k = 0, t = step(rng) / 2; k < 3 && t < 200; ++k) {
+      const int last = t + len(rng);
+      it.live.push_back({t, last});
+      t = last + 1 + step(rng) / 4;
+    }
+  }
+  items[0].live.clear();  // never used
+  const Placement p = place_items(items, 256);
+  size_t sum = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    sum += items[i].bytes;
+    EXPECT_EQ(p.offset[i] % 256, 0u);
+    EXPECT_LE(p.offset[i] + items[i].bytes, p.bytes);
+    for (size_t j = 0; j < i; ++j) {
+      if (!live_together(items[i], items[j])) continue;
+      const bool apart = p.offset[i] + items[i].bytes <= p.offset[j] || p.offset[j] + items[j].bytes <= p.offset[i];
+      EXPECT_TRUE(apart) << "items " << i << " and " << j << " are live together and overlap";
+    }
+  }
+  // No placement can beat the bytes live at the busiest step; the greedy one stays near that bound.
+  size_t busiest = 0;
+  for (int t = 0; t < 300; ++t) {
+    size_t live = 0;
+    for (const PlanItem& it : items)
+      if (live_together(it, {1, {{t, t}}})) live += (it.bytes + 255) / 256 * 256;
+    busiest = std::max(busiest, live);
+  }
+  EXPECT_GE(p.bytes, busiest);
+  EXPECT_LT(p.bytes, busiest * 5 / 4) << "busiest step " << busiest << ", all items " << sum;
+  // A chain of items that never meet fits in the largest of them.
+  const Placement chain = place_items({{100, {{0, 1}}}, {300, {{2, 5}}}, {200, {{6, 6}, {9, 12}}}, {50, {{7, 8}}}}, 4);
+  EXPECT_EQ(chain.bytes, 300u);
+  EXPECT_TRUE(live_together({1, {{0, 3}, {10, 12}}}, {1, {{12, 14}}}));
+  EXPECT_FALSE(live_together({1, {{0, 3}, {10, 12}}}, {1, {{4, 9}, {13, 20}}}));
+}
+
+// A memory-planned graph runs the passes it was planned for, in order, and says so otherwise.
+TEST(GraphRules, AMemoryPlannedGraphRunsOnlyThePassesItWasPlannedFor) {
+  auto be = Backend::cpu();
+  Graph g(*be);
+  Var x = g.param(be->from_host(std::vector<float>{1, -2, 3, 0.5f}, {2, 2}), "x");
+  g.defer_memory();
+  Var y = mul(x, x);
+  Var z = scale(y, 3.0);
+  Var other = scale(y, 2.0);
+  EXPECT_THROW(g.forward(), GraphError);  // not planned yet
+  g.plan_memory(z, false);
+  EXPECT_GT(g.planned_bytes(), 0u);
+  EXPECT_THROW(scale(z, 1.0), GraphError);  // complete once planned
+  EXPECT_THROW(g.plan_memory(z, false), GraphError);
+  const Tensor seed = be->from_host(std::vector<float>{1, 1, 1, 1}, {2, 2});
+  EXPECT_THROW(g.backward(z, seed), GraphError);  // no forward before it
+  g.forward();
+  EXPECT_EQ(be->to_host(z.value()), (std::vector<double>{3, 12, 27, 0.75}));
+  EXPECT_THROW(g.backward(other, seed), GraphError);  // planned for z only
+  g.backward(z, seed);
+  EXPECT_EQ(be->to_host(g.grad(x)), (std::vector<double>{6, -12, 18, 3}));
+  EXPECT_THROW(g.backward(z, seed), GraphError);  // the forward's values are spent
+  Graph late(*be);
+  Var a = late.param(be->from_host(std::vector<float>{1}, {1}), "a");
+  scale(a, 2.0);
+  EXPECT_THROW(late.defer_memory(), GraphError);  // after op nodes
 }
 
 

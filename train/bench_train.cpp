@@ -124,7 +124,8 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
       << cfg.n_head_kv << " heads, ff " << cfg.n_ff << ", vocab " << cfg.n_vocab << "), random Q4_0 weights "
       << train::fmt_bytes(model->weight_bytes()) << " (made in " << std::fixed << std::setprecision(1) << model_s
       << " s); LoRA r=" << opt.lora_rank << " on q,k,v,o,gate,up,down; seq " << opt.seq_len << "; " << opt.warmup
-      << " warm-up + " << opt.steps << " timed steps\n";
+      << " warm-up + " << opt.steps << " timed steps"
+      << (opt.grad_checkpoint ? "; layers recomputed in the backward (--grad-checkpoint)" : "") << "\n";
   out.unsetf(std::ios::floatfield);
 
   nlohmann::json rows = nlohmann::json::array();
@@ -134,7 +135,8 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
     r.batch_size = B;
     std::string profile_table;
     {
-      LossGraph lg(*model, B, opt.seq_len, 4096);
+      LossGraph lg(*model, B, opt.seq_len, 4096,
+                   opt.grad_checkpoint ? LossGraph::Memory::Recompute : LossGraph::Memory::Planned);
       model::LoraSpec spec;
       spec.cfg.rank = opt.lora_rank;
       spec.cfg.alpha = 2.0 * double(opt.lora_rank);
@@ -179,6 +181,7 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
                     {"weight_bytes", model->weight_bytes()},
                     {"trainable_params", r.trainable},
                     {"lora_rank", opt.lora_rank},
+                    {"grad_checkpoint", opt.grad_checkpoint},
                     {"loss", r.loss}});
   }
   json.write(rows);

@@ -78,6 +78,7 @@ struct BenchTrainOptions {
   int64_t steps = 5, warmup = 2;  // timed steps, and untimed ones before them
   int64_t lora_rank = 16;
   bool profile = false;   // Vulkan: GPU time per op of the graph's passes
+  bool grad_checkpoint = false;  // recompute each layer in the backward (see LossGraph)
   std::string json_path;  // empty: no JSON
 };
 int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::ostream& out);

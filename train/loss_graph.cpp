@@ -9,8 +9,9 @@
 
 namespace q4t {
 
-LossGraph::LossGraph(const model::Model& m, int64_t B, int64_t T, int64_t vocab_tile)
-    : g_(std::make_unique<ag::Graph>(m.backend())), B_(B), T_(T), vocab_tile_(vocab_tile) {
+LossGraph::LossGraph(const model::Model& m, int64_t B, int64_t T, int64_t vocab_tile, Memory memory)
+    : g_(std::make_unique<ag::Graph>(m.backend())), B_(B), T_(T), vocab_tile_(vocab_tile), memory_(memory) {
+  if (memory != Memory::PerTensor) g_->defer_memory();
   if (B < 1 || T < 1) throw std::invalid_argument("LossGraph: batch " + std::to_string(B) + "x" + std::to_string(T));
   if (B * T > std::numeric_limits<int32_t>::max() / 2)
     throw std::invalid_argument("batch-size * seq-len = " + std::to_string(B * T) + " tokens is too many");
@@ -28,6 +29,7 @@ void LossGraph::build() {
   ag::Var w = mg_->output_weight();
   const int64_t tile = std::clamp<int64_t>(vocab_tile_, 1, w.shape()[0]);
   loss_ = ag::linear_cross_entropy(h, w, labels_, tile);
+  if (memory_ != Memory::PerTensor) g_->plan_memory(loss_, memory_ == Memory::Recompute);
 }
 
 int64_t LossGraph::set_batch(const data::Batch& b) {

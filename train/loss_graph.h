@@ -1,6 +1,8 @@
 // The loss of a model on one batch [B, T] as a graph of fixed shape: the B rows run as one sequence of B*T
 // tokens, segment ids keeping attention inside each example of each row, and the output projection fused into
 // the vocabulary-tiled cross-entropy (no [B*T, V] logits). Used by `q4tune train` and `q4tune eval`.
+// Its memory is planned by default (Graph::plan_memory): activations, gradients and scratch share one arena;
+// with Memory::Recompute only each layer's output is kept from the forward to the backward.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -14,8 +16,9 @@ namespace q4t {
 
 class LossGraph {
  public:
+  enum class Memory { PerTensor, Planned, Recompute };
   // Binds m's weights into a new graph; add adapters through model_graph(), then call build().
-  LossGraph(const model::Model& m, int64_t B, int64_t T, int64_t vocab_tile);
+  LossGraph(const model::Model& m, int64_t B, int64_t T, int64_t vocab_tile, Memory memory = Memory::Planned);
   ag::Graph& graph() { return *g_; }
   model::ModelGraph& model_graph() { return *mg_; }
   void build();
@@ -32,6 +35,7 @@ class LossGraph {
   std::unique_ptr<ag::Graph> g_;
   std::unique_ptr<model::ModelGraph> mg_;
   int64_t B_, T_, vocab_tile_;
+  Memory memory_;
   ag::Var ids_, labels_, segments_, loss_;
   std::vector<int32_t> seg_scratch_;
 };

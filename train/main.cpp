@@ -163,6 +163,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench_train->add_flag("--profile", bt_opt.profile,
                         "Vulkan: also print the GPU time per op (forward and backward) of the timed steps");
+  bench_train->add_flag("--grad-checkpoint", bt_opt.grad_checkpoint,
+                        "keep only each layer's output from the forward and recompute the rest in the backward");
   bench_train->add_option("--json", bt_opt.json_path, "also write the results as a JSON array to this file");
 
   q4t::TrainOptions train_opt;

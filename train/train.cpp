@@ -130,6 +130,7 @@ json identity_json(const TrainOptions& o, const std::string& model_path, const s
   j["epochs"] = o.epochs;
   j["seed"] = o.seed;
   j["vocab-tile"] = o.vocab_tile;
+  j["grad-checkpoint"] = o.grad_checkpoint;
   return j;
 }
 
@@ -343,7 +344,8 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
       opt.steps > 0 ? opt.steps : std::max<int64_t>(1, int64_t(std::ceil(opt.epochs * double(ds.train.size()) / double(rows_per_step))));
 
   // The graph: the model, adapters on the targets, the fused loss.
-  LossGraph lg(*model, B, opt.seq_len, opt.vocab_tile);
+  LossGraph lg(*model, B, opt.seq_len, opt.vocab_tile,
+               opt.grad_checkpoint ? LossGraph::Memory::Recompute : LossGraph::Memory::Planned);
   model::LoraSpec spec;
   spec.targets = opt.lora_targets;
   spec.cfg.rank = opt.lora_rank;

@@ -122,6 +122,10 @@ void add_train_options(CLI::App* cmd, TrainOptions& o) {
       ->capture_default_str()->group(g);
   cmd->add_option("--vocab-tile", o.vocab_tile, "vocabulary rows per tile of the fused output projection + loss")
       ->capture_default_str()->group(g);
+  cmd->add_flag("--grad-checkpoint", o.grad_checkpoint,
+                "keep only each layer's output from the forward and compute the rest again in the backward "
+                "(less memory, about one more forward per step)")
+      ->group(g);
 
   g = "Evaluation, checkpoints and output";
   cmd->add_option("--eval-every", o.eval_every, "evaluate on the validation data every N steps (0: only at the end)")

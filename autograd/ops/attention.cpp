@@ -109,7 +109,7 @@ bool split_dkv(const Dims& n, const FlashLayout& fk) {
 void attention_prepare(OpContext& c) {
   const Dims n = attention_dims(c);
   if (c.be.is_cpu()) {
-    c.node.saved.push_back(c.be.empty({n.H, n.T, n.T}, c.be.real()));
+    c.node.saved.push_back(c.scratch({n.H, n.T, n.T}, c.be.real(), Scratch::Saved));
     return;
   }
   const FlashLayout f = flash_layout(n.D, 32, c.be.device().subgroup_size());
@@ -118,13 +118,13 @@ void attention_prepare(OpContext& c) {
   if (n.H * n.T > int64_t(std::numeric_limits<uint32_t>::max()) / 2 || n.T * n.H * n.D > int64_t(std::numeric_limits<uint32_t>::max()))
     throw GraphError("attention: " + std::to_string(n.T) + " tokens of " + std::to_string(n.H * n.D) +
                      " values exceed the 32-bit indexing of the Vulkan kernels; use fewer tokens");
-  c.node.saved.push_back(c.be.empty({n.H, n.T}, c.be.real()));
+  c.node.saved.push_back(c.scratch({n.H, n.T}, c.be.real(), Scratch::Saved));
   if (!c.node.requires_grad) return;
-  c.node.saved.push_back(c.be.empty({n.H, n.T}, c.be.real()));
-  c.node.saved.push_back(c.be.empty(c.needs_grad(0) ? Shape{1} : c.in(0).shape(), c.be.real()));
+  c.node.saved.push_back(c.scratch({n.H, n.T}, c.be.real(), Scratch::Pass));
+  c.node.saved.push_back(c.scratch(c.needs_grad(0) ? Shape{1} : c.in(0).shape(), c.be.real(), Scratch::Pass));
   const bool split = (c.needs_grad(1) || c.needs_grad(2)) &&
                      split_dkv(n, flash_layout(n.D, 16, c.be.device().subgroup_size()));
-  c.node.saved.push_back(c.be.empty(split ? Shape{2 * n.G(), n.T, n.Hkv * n.D} : Shape{1}, c.be.real()));
+  c.node.saved.push_back(c.scratch(split ? Shape{2 * n.G(), n.T, n.Hkv * n.D} : Shape{1}, c.be.real(), Scratch::Pass));
 }
 
 // --- CPU ---------------------------------------------------------------------------------------------------

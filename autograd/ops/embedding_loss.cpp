@@ -208,7 +208,9 @@ Shape cross_entropy_shape(const Graph& g, const Node& n) {
 }
 
 // saved[0]: stats [3T + 1].
-void cross_entropy_prepare(OpContext& c) { c.node.saved.push_back(c.be.empty({3 * c.in(0).rows() + 1}, c.be.real())); }
+void cross_entropy_prepare(OpContext& c) {
+  c.node.saved.push_back(c.scratch({3 * c.in(0).rows() + 1}, c.be.real(), Scratch::Saved));
+}
 
 template <class T>
 void cross_entropy_forward_cpu(OpContext& c) {
@@ -262,8 +264,8 @@ int64_t tile_rows(const OpContext& c) { return std::min(c.node.params.i[0], c.in
 // saved[0]: stats [3T + 1]; saved[1]: the one logits tile [T, min(vocab_tile, V)], reused by every tile.
 void linear_ce_prepare(OpContext& c) {
   const int64_t Tn = c.in(0).rows();
-  c.node.saved.push_back(c.be.empty({3 * Tn + 1}, c.be.real()));
-  c.node.saved.push_back(c.be.empty({Tn, tile_rows(c)}, c.be.real()));
+  c.node.saved.push_back(c.scratch({3 * Tn + 1}, c.be.real(), Scratch::Saved));
+  c.node.saved.push_back(c.scratch({Tn, tile_rows(c)}, c.be.real(), Scratch::Pass));
 }
 
 // Rows [j0, j0 + n) of w as the bytes (frozen) or floats (f32) of a matrix [n, C] of their own.

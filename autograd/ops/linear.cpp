@@ -124,7 +124,7 @@ void linear_prepare(OpContext& c) {
   const FrozenKernels* k = frozen_kernels(c.in(1).dtype());
   if (c.be.is_cpu() || !k) return;
   const size_t bytes = k->vk_dx_scratch_bytes(c.in(0).rows(), c.in(1).dim(0), c.in(1).dim(1));
-  c.node.saved.push_back(c.be.empty({int64_t(std::max<size_t>(bytes, 4) / 4)}, DType::F32));
+  c.node.saved.push_back(c.scratch({int64_t(std::max<size_t>(bytes, 4) / 4)}, DType::F32, Scratch::Pass));
 }
 
 // --- matmul_nt: y[M, N] = a[M, K] · b[N, K]ᵀ ---------------------------------------------------------------
@@ -181,7 +181,7 @@ void matmul_prepare(OpContext& c) {
     if (c.needs_grad(0)) bytes = std::max(bytes, vk::LinearKernels::gemm_split_scratch_bytes(M, K, N));
     if (c.needs_grad(1)) bytes = std::max(bytes, vk::LinearKernels::gemm_split_scratch_bytes(N, K, M));
   }
-  if (bytes > 0) c.node.saved.push_back(c.be.empty({int64_t(bytes / 4)}, DType::F32));
+  if (bytes > 0) c.node.saved.push_back(c.scratch({int64_t(bytes / 4)}, DType::F32, Scratch::Pass));
 }
 
 const vk::Buffer* split_scratch(const OpContext& c) {

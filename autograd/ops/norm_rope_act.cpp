@@ -43,11 +43,11 @@ constexpr int64_t kDwChunkRows = 128;
 
 void rms_norm_prepare(OpContext& c) {
   const int64_t rows = c.in(0).rows(), chunks = (rows + kDwChunkRows - 1) / kDwChunkRows;
-  c.node.saved.push_back(c.be.empty({rows}, c.be.real()));
+  c.node.saved.push_back(c.scratch({rows}, c.be.real(), Scratch::Saved));
   if (c.be.is_cpu() || !c.needs_grad(1)) return;
   if (chunks > 65535)
     throw GraphError("rms_norm: " + std::to_string(rows) + " rows are too many for one Vulkan dispatch");
-  c.node.saved.push_back(c.be.empty({chunks, c.in(0).cols()}, DType::F32));
+  c.node.saved.push_back(c.scratch({chunks, c.in(0).cols()}, DType::F32, Scratch::Pass));
 }
 
 template <class T>

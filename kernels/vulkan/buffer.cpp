@@ -1,6 +1,7 @@
 #include "kernels/vulkan/buffer.h"
 
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
 namespace q4t::vk {
@@ -80,9 +81,51 @@ Buffer::Buffer(Device& dev, size_t bytes) : dev_(&dev), size_(bytes) {
   }
 }
 
+Buffer::Buffer(Device& dev, size_t bytes, Unplaced) : dev_(&dev), size_(bytes), owns_memory_(false) {
+  alloc_size_ = std::max<size_t>(4, (bytes + 3) / 4 * 4);
+  buffer_ = make_buffer(dev, alloc_size_,
+                        VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                            VK_BUFFER_USAGE_TRANSFER_DST_BIT);
+}
+
+VkMemoryRequirements Buffer::requirements() const {
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(dev_->handle(), buffer_, &req);
+  return req;
+}
+
+void Buffer::place(const Arena& arena, size_t offset) {
+  if (owns_memory_ || memory_) throw std::logic_error("Buffer::place: the buffer already has memory");
+  const VkMemoryRequirements req = requirements();
+  if (!(req.memoryTypeBits & (1u << arena.type_)) || offset % req.alignment || offset + req.size > arena.size_)
+    throw std::logic_error("Buffer::place: offset " + std::to_string(offset) + " does not fit the arena");
+  check(vkBindBufferMemory(dev_->handle(), buffer_, arena.memory_, offset), "vkBindBufferMemory");
+  memory_ = arena.memory_;
+  if (arena.mapped_) mapped_ = static_cast<char*>(arena.mapped_) + offset;
+}
+
+Arena::Arena(Device& dev, size_t bytes, uint32_t type_bits) : dev_(&dev), size_(std::max<size_t>(bytes, 4)) {
+  bool host_visible = false;
+  type_ = dev.pick_memory_type(type_bits, &host_visible);
+  VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  ai.allocationSize = size_;
+  ai.memoryTypeIndex = type_;
+  const VkResult r = vkAllocateMemory(dev.handle(), &ai, nullptr, &memory_);
+  if (r != VK_SUCCESS)
+    throw DeviceError(dev.name() + ": cannot allocate " + std::to_string(bytes) + " bytes of device memory (" +
+                      (r == VK_ERROR_OUT_OF_DEVICE_MEMORY ? "out of device memory" : "vkAllocateMemory failed") + ")");
+  if (host_visible) check(vkMapMemory(dev.handle(), memory_, 0, VK_WHOLE_SIZE, 0, &mapped_), "vkMapMemory");
+  dev.note_alloc(int64_t(size_));
+}
+
+Arena::~Arena() {
+  vkFreeMemory(dev_->handle(), memory_, nullptr);
+  dev_->note_alloc(-int64_t(size_));
+}
+
 Buffer::Buffer(Buffer&& o) noexcept
     : dev_(o.dev_), size_(o.size_), alloc_size_(o.alloc_size_), buffer_(o.buffer_), memory_(o.memory_),
-      mapped_(o.mapped_) {
+      mapped_(o.mapped_), owns_memory_(o.owns_memory_) {
   o.buffer_ = VK_NULL_HANDLE;
   o.memory_ = VK_NULL_HANDLE;
   o.mapped_ = nullptr;
@@ -91,11 +134,13 @@ Buffer::Buffer(Buffer&& o) noexcept
 Buffer::~Buffer() {
   if (!buffer_) return;
   vkDestroyBuffer(dev_->handle(), buffer_, nullptr);
+  if (!owns_memory_) return;
   vkFreeMemory(dev_->handle(), memory_, nullptr);
   dev_->note_alloc(-int64_t(alloc_size_));
 }
 
 void Buffer::check_range(const char* what, size_t bytes, size_t offset) const {
+  if (!memory_) throw std::logic_error(std::string("Buffer::") + what + " on a buffer not placed in memory yet");
   if (offset > alloc_size_ || bytes > alloc_size_ - offset)
     throw std::out_of_range(std::string("Buffer::") + what + ": " + std::to_string(bytes) + " bytes at offset " +
                             std::to_string(offset) + " exceed the buffer's " + std::to_string(alloc_size_) +
@@ -140,6 +185,7 @@ void Buffer::download(void* dst, size_t bytes, size_t offset) const {
 }
 
 void Buffer::fill_zero() {
+  check_range("fill_zero", 0, 0);
   dev_->run_once([&](VkCommandBuffer cb) { vkCmdFillBuffer(cb, buffer_, 0, VK_WHOLE_SIZE, 0); });
 }
 

@@ -235,6 +235,7 @@ ag::Var ModelGraph::hidden(ag::Var ids, const AttentionStep& attend) const {
     x = ag::add(x, project(attend(l, q, k, v), l, "o"));
     h = ag::rms_norm(x, vars_.at(b + "ffn_norm.weight"), c.rms_eps);
     x = ag::add(x, project(ag::swiglu(project(h, l, "gate"), project(h, l, "up")), l, "down"));
+    g_.checkpoint(x);
   }
   return ag::rms_norm(x, vars_.at("output_norm.weight"), c.rms_eps);
 }

@@ -87,6 +87,7 @@ class ModelGraph {
   // The same with a caller's attention step: attend(layer, q, k, v) gets a block's q [T, H*D] and k, v
   // [T, Hkv*D] (biases added, before RoPE) and returns the attention output [T, H*D]. hidden() above is this with
   // RoPE at fixed positions and causal attention over the T tokens; the decoder's step reads a KV cache.
+  // Each layer's output is a checkpoint of the graph (the segments of recomputation, see Graph::plan_memory).
   using AttentionStep = std::function<ag::Var(int64_t layer, ag::Var q, ag::Var k, ag::Var v)>;
   ag::Var hidden(ag::Var ids, const AttentionStep& attend) const;
   // The output matrix [V, C] (output.weight, or token_embd.weight when tied).
