@@ -149,6 +149,17 @@ TEST(Cli, BenchTrainTimesEachBatchSizeAndWritesJson) {
   const int64_t q4_0_bytes = (8 * (2 * 512 * 512 + 2 * 512 * 256 + 3 * 512 * 1408) + 2 * 32000 * 512) / 32 * 18;
   const int64_t norm_bytes = (8 * 2 + 1) * 512 * 4;
   EXPECT_EQ(j[0]["weight_bytes"], q4_0_bytes + norm_bytes);
+  EXPECT_EQ(j[0]["grad_checkpoint"], false);
+  // Recomputing the layers in the backward changes no number of the step.
+  const CmdResult again = run("bench train --device cpu --shape small --seq-len 16 --batch-sizes 1 --steps 1 "
+                              "--warmup 0 --lora-rank 4 --grad-checkpoint --json " + path.string());
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_NE(again.out.find("layers recomputed in the backward"), std::string::npos) << again.out;
+  std::ifstream g(path);
+  const auto k = nlohmann::json::parse(g);
+  ASSERT_EQ(k.size(), 1u);
+  EXPECT_EQ(k[0]["grad_checkpoint"], true);
+  EXPECT_EQ(k[0]["loss"], j[0]["loss"]);
   std::filesystem::remove(path);
 }
 

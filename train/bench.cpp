@@ -388,6 +388,9 @@ int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& ou
   BenchJson json(opt.json_path);
   out << "bench on " << dev.name();
   if (dev.is_cpu()) out << " (" << cpu::num_threads() << " threads)";
+  if (!dev.is_cpu())
+    out << (dev.vulkan->coop_matrix() ? " (Q4_0 GEMM on tensor cores: VK_NV_cooperative_matrix)"
+                                      : " (no cooperative matrices: every GEMM on FP32 FMAs)");
   out << "\n";
 
   std::unique_ptr<vk::LinearKernels> kernels;

@@ -193,6 +193,45 @@ std::unique_ptr<Device> Device::open(const Options& opt) {
   if (!found) throw DeviceError(d->name_ + ": no compute queue");
   d->timestamps_ = qf[d->queue_family_].timestampValidBits > 0 && d->props_.limits.timestampPeriod > 0;
 
+  // Tensor cores: every extension and feature the *_coop.comp kernels use, and the one matrix shape they use.
+  uint32_t n_ext = 0;
+  vkEnumerateDeviceExtensionProperties(d->physical_, nullptr, &n_ext, nullptr);
+  std::vector<VkExtensionProperties> exts(n_ext);
+  vkEnumerateDeviceExtensionProperties(d->physical_, nullptr, &n_ext, exts.data());
+  auto has_ext = [&](const char* name) {
+    return std::any_of(exts.begin(), exts.end(), [&](const VkExtensionProperties& e) { return std::strcmp(e.extensionName, name) == 0; });
+  };
+  const std::vector<const char*> coop_exts{VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME,
+                                           VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME,
+                                           VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME};
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV coop_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+  VkPhysicalDeviceShaderFloat16Int8FeaturesKHR f16_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR};
+  VkPhysicalDeviceVulkanMemoryModelFeaturesKHR vmm_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR};
+  coop_f.pNext = &f16_f;
+  f16_f.pNext = &vmm_f;
+  if (d->subgroup_size_ == 32 && std::all_of(coop_exts.begin(), coop_exts.end(), has_ext)) {
+    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+    f2.pNext = &coop_f;
+    vkGetPhysicalDeviceFeatures2(d->physical_, &f2);
+    auto props_fn = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV>(
+        vkGetInstanceProcAddr(d->instance_, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV"));
+    bool shape = false;
+    if (props_fn) {
+      uint32_t n = 0;
+      props_fn(d->physical_, &n, nullptr);
+      std::vector<VkCooperativeMatrixPropertiesNV> cm(n, {VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV});
+      props_fn(d->physical_, &n, cm.data());
+      for (const auto& c : cm)
+        shape = shape || (c.MSize == 16 && c.NSize == 16 && c.KSize == 16 && c.AType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+                          c.BType == VK_COMPONENT_TYPE_FLOAT16_NV && c.CType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+                          c.DType == VK_COMPONENT_TYPE_FLOAT32_NV && c.scope == VK_SCOPE_SUBGROUP_NV);
+    }
+    d->coop_matrix_ = shape && coop_f.cooperativeMatrix && f16_f.shaderFloat16 && vmm_f.vulkanMemoryModel;
+  }
+  coop_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV, &f16_f, VK_TRUE, VK_FALSE};
+  f16_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR, &vmm_f, VK_TRUE, VK_FALSE};
+  vmm_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR, nullptr, VK_TRUE, VK_FALSE, VK_FALSE};
+
   float prio = 1.0f;
   VkDeviceQueueCreateInfo qci{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
   qci.queueFamilyIndex = d->queue_family_;
@@ -201,6 +240,11 @@ std::unique_ptr<Device> Device::open(const Options& opt) {
   VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   dci.queueCreateInfoCount = 1;
   dci.pQueueCreateInfos = &qci;
+  if (d->coop_matrix_) {
+    dci.pNext = &coop_f;
+    dci.enabledExtensionCount = uint32_t(coop_exts.size());
+    dci.ppEnabledExtensionNames = coop_exts.data();
+  }
   check(vkCreateDevice(d->physical_, &dci, nullptr, &d->device_), "vkCreateDevice");
   vkGetDeviceQueue(d->device_, d->queue_family_, 0, &d->queue_);
 

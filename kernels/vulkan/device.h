@@ -58,6 +58,9 @@ class Device {
   const VkPhysicalDeviceProperties& properties() const { return props_; }
   uint32_t subgroup_size() const { return subgroup_size_; }
   bool timestamps_supported() const { return timestamps_; }
+  // Tensor-core matrix products (VK_NV_cooperative_matrix with 16x16x16 f16 x f16 + f32 on subgroups of 32,
+  // f16 arithmetic and the Vulkan memory model), enabled at open when the device has them all.
+  bool coop_matrix() const { return coop_matrix_; }
   double timestamp_period_ns() const { return props_.limits.timestampPeriod; }
   bool validation_enabled() const { return validation_; }
   // Validation-layer errors and warnings seen so far (tests assert there are none).
@@ -92,6 +95,7 @@ class Device {
   std::string name_;
   uint32_t subgroup_size_ = 0;
   bool timestamps_ = false;
+  bool coop_matrix_ = false;
   bool validation_ = false;
   mutable std::mutex messages_mutex_;
   std::vector<std::string> messages_;

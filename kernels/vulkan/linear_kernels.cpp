@@ -17,6 +17,10 @@ struct GemmPush {
 // GEMM tile edge (BM = BN, specialization constants of gemm_tiled.glsl). 64: with 128 the 8x8 micro-tile's
 // accumulators spill on NVIDIA (measured 1.7 vs 13 TFLOPS on an H100).
 constexpr uint32_t kGemmTile = 64;
+// The tensor-core GEMMs (*_coop.comp, on devices with Device::coop_matrix): tile M x N, and the fewest tokens
+// that take them (below, most of a 64-row tile would be padding).
+constexpr uint32_t kCoopTileM = 64, kCoopTileN = 128;
+constexpr int64_t kCoopMinTokens = 32;
 constexpr uint32_t kGemvWorkgroup = 256;
 constexpr uint32_t kGemvRows = 2;
 // Q4_0 GEMV: 128 invocations, 2 rows (H100, 16384x16384: 90.0 us vs 92.9 with 256 invocations; 4 or 8 rows, and
@@ -99,6 +103,11 @@ void LinearKernels::q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, con
   check_min_size(k, "X", X.size(), size_t(T * n_in) * 4);
   check_min_size(k, "Y", Y.size(), size_t(T * n_out) * 4);
   GemmPush push{uint32_t(T), uint32_t(n_out), 0, uint32_t(n_in), uint32_t(n_in), 0, 0};
+  if (dev_.coop_matrix() && T >= kCoopMinTokens) {
+    const auto& p = pipeline("q4_0_gemm_coop", 3, sizeof(push));
+    s.dispatch(p, {&Y, &X, &w}, push, {ceil_div(n_out, kCoopTileN), ceil_div(T, kCoopTileM), 1});
+    return;
+  }
   const uint32_t bm = kGemmTile, bn = kGemmTile;
   const auto& p = pipeline("q4_0_gemm", 3, sizeof(push), {bm, bn});
   s.dispatch(p, {&Y, &X, &w}, push, {ceil_div(n_out, bn), ceil_div(T, bm), 1});
