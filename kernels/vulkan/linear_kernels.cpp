@@ -188,17 +188,20 @@ const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", "q8_0_gemm", "q8_0
 // row set; q6_k_gemv.comp: 2, so one set of 128 as well). Measured at 16384x16384 against other (invocations,
 // rows) pairs: on an H100, Q4_K 78.2 us here vs 81.7 with (256, 4) and 79.6 with (64, 4); Q6_K 100.2 us vs
 // 108.4 with (256, 8) and 103.7 with (64, 2); on an H200 the same order, and 8 rows per invocation was slower
-// still. The split passes cover 4 units of 32 columns per workgroup, so that the chunks, which the reduce pass
-// adds one after another, stay few (1024 target groups and 8 row slots measured best on the H100, against 512
-// to 8192 groups and 4 or 16 slots).
+// still. The split passes cover 4 units of 32 columns per workgroup (Q6_K: 8, whole blocks), so that the
+// chunks, which the reduce pass adds one after another, stay few (1024 target groups and 8 row slots measured
+// best on the H100, against 512 to 8192 groups and 4 or 16 slots). Also measured there and slower: Q4_K with 8
+// to 32 units, with 16-column units (half the registers: 78 against 131, yet 61% of copy against 67%), and
+// with rows streamed through shared memory a tile at a time (52%).
 constexpr uint32_t kGemvKWorkgroup = 128;
 constexpr uint32_t kGemvQ4_KRows = 4;
 constexpr uint32_t kGemvQ6_KRows = 2;
 constexpr int64_t kDxKCols = 128;
+constexpr int64_t kDxQ6_KCols = 256;  // q6_k_dx_split.comp: whole blocks per workgroup
 const FrozenFormat kQ4_K{"q4_k_gemm", "q4_k_dx", "q4_k_gemv", "q4_k_gemm", "q4_k_dx_gemm", "q4_k_dx_split",
                          kGemvKWorkgroup, kGemvQ4_KRows, kDxKCols, kDxKRowsInFlight, q4_k_row_bytes, check_q4_k_linear};
 const FrozenFormat kQ6_K{"q6_k_gemm", "q6_k_dx", "q6_k_gemv", "q6_k_gemm", "q6_k_dx_gemm", "q6_k_dx_split",
-                         kGemvKWorkgroup, kGemvQ6_KRows, kDxKCols, kDxKRowsInFlight, q6_k_row_bytes, check_q6_k_linear};
+                         kGemvKWorkgroup, kGemvQ6_KRows, kDxQ6_KCols, kDxKRowsInFlight, q6_k_row_bytes, check_q6_k_linear};
 const FrozenFormat kF16{"f16_gemm", "f16_dx", "f16_gemv", "f16_gemm", "f16_dx_gemm",
                         "f16_dx_split", kGemvWorkgroup, 4, kDxF16Cols, 0, f16_row_bytes, check_f16_on_gpu};
 }  // namespace
