@@ -165,15 +165,17 @@ const std::vector<DxTileCase> kBlock32DxTiles = {{1000, 4128, 1, 300}, {1000, 64
 const std::vector<DxTileCase> kKQuantDxTiles = {{1000, 256, 1, 300}, {1000, 256, 1, 1000}, {257, 768, 1, 100},
                                                 {37, 256, 3, 10},    {130, 512, 65, 70},   {257, 256, 17, 64}};
 
+// K-quant widths: 1 and 9 super-blocks (odd counts: Q6_K blocks alternate alignment from row to row) and 18
+// (even: every row starts aligned, and the one-token kernels' invocations take more than one pass).
 const FrozenFormat kFrozenFormats[] = {
     {"q8_0", random_q8_0, &HostKernels::q8_0_gemm, &HostKernels::q8_0_dx, ref::q8_0_gemm, ref::q8_0_dx,
      {32, 64, 4128}, {1, 7, 63, 65, 1000}, kBlock32DxTiles},
     {"f16", random_f16, &HostKernels::f16_gemm, &HostKernels::f16_dx, ref::f16_gemm, ref::f16_dx,
      {2, 32, 64, 98, 4128}, {1, 7, 63, 65, 1000}, kBlock32DxTiles},
     {"q4_k", random_q4_k, &HostKernels::q4_k_gemm, &HostKernels::q4_k_dx, ref::q4_k_gemm, ref::q4_k_dx,
-     {256, 2304}, {1, 3, 37, 257}, kKQuantDxTiles, true},
+     {256, 2304, 4608}, {1, 3, 37, 257}, kKQuantDxTiles, true},
     {"q6_k", random_q6_k, &HostKernels::q6_k_gemm, &HostKernels::q6_k_dx, ref::q6_k_gemm, ref::q6_k_dx,
-     {256, 2304}, {1, 3, 37, 257}, kKQuantDxTiles, true},
+     {256, 2304, 4608}, {1, 3, 37, 257}, kKQuantDxTiles, true},
 };
 
 TEST_F(VulkanKernels, FrozenFormatsForwardMatchReferenceOnAwkwardShapes) {

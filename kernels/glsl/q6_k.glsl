@@ -29,10 +29,23 @@ uvec2 q6_k_words2(uint a) {
   return odd != 0u ? uvec2((w0 >> 16u) | (w1 << 16u), (w1 >> 16u) | (w2 << 16u)) : uvec2(w0, w1);
 }
 
+// The same 8 bytes when the caller knows the alignment: `odd` says that a is 2 mod 4 (the block starts on an odd
+// 16-bit word: block index odd). With `odd` a constant, an aligned pair is two loads and nothing else. The GEMV
+// and dx arrange their invocations so that a subgroup's blocks share the alignment and branch on it.
+uvec2 q6_k_words2_known(uint a, bool odd) {
+  const uint i = a >> 2u;
+  if (!odd) return uvec2(Q6_K_WORDS[i], Q6_K_WORDS[i + 1u]);
+  const uint w0 = Q6_K_WORDS[i], w1 = Q6_K_WORDS[i + 1u], w2 = Q6_K_WORDS[i + 2u];
+  return uvec2((w0 >> 16u) | (w1 << 16u), (w1 >> 16u) | (w2 << 16u));
+}
+
 // The f16 super-block scale of the block starting at byte `bb`.
 float q6_k_d(uint bb) {
   const uint a = bb + Q6_K_D;
   return unpackHalf2x16(Q6_K_WORDS[a >> 2u] >> ((a & 2u) * 8u)).x;
+}
+float q6_k_d_known(uint bb, bool odd) {
+  return unpackHalf2x16(Q6_K_WORDS[(bb + Q6_K_D) >> 2u] >> (odd ? 16u : 0u)).x;
 }
 
 // Signed byte i (0..3) of a word, as a float.
@@ -50,6 +63,18 @@ const float Q6_K_MAGIC_PLUS_32 = 8388640.0;  // 2^23 + 32
 
 vec4 q6_k_unpack(uint q) {
   return uintBitsToFloat(uvec4(q, q >> 8u, q >> 16u, q >> 24u) & 0xFFu | Q6_K_MAGIC) - Q6_K_MAGIC_PLUS_32;
+}
+
+// The 4 quants of a word minus 32 as floats scaled by powers of two, decoded where they lie (as
+// q4_k_low_scaled): bytes 0, 1 and 2 OR-ed into the mantissa of 2^23 in place (a quant has 6 bits, so byte 2
+// stays below the exponent), byte 3 shifted down first. Byte i comes out as (q − 32)·Q6_K_SCALE[i]⁻¹, exactly;
+// the GEMV folds Q6_K_SCALE into the activations, the dx into its column sums. One and-or per weight (and one
+// shift per word) instead of a shift and an and-or.
+const vec4 Q6_K_SCALE = vec4(1.0, 1.0 / 256.0, 1.0 / 65536.0, 1.0);
+
+vec4 q6_k_unpack_scaled(uint q) {
+  return uintBitsToFloat(uvec4(q & 0xFFu, q & 0xFF00u, q & 0xFF0000u, q >> 24u) | Q6_K_MAGIC) -
+         vec4(Q6_K_MAGIC_PLUS_32, 8388608.0 + 8192.0, 8388608.0 + 2097152.0, Q6_K_MAGIC_PLUS_32);
 }
 
 // Weights k..k+3 (k a multiple of 4) of the block starting at byte `bb`.

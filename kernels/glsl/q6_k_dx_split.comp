@@ -5,6 +5,11 @@
 // columns of dx) and SLOTS = SUB·ROW_SLOTS row slots, slot s walking rows s, s + SLOTS, ... of the chunk. The
 // slots are summed through shared memory and chunk c writes its sums to partial[c, cols]; q4_0_dx_reduce.comp
 // adds the chunks in order (deterministic, no float atomics).
+//
+// A block's alignment (q6_k.glsl) is the parity of its index j·n_blocks + b: one per workgroup when n_blocks is
+// even, else one per row parity. Slots are numbered so that a 32-wide subgroup's slots (two y values of
+// 16 invocations) share a parity, and the slot stride SLOTS is even: an invocation's rows all have one
+// alignment, so it picks the aligned or the shifted loads once (walk) and a subgroup never diverges on it.
 #extension GL_GOOGLE_include_directive : require
 
 // 8 units: a workgroup reads whole 210-byte blocks of each row (256 columns, linear_kernels.cpp: kDxQ6_KCols).
@@ -42,30 +47,48 @@ struct Unit {
   float d;
 };
 
-Unit load_unit(uint bb, uint h, uint g) {
+Unit load_unit(uint bb, uint h, uint g, bool odd) {
   Unit un;
-  un.ql0 = q6_k_words2(bb + 64u * h + 8u * g);
-  un.ql1 = q6_k_words2(bb + 64u * h + 32u + 8u * g);
-  un.qh = q6_k_words2(bb + Q6_K_QH + 32u * h + 8u * g);
-  un.sw = q6_k_words2(bb + Q6_K_SCALES + 8u * h) >> (8u * (g >> 1u));
-  un.d = q6_k_d(bb);
+  un.ql0 = q6_k_words2_known(bb + 64u * h + 8u * g, odd);
+  un.ql1 = q6_k_words2_known(bb + 64u * h + 32u + 8u * g, odd);
+  un.qh = q6_k_words2_known(bb + Q6_K_QH + 32u * h + 8u * g, odd);
+  un.sw = q6_k_words2_known(bb + Q6_K_SCALES + 8u * h, odd) >> (8u * (g >> 1u));
+  un.d = q6_k_d_known(bb, odd);
   return un;
 }
 
+// Column sums times Q6_K_SCALE⁻¹ (q6_k_unpack_scaled); main scales them back once.
 void add_row(Unit un, float g) {
   const float gd = g * un.d;
   for (uint k4 = 0u; k4 < 4u; ++k4) {
     const uvec2 ql = (k4 & 1u) != 0u ? un.ql1 : un.ql0;
     const float gs = gd * q6_k_i8(un.sw[k4 >> 1u], 2u * (k4 & 1u));
-    acc[2u * k4] += gs * q6_k_unpack(q6_k_quants(ql.x, un.qh.x, k4));
-    acc[2u * k4 + 1u] += gs * q6_k_unpack(q6_k_quants(ql.y, un.qh.y, k4));
+    acc[2u * k4] += gs * q6_k_unpack_scaled(q6_k_quants(ql.x, un.qh.x, k4));
+    acc[2u * k4 + 1u] += gs * q6_k_unpack_scaled(q6_k_quants(ql.y, un.qh.y, k4));
   }
+}
+
+// The rows j, j + SLOTS, ... up to j1, all of alignment `odd`.
+void walk(uint j, uint j1, uint n_blocks, uint b, uint h, uint g, bool odd) {
+  for (; j + (RU - 1u) * SLOTS < j1; j += RU * SLOTS) {
+    Unit un[RU];
+    float gy[RU];
+    for (uint i = 0u; i < RU; ++i) {
+      un[i] = load_unit(((j + i * SLOTS) * n_blocks + b) * Q6_K_BLOCK_BYTES, h, g, odd);
+      gy[i] = dy[j + i * SLOTS];
+    }
+    for (uint i = 0u; i < RU; ++i) add_row(un[i], gy[i]);
+  }
+  for (; j < j1; j += SLOTS) add_row(load_unit((j * n_blocks + b) * Q6_K_BLOCK_BYTES, h, g, odd), dy[j]);
 }
 
 void main() {
   const uint n_blocks = p.n_in / 256u;
   const uint ul = gl_LocalInvocationID.x % UNITS;
-  const uint slot = gl_LocalInvocationID.x / UNITS + SUB * gl_LocalInvocationID.y;
+  // slot = 2·pos + par: par = bit 1 of y, pos runs over x / UNITS, bit 0 of y and y / 4 (ROW_SLOTS a
+  // multiple of 4).
+  const uint ly = gl_LocalInvocationID.y;
+  const uint slot = 2u * (gl_LocalInvocationID.x / UNITS + SUB * ((ly & 1u) + 2u * (ly >> 2u))) + ((ly >> 1u) & 1u);
   const uint u = gl_WorkGroupID.x * UNITS + ul;
   const uint b = u < n_blocks * 8u ? u >> 3u : 0u, h = (u >> 2u) & 1u, g = u & 3u;
   const uint chunk = gl_WorkGroupID.y;
@@ -73,19 +96,13 @@ void main() {
   const uint j1 = min(p.j_end, j0 + p.rows_per_chunk);
 
   for (uint k = 0u; k < 8u; ++k) acc[k] = vec4(0.0);
-  uint j = j0 + slot;
-  for (; j + (RU - 1u) * SLOTS < j1; j += RU * SLOTS) {
-    Unit un[RU];
-    float gy[RU];
-    for (uint i = 0u; i < RU; ++i) {
-      un[i] = load_unit(((j + i * SLOTS) * n_blocks + b) * Q6_K_BLOCK_BYTES, h, g);
-      gy[i] = dy[j + i * SLOTS];
-    }
-    for (uint i = 0u; i < RU; ++i) add_row(un[i], gy[i]);
-  }
-  for (; j < j1; j += SLOTS) add_row(load_unit((j * n_blocks + b) * Q6_K_BLOCK_BYTES, h, g), dy[j]);
+  const uint j = j0 + slot;
+  if (((j * n_blocks + b) & 1u) != 0u)
+    walk(j, j1, n_blocks, b, h, g, true);
+  else
+    walk(j, j1, n_blocks, b, h, g, false);
 
-  for (uint k = 0u; k < 8u; ++k) red[slot * NV + ul * 8u + k] = acc[k];
+  for (uint k = 0u; k < 8u; ++k) red[slot * NV + ul * 8u + k] = acc[k] * Q6_K_SCALE;
   barrier();
   // Groups of 8 slots, then the groups; slots and groups are added in a fixed order.
   const uint tid = gl_LocalInvocationIndex, v = tid % NV, grp = tid / NV;  // SLOTS / 8 groups

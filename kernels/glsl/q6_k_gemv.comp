@@ -8,6 +8,11 @@
 // qh at l: 32 weights, at columns 128h + 32·k4 + l (k4 = 0..3), each quadrant's 8 under one scale. The
 // activations are loaded once per unit and reused for every row. Sums are reduced per set with subgroupAdd,
 // then across subgroups through shared memory. Workgroups are numbered over x and y.
+//
+// A 210-byte block starts on a 32-bit word or halfway into one, by the parity of its index in the matrix. The
+// set's invocations take units in an order (unit_of) that gives each run of 32 of them blocks of one parity, so
+// that for every row a 32-wide subgroup branches one way: aligned loads, or loads shifted by a constant.
+// Subgroups of other widths get the same results, only with both branches taken.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -30,19 +35,31 @@ layout(push_constant) uniform Push { uint n_out; uint n_in; } p;
 shared float partial[NUM_ROWS * MAX_SUBGROUPS];
 
 // Σ over the unit's 32 weights of (q − 32)·x, each quadrant times its scale, for the block at byte bb.
-float unit_dot(uint bb, uint h, uint g, vec4 x[8]) {
-  const uvec2 ql0 = q6_k_words2(bb + 64u * h + 8u * g);
-  const uvec2 ql1 = q6_k_words2(bb + 64u * h + 32u + 8u * g);
-  const uvec2 qh = q6_k_words2(bb + Q6_K_QH + 32u * h + 8u * g);
-  const uvec2 sw = q6_k_words2(bb + Q6_K_SCALES + 8u * h) >> (8u * (g >> 1u));  // scales 2·k4 + g/2 in bytes 0, 2
+// x: the unit's activations times Q6_K_SCALE (q6_k_unpack_scaled). odd: the block's alignment (q6_k.glsl).
+float unit_dot(uint bb, uint h, uint g, vec4 x[8], bool odd) {
+  const uvec2 ql0 = q6_k_words2_known(bb + 64u * h + 8u * g, odd);
+  const uvec2 ql1 = q6_k_words2_known(bb + 64u * h + 32u + 8u * g, odd);
+  const uvec2 qh = q6_k_words2_known(bb + Q6_K_QH + 32u * h + 8u * g, odd);
+  // Scales 2·k4 + g/2 in bytes 0 and 2.
+  const uvec2 sw = q6_k_words2_known(bb + Q6_K_SCALES + 8u * h, odd) >> (8u * (g >> 1u));
   float sum = 0.0;
   for (uint k4 = 0u; k4 < 4u; ++k4) {
     const uvec2 ql = (k4 & 1u) != 0u ? ql1 : ql0;
-    const float d = dot(q6_k_unpack(q6_k_quants(ql.x, qh.x, k4)), x[2u * k4]) +
-                    dot(q6_k_unpack(q6_k_quants(ql.y, qh.y, k4)), x[2u * k4 + 1u]);
+    const float d = dot(q6_k_unpack_scaled(q6_k_quants(ql.x, qh.x, k4)), x[2u * k4]) +
+                    dot(q6_k_unpack_scaled(q6_k_quants(ql.y, qh.y, k4)), x[2u * k4 + 1u]);
     sum += q6_k_i8(sw[k4 >> 1u], 2u * (k4 & 1u)) * d;
   }
-  return q6_k_d(bb) * sum;
+  return q6_k_d_known(bb, odd) * sum;
+}
+
+// The unit an invocation of the set starts at (then it strides by SET_SIZE). In each run of 64 invocations,
+// invocations 0-31 take the 8 units of blocks 0, 2, 4, 6 of the run's 8 blocks and 32-63 those of blocks 1, 3,
+// 5, 7; the stride is a multiple of 8 blocks, so an invocation's blocks all have one parity. Sets whose size
+// is not a multiple of 64 take units in order.
+uint unit_of(uint lane) {
+  if (SET_SIZE % 64u != 0u) return lane;
+  const uint q = lane % 32u, half_ = (lane / 32u) % 2u, run = lane / 64u;
+  return 8u * (8u * run + 2u * (q / 8u) + half_) + q % 8u;
 }
 
 void main() {
@@ -56,18 +73,22 @@ void main() {
   float acc[ROWS_PER_INVOCATION];
   for (uint r = 0u; r < ROWS_PER_INVOCATION; ++r) acc[r] = 0.0;
 
-  for (uint u = lane; u < n_units; u += SET_SIZE) {
+  for (uint u = unit_of(lane); u < n_units; u += SET_SIZE) {
     const uint b = u >> 3u, h = (u >> 2u) & 1u, g = u & 3u;
     // Activations 128h + 32·k4 + 8g + [0, 8) of block b, two vec4s per quadrant.
     vec4 x[8];
     for (uint k4 = 0u; k4 < 4u; ++k4) {
       const uint xi = 64u * b + 32u * h + 8u * k4 + 2u * g;
-      x[2u * k4] = x4[xi];
-      x[2u * k4 + 1u] = x4[xi + 1u];
+      x[2u * k4] = x4[xi] * Q6_K_SCALE;
+      x[2u * k4 + 1u] = x4[xi + 1u] * Q6_K_SCALE;
     }
     for (uint r = 0u; r < ROWS_PER_INVOCATION; ++r) {
       const uint row = min(rows + r, p.n_out - 1u);
-      acc[r] += unit_dot((row * n_blocks + b) * Q6_K_BLOCK_BYTES, h, g, x);
+      const uint blk = row * n_blocks + b;
+      if ((blk & 1u) != 0u)
+        acc[r] += unit_dot(blk * Q6_K_BLOCK_BYTES, h, g, x, true);
+      else
+        acc[r] += unit_dot(blk * Q6_K_BLOCK_BYTES, h, g, x, false);
     }
   }
 

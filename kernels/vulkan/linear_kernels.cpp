@@ -30,9 +30,12 @@ constexpr uint32_t kDxQuarters = 64;  // quarters of block columns per dx workgr
 constexpr uint32_t kDxRowSlots = 8;   // row slots per dx workgroup (y)
 // Rows whose loads an invocation of the one-token dx split issues together (RU of the shaders). The split
 // passes are bound by how many loads are in flight, not by occupancy: on an H100 at 16384x16384, Q4_0 89 us
-// with 16 vs 100 with 4 (32: 91); Q4_K 83 us with 8 vs 92 with 4 (12 and 16 spill: 149, 198); Q6_K 142 vs 145.
+// with 16 vs 100 with 4 (32: 91); Q4_K 83 us with 8 vs 92 with 4 (12 and 16 spill: 149, 198). Q6_K, whose unit
+// loads are 8-byte pieces with the block's alignment known (q6_k_dx_split.comp), is the exception: 108.7 us
+// with 4 vs 122.4 with 8 (12: 204.8, 168 registers).
 constexpr uint32_t kDxQ4_0RowsInFlight = 16;
 constexpr uint32_t kDxKRowsInFlight = 8;
+constexpr uint32_t kDxQ6_KRowsInFlight = 4;
 constexpr int64_t kDxQ4_0Cols = 8 * kDxQuarters;  // dx columns per Q4_0 (and Q8_0) split workgroup
 // Rows per chunk of the one-token dx: enough chunks to fill a large GPU, few enough that the partial sums
 // (n_chunks x n_in floats, written and read once) stay a small fraction of the weight bytes.
@@ -129,6 +132,11 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
   check_min_size(k, "dY", dY.size(), size_t(T * n_out) * 4);
   check_min_size(k, "dX", dX.size(), size_t(T * n_in) * 4);
   if (T > 1) {
+    // FP32 FMAs on every device. A tensor-core version (dY scaled per row and split into f16 hi + lo; each weight
+    // d·(q - 8), scaled by one power of two per workgroup, split likewise; three products per step) measured
+    // slower on an H100: 9.0-10.8 TFLOPS at T = 512 (tinyllama's shapes, 16384 x 16384) against 14.2 here at
+    // 16384 x 16384, and 2206 against 2443 tok/s in tinyllama training. d varies along K here, so W cannot enter
+    // as its exact codes as in the forward GEMM, and staging the split weights costs more than the products save.
     GemmPush push{uint32_t(T), uint32_t(n_in), uint32_t(j_start), uint32_t(j_end), uint32_t(n_out), 0,
                   accumulate ? 1u : 0u};
     const uint32_t bm = kGemmTile, bn = kGemmTile;
@@ -188,11 +196,14 @@ const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", "q8_0_gemm", "q8_0
 // row set; q6_k_gemv.comp: 2, so one set of 128 as well). Measured at 16384x16384 against other (invocations,
 // rows) pairs: on an H100, Q4_K 78.2 us here vs 81.7 with (256, 4) and 79.6 with (64, 4); Q6_K 100.2 us vs
 // 108.4 with (256, 8) and 103.7 with (64, 2); on an H200 the same order, and 8 rows per invocation was slower
-// still. The split passes cover 4 units of 32 columns per workgroup (Q6_K: 8, whole blocks), so that the
+// still. Q6_K's in-place decode with the block alignment known per subgroup (q6_k.glsl) then took it to 97.4 us;
+// the same in-place decode for Q4_K gave 78.5 us against 76.8 (72 registers against 64), so Q4_K keeps 1 + q/16. The split passes cover 4 units of 32 columns per workgroup (Q6_K: 8, whole blocks), so that the
 // chunks, which the reduce pass adds one after another, stay few (1024 target groups and 8 row slots measured
-// best on the H100, against 512 to 8192 groups and 4 or 16 slots). Also measured there and slower: Q4_K with 8
-// to 32 units, with 16-column units (half the registers: 78 against 131, yet 61% of copy against 67%), and
-// with rows streamed through shared memory a tile at a time (52%).
+// best on the H100, against 512 to 8192 groups and 4 or 16 slots; 792, 1188 and 1584 slower too). Also measured
+// there and slower: Q4_K with 8 to 32 units, with 16-column units (half the registers: 78 against 131, yet 61% of
+// copy against 67%), with rows streamed through shared memory a tile at a time (52%), and with the chunks added
+// by the last workgroup of each column group to finish instead of a second pass (an arrival counter behind a
+// device-wide memory barrier: Q4_K 96 us and Q6_K 133 against 83 and 109, Q4_0 no faster).
 constexpr uint32_t kGemvKWorkgroup = 128;
 constexpr uint32_t kGemvQ4_KRows = 4;
 constexpr uint32_t kGemvQ6_KRows = 2;
@@ -201,7 +212,8 @@ constexpr int64_t kDxQ6_KCols = 256;  // q6_k_dx_split.comp: whole blocks per wo
 const FrozenFormat kQ4_K{"q4_k_gemm", "q4_k_dx", "q4_k_gemv", "q4_k_gemm", "q4_k_dx_gemm", "q4_k_dx_split",
                          kGemvKWorkgroup, kGemvQ4_KRows, kDxKCols, kDxKRowsInFlight, q4_k_row_bytes, check_q4_k_linear};
 const FrozenFormat kQ6_K{"q6_k_gemm", "q6_k_dx", "q6_k_gemv", "q6_k_gemm", "q6_k_dx_gemm", "q6_k_dx_split",
-                         kGemvKWorkgroup, kGemvQ6_KRows, kDxQ6_KCols, kDxKRowsInFlight, q6_k_row_bytes, check_q6_k_linear};
+                         kGemvKWorkgroup, kGemvQ6_KRows, kDxQ6_KCols, kDxQ6_KRowsInFlight, q6_k_row_bytes,
+                         check_q6_k_linear};
 const FrozenFormat kF16{"f16_gemm", "f16_dx", "f16_gemv", "f16_gemm", "f16_dx_gemm",
                         "f16_dx_split", kGemvWorkgroup, 4, kDxF16Cols, 0, f16_row_bytes, check_f16_on_gpu};
 }  // namespace
