@@ -13,6 +13,10 @@
 // 64 x 128, each subgroup owning a 32 x 32 corner as 2 x 2 accumulator matrices. Every loop over matrices is
 // unrolled: indexing a matrix array or a matrix's elements at run time cost 40% of the speed (H100, 16384 x
 // 16384 x 512: 10.3 against 17.8 TFLOPS).
+// The global loads of step s + 1 are issued into registers (fetch) before the matrix products of step s and
+// written to the tiles after them (stash), so their latency hides behind the products: 17.8 -> 31.8 TFLOPS at
+// 16384 x 16384 x 512 and 19-22 -> 29-36 at tinyllama's shapes (H100). Shared memory stays under the 48 KiB
+// a workgroup gets on NVIDIA: the tiles are single-buffered, and the scale tile doubles as the output staging.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -22,93 +26,133 @@
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) buffer C { float c[]; };
-layout(std430, binding = 1) readonly buffer A { float a[]; };
+layout(std430, binding = 1) readonly buffer A { vec4 a4[]; };
 layout(std430, binding = 2) readonly buffer W { uint w[]; };
 #include "gemm_push.glsl"
 #define Q4_0_WORDS w
 #include "q4_0.glsl"
 
-// BM = 128 (4 x 2 subgroups of 32 x 64) measured slower on an H100 at 2048-wide shapes (13-17 against 19-22
-// TFLOPS) and faster only at 16384 x 16384 (21 against 18).
 const uint BM = 64u, BN = 128u, BK = 32u;
-const uint SG_M = BM / 32u, SG_N = 8u / SG_M, FN = BN / SG_N / 16u;  // subgroup grid; column matrices each
-const uint AS = BK + 8u, BS = BN + 8u;  // padded row strides of the f16 tiles (16-byte multiples)
+const uint SG_N = 4u, FN = 2u;
+const uint AS = BK + 8u;   // A tiles [m][k], halfs
+const uint BS = BK + 8u;   // codes tile [n][k], halfs
+const uint DS = BN + 4u;   // scale tile [16][n], floats (padded: the 4 quarters' stores hit different banks)
 #define F32_MAT fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
 #define F16_MAT fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 
-shared float16_t Ah[BM * AS], Al[BM * AS];  // X tile [m][k], scaled and split
-shared float16_t Bq[BK * BS];               // codes tile [k][n]
-shared float Ds[16u * BN];                  // block scales [16 equal rows][n]
-shared float Cs[8u * 256u];                 // per-subgroup staging of one 16 x 16 result
+shared float16_t Ah[BM * AS], Al[BM * AS];
+shared float16_t Bq[BN * BS];
+shared float Fs[16u * DS];  // the scale tile in the loop, then each subgroup's 16 x 16 output staging
 shared float row_scale[BM], row_unscale[BM];
 
-void main() {
-  const uint t = gl_LocalInvocationID.x, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
-  const uint sm = sg / SG_N, sn = sg % SG_N;  // this subgroup's corner: rows sm*32.., columns sn*16*FN..
-  const uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
+// Prefetch registers: 2 vec4 of X; 2 quarters of W as the raw words loaded (two quant words, the scale word)
+// and the parity of each quarter's block (bit i of pp). The shifts that need loaded values wait until stash(),
+// so fetch() issues its loads and moves on to the matrix products.
+vec4 px[2];
+uint pw0[2], pw1[2], pd[2];
+uint pp;
 
-  // s_m: each subgroup finds the largest |x| of 8 rows over the K range.
-  for (uint r = 0u; r < BM / 8u; ++r) {
-    const uint m = sg * (BM / 8u) + r;
-    float amax = 0.0;
-    if (m0 + m < p.M)
-      for (uint k = p.k_begin + lane; k < p.k_end; k += 32u) amax = max(amax, abs(a[(m0 + m) * p.lda + k]));
-    amax = subgroupMax(amax);
-    if (lane == 0u) {
-      int e = 0;
-      frexp(amax, e);  // amax = f · 2^e, f in [0.5, 1)
-      e = amax > 0.0 ? clamp(13 - e, -120, 120) : 0;
-      row_scale[m] = ldexp(1.0, e);
-      row_unscale[m] = ldexp(1.0, -e);
+void fetch(uint m0, uint n0, uint k0, uint n_blocks) {
+  const uint t = gl_LocalInvocationID.x;
+  [[unroll]] for (uint i = 0u; i < 2u; ++i) {
+    const uint idx = t + 256u * i, m = idx / 8u, kv = idx % 8u;
+    px[i] = m0 + m < p.M ? a4[((m0 + m) * p.lda + k0) / 4u + kv] : vec4(0.0);
+  }
+  pp = 0u;
+  [[unroll]] for (uint i = 0u; i < 2u; ++i) {
+    const uint idx = t + 256u * i, r = idx / 4u, q = idx % 4u;
+    const uint B = (n0 + r) * n_blocks + k0 / 32u;
+    const uint bb = B * Q4_0_BLOCK_BYTES;
+    const uint par = B & 1u;  // odd block: scale in the high half of its word, quants word-aligned
+    const uint wa = (bb + 2u + 4u * q) >> 2u;
+    if (n0 + r < p.N) {
+      pw0[i] = w[wa];
+      pw1[i] = w[wa + 1u - par];
+      pd[i] = w[bb >> 2u];
+    } else {
+      pw0[i] = 0x88888888u;  // codes 0, scale 0
+      pw1[i] = 0x88888888u;
+      pd[i] = 0u;
+    }
+    pp |= par << i;
+  }
+}
+
+void stash() {
+  const uint t = gl_LocalInvocationID.x;
+  [[unroll]] for (uint i = 0u; i < 2u; ++i) {
+    const uint idx = t + 256u * i, m = idx / 8u, kv = idx % 8u;
+    const vec4 v = px[i] * row_scale[m];
+    // hi: v cut to f16's 11 significant bits with an integer mask; lo = v - hi is exact in f32.
+    const vec4 hi = uintBitsToFloat(floatBitsToUint(v) & 0xFFFFE000u);
+    const uint o = m * AS + 4u * kv;
+    const f16vec4 h = f16vec4(hi), l = f16vec4(v - hi);
+    Ah[o] = h.x; Ah[o + 1u] = h.y; Ah[o + 2u] = h.z; Ah[o + 3u] = h.w;
+    Al[o] = l.x; Al[o + 1u] = l.y; Al[o + 2u] = l.z; Al[o + 3u] = l.w;
+  }
+  [[unroll]] for (uint i = 0u; i < 2u; ++i) {
+    const uint idx = t + 256u * i, r = idx / 4u, q = idx % 4u;
+    const bool par = ((pp >> i) & 1u) != 0u;
+    const uint qs = par ? pw0[i] : (pw0[i] >> 16u) | (pw1[i] << 16u);
+    const float d = unpackHalf2x16(par ? pd[i] >> 16u : pd[i]).x;
+    const uint o = r * BS + 4u * q;
+    const vec4 lo = q4_0_low(qs), hi = q4_0_high(qs);
+    Bq[o] = float16_t(lo.x); Bq[o + 1u] = float16_t(lo.y); Bq[o + 2u] = float16_t(lo.z); Bq[o + 3u] = float16_t(lo.w);
+    Bq[o + 16u] = float16_t(hi.x); Bq[o + 17u] = float16_t(hi.y); Bq[o + 18u] = float16_t(hi.z); Bq[o + 19u] = float16_t(hi.w);
+    [[unroll]] for (uint e = 0u; e < 4u; ++e) Fs[(4u * q + e) * DS + r] = d;
+  }
+}
+
+void main() {
+  const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
+  const uint sm = sg / SG_N, sn = sg % SG_N;  // this subgroup's corner: rows sm*32.., columns sn*32..
+  const uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
+  const uint n_blocks = p.k_end / 32u;
+
+  // s_m: each subgroup finds the largest |x| of 8 rows over the K range, the 8 rows side by side so that each
+  // lane has 8 loads in flight (one row after another, the scan took as long as the products at K = 2048).
+  {
+    vec4 amax[8];
+    [[unroll]] for (uint r = 0u; r < 8u; ++r) amax[r] = vec4(0.0);
+    for (uint k = p.k_begin / 4u + lane; k < p.k_end / 4u; k += 32u)
+      [[unroll]] for (uint r = 0u; r < 8u; ++r) {
+        const uint row = min(m0 + sg * 8u + r, p.M - 1u);  // rows past M: any row; their X is never used
+        amax[r] = max(amax[r], abs(a4[(row * p.lda) / 4u + k]));
+      }
+    [[unroll]] for (uint r = 0u; r < 8u; ++r) {
+      const float v = subgroupMax(max(max(amax[r].x, amax[r].y), max(amax[r].z, amax[r].w)));
+      if (lane == 0u) {
+        int e = 0;
+        frexp(v, e);  // v = f · 2^e, f in [0.5, 1)
+        e = v > 0.0 ? clamp(13 - e, -120, 120) : 0;
+        row_scale[sg * 8u + r] = ldexp(1.0, e);
+        row_unscale[sg * 8u + r] = ldexp(1.0, -e);
+      }
     }
   }
 
-  F32_MAT acc[2][4];
+  F32_MAT acc[2][FN];
   [[unroll]] for (uint i = 0u; i < 2u; ++i)
     [[unroll]] for (uint j = 0u; j < FN; ++j) acc[i][j] = F32_MAT(0.0);
-  const uint n_blocks = p.k_end / 32u;
-  for (uint k0 = p.k_begin; k0 < p.k_end; k0 += BK) {
-    barrier();  // the previous step's tiles are read (and, the first time, row_scale written)
-    // X: 8 values per invocation, coalesced along k.
-    [[unroll]] for (uint i = 0u; i < BM * BK / 256u; ++i) {
-      const uint k = t % BK, m = t / BK + (256u / BK) * i;
-      const float v = m0 + m < p.M ? a[(m0 + m) * p.lda + k0 + k] * row_scale[m] : 0.0;
-      // hi: v cut to f16's 11 significant bits with an integer mask (a compiler may fold float(float16_t(v))
-      // back to v, which would leave lo zero); lo = v - hi is exact in f32.
-      const float hi = uintBitsToFloat(floatBitsToUint(v) & 0xFFFFE000u);
-      Ah[m * AS + k] = float16_t(hi);
-      Al[m * AS + k] = float16_t(v - hi);
-    }
-    // W: BN rows x one block = 4 BN quarters; each quarter also writes 4 rows of the scale tile.
-    for (uint u = t; u < 4u * BN; u += 256u) {
-      const uint r = u / 4u, q = u % 4u;
-      vec4 lo = vec4(0.0), hi = vec4(0.0);
-      float d = 0.0;
-      if (n0 + r < p.N) {
-        const uint bb = ((n0 + r) * n_blocks + k0 / 32u) * Q4_0_BLOCK_BYTES;
-        d = q4_0_scale(bb);
-        const uint qs = q4_0_quarter(bb, q);
-        lo = q4_0_low(qs);
-        hi = q4_0_high(qs);
-      }
-      for (uint i = 0u; i < 4u; ++i) {
-        Bq[(4u * q + i) * BS + r] = float16_t(lo[i]);
-        Bq[(16u + 4u * q + i) * BS + r] = float16_t(hi[i]);
-        Ds[(4u * q + i) * BN + r] = d;
-      }
-    }
-    barrier();
 
-    F32_MAT part[2][4];
+  fetch(m0, n0, p.k_begin, n_blocks);
+  barrier();  // row_scale
+  stash();
+  barrier();
+  for (uint k0 = p.k_begin; k0 < p.k_end; k0 += BK) {
+    const bool more = k0 + BK < p.k_end;
+    if (more) fetch(m0, n0, k0 + BK, n_blocks);
+    F32_MAT part[2][FN];
     [[unroll]] for (uint i = 0u; i < 2u; ++i)
       [[unroll]] for (uint j = 0u; j < FN; ++j) part[i][j] = F32_MAT(0.0);
     [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
-      F16_MAT xh[2], xl[2], b[4];
+      F16_MAT xh[2], xl[2], b[FN];
       [[unroll]] for (uint i = 0u; i < 2u; ++i) {
         coopMatLoadNV(xh[i], Ah, (sm * 32u + 16u * i) * AS + kk, AS, false);
         coopMatLoadNV(xl[i], Al, (sm * 32u + 16u * i) * AS + kk, AS, false);
       }
-      [[unroll]] for (uint j = 0u; j < FN; ++j) coopMatLoadNV(b[j], Bq, kk * BS + sn * 16u * FN + 16u * j, BS, false);
+      [[unroll]] for (uint j = 0u; j < FN; ++j)
+        coopMatLoadNV(b[j], Bq, (sn * 32u + 16u * j) * BS + kk, BS, true);
       [[unroll]] for (uint i = 0u; i < 2u; ++i)
         [[unroll]] for (uint j = 0u; j < FN; ++j) {
           part[i][j] = coopMatMulAddNV(xh[i], b[j], part[i][j]);
@@ -117,23 +161,28 @@ void main() {
     }
     [[unroll]] for (uint j = 0u; j < FN; ++j) {
       F32_MAT d;
-      coopMatLoadNV(d, Ds, sn * 16u * FN + 16u * j, BN, false);
+      coopMatLoadNV(d, Fs, sn * 32u + 16u * j, DS, false);
       [[unroll]] for (uint i = 0u; i < 2u; ++i)
         [[unroll]] for (int e = 0; e < acc[i][j].length(); ++e) acc[i][j][e] += part[i][j][e] * d[e];
     }
+    barrier();  // every subgroup is done with the tiles
+    if (more) {
+      stash();
+      barrier();
+    }
   }
 
-  // Out through the subgroup's staging tile: C (+)= acc / s_m, inside the matrix only.
+  // Out through the subgroup's staging tile (in Fs, free after the loop's last barrier): C (+)= acc / s_m.
   [[unroll]] for (uint i = 0u; i < 2u; ++i)
     [[unroll]] for (uint j = 0u; j < FN; ++j) {
-      coopMatStoreNV(acc[i][j], Cs, sg * 256u, 16u, false);
+      coopMatStoreNV(acc[i][j], Fs, sg * 256u, 16u, false);
       subgroupMemoryBarrierShared();
       subgroupBarrier();
       for (uint e = lane; e < 256u; e += 32u) {
-        const uint ml = sm * 32u + 16u * i + e / 16u, n = n0 + sn * 16u * FN + 16u * j + e % 16u;
+        const uint ml = sm * 32u + 16u * i + e / 16u, n = n0 + sn * 32u + 16u * j + e % 16u;
         if (m0 + ml >= p.M || n >= p.N) continue;
         const uint idx = (m0 + ml) * p.N + n;
-        c[idx] = (p.accumulate != 0u ? c[idx] : 0.0) + Cs[sg * 256u + e] * row_unscale[ml];
+        c[idx] = (p.accumulate != 0u ? c[idx] : 0.0) + Fs[sg * 256u + e] * row_unscale[ml];
       }
       subgroupBarrier();
     }
