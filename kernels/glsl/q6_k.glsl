@@ -22,15 +22,8 @@ uint q6_k_word(uint a) {
   return odd != 0u ? (lo >> 16u) | (hi << 16u) : lo;
 }
 
-// The 8 bytes starting at the even byte address `a`, as two such words.
-uvec2 q6_k_words2(uint a) {
-  const uint i = a >> 2u, odd = (a >> 1u) & 1u;
-  const uint w0 = Q6_K_WORDS[i], w1 = Q6_K_WORDS[i + 1u], w2 = Q6_K_WORDS[i + 1u + odd];
-  return odd != 0u ? uvec2((w0 >> 16u) | (w1 << 16u), (w1 >> 16u) | (w2 << 16u)) : uvec2(w0, w1);
-}
-
-// The same 8 bytes when the caller knows the alignment: `odd` says that a is 2 mod 4 (the block starts on an odd
-// 16-bit word: block index odd). With `odd` a constant, an aligned pair is two loads and nothing else. The GEMV
+// The 8 bytes starting at the even byte address `a`, as two words, when the caller knows the alignment: `odd`
+// says that a is 2 mod 4 (the block starts on an odd 16-bit word: block index odd). With `odd` a constant, an aligned pair is two loads and nothing else. The GEMV
 // and dx arrange their invocations so that a subgroup's blocks share the alignment and branch on it.
 uvec2 q6_k_words2_known(uint a, bool odd) {
   const uint i = a >> 2u;
