@@ -67,7 +67,9 @@ class CpuHostKernels final : public HostKernels {
 
 class VulkanHostKernels final : public HostKernels {
  public:
-  explicit VulkanHostKernels(vk::Device& dev) : dev_(dev), kernels_(dev) {}
+  VulkanHostKernels(vk::Device& dev, uint32_t gemm_tile) : dev_(dev), kernels_(dev) {
+    kernels_.force_gemm_tile(gemm_tile);
+  }
   std::string device_name() const override { return dev_.name(); }
 
   void q4_0_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T, int64_t n_out,
@@ -211,8 +213,8 @@ class VulkanHostKernels final : public HostKernels {
 }  // namespace
 
 std::unique_ptr<HostKernels> make_cpu_host_kernels() { return std::make_unique<CpuHostKernels>(); }
-std::unique_ptr<HostKernels> make_vulkan_host_kernels(vk::Device& dev) {
-  return std::make_unique<VulkanHostKernels>(dev);
+std::unique_ptr<HostKernels> make_vulkan_host_kernels(vk::Device& dev, uint32_t gemm_tile) {
+  return std::make_unique<VulkanHostKernels>(dev, gemm_tile);
 }
 
 }  // namespace q4t

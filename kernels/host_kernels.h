@@ -45,7 +45,8 @@ class HostKernels {
 };
 
 std::unique_ptr<HostKernels> make_cpu_host_kernels();
-// Borrows dev, which must outlive the result.
-std::unique_ptr<HostKernels> make_vulkan_host_kernels(vk::Device& dev);
+// Borrows dev, which must outlive the result. gemm_tile forces the tiled GEMMs' tile edge (64 or 128; 0: each
+// product picks its own, see vk::LinearKernels::force_gemm_tile).
+std::unique_ptr<HostKernels> make_vulkan_host_kernels(vk::Device& dev, uint32_t gemm_tile = 0);
 
 }  // namespace q4t

@@ -364,33 +364,49 @@ TEST_F(VulkanKernels, EmbeddingForwardLooksUpKQuantRows) {
 }
 
 // logits[T, n] = x · W[row0 : row0 + n]ᵀ and dx += d · W[row0 : row0 + n] on a vocabulary tile that is not a
-// multiple of the 64-wide GEMM tile, starting at an odd row.
-TEST_F(VulkanKernels, LossTilesReadKQuantOutputMatrices) {
+// multiple of either GEMM tile (64 or 128 wide), starting at an odd row, for every quantised output format.
+TEST_F(VulkanKernels, LossTilesReadEveryQuantisedOutputMatrixWithEitherTile) {
+  struct LossFormat {
+    const char* name;
+    uint32_t format;  // shader_format of autograd/ops/embedding_loss.cpp
+    std::vector<uint8_t> (*make)(std::mt19937&, int64_t, int64_t);
+    decltype(&ref::q4_k_gemm) ref_gemm;
+    decltype(&ref::q4_k_dx) ref_dx;
+    int64_t (*row_bytes)(int64_t);
+  };
+  const LossFormat formats[] = {
+      {"q4_0", 1, random_q4_0, ref::q4_0_gemm, ref::q4_0_dx, q4_0_row_bytes},
+      {"q8_0", 2, random_q8_0, ref::q8_0_gemm, ref::q8_0_dx, q8_0_row_bytes},
+      {"f16", 3, random_f16, ref::f16_gemm, ref::f16_dx, f16_row_bytes},
+      {"q4_k", 4, random_q4_k, ref::q4_k_gemm, ref::q4_k_dx, q4_k_row_bytes},
+      {"q6_k", 5, random_q6_k, ref::q6_k_gemm, ref::q6_k_dx, q6_k_row_bytes}};
   const uint32_t V = 300, C = 512, T = 5, row0 = 37, n = 130;
   struct { uint32_t M, N, k_begin, k_end, lda, ldb, accumulate, row0, format, k_slice; } push{};  // k_slice 0: no split
-  for (const KTable& t : kKTables) {
-    const auto w = t.make(rng_, V, C);
-    const uint8_t* tile_w = w.data() + row0 * t.row_bytes(C);
-    const auto x = random_floats(rng_, T * C), d = random_floats(rng_, T * n), dx0 = random_floats(rng_, T * C);
-    vk::Buffer wb(*device_, w.size()), xb(*device_, x.size() * 4), db(*device_, d.size() * 4);
-    vk::Buffer logits(*device_, T * n * 4), dx(*device_, dx0.size() * 4);
-    wb.upload(w);
-    xb.upload(x);
-    db.upload(d);
-    dx.upload(dx0);
-    push = {T, n, 0, C, C, C, 0, row0, t.format};
-    run_shader(*device_, "linear_ce_logits", logits, xb, wb, push, {groups_of(n, 64), groups_of(T, 64), 1},
-               {64, 64});
-    EXPECT_LE(ref::max_rel_error(logits.download_as<float>(T * n).data(), t.ref_gemm(tile_w, x.data(), T, n, C)),
-              kBound)
-        << t.name << " logits";
-    push = {T, C, 0, n, n, C, 1, row0, t.format};
-    run_shader(*device_, "linear_ce_dx", dx, db, wb, push, {groups_of(C, 64), groups_of(T, 64), 1}, {64, 64});
-    EXPECT_LE(ref::max_rel_error(dx.download_as<float>(T * C).data(), t.ref_dx(tile_w, d.data(), dx0.data(), T, n,
-                                                                                  C, 0, n)),
-              kBound)
-        << t.name << " dx";
-  }
+  for (const LossFormat& t : formats)
+    for (uint32_t tile : {64u, 128u}) {
+      const auto w = t.make(rng_, V, C);
+      const uint8_t* tile_w = w.data() + row0 * t.row_bytes(C);
+      const auto x = random_floats(rng_, T * C), d = random_floats(rng_, T * n), dx0 = random_floats(rng_, T * C);
+      vk::Buffer wb(*device_, w.size()), xb(*device_, x.size() * 4), db(*device_, d.size() * 4);
+      vk::Buffer logits(*device_, T * n * 4), dx(*device_, dx0.size() * 4);
+      wb.upload(w);
+      xb.upload(x);
+      db.upload(d);
+      dx.upload(dx0);
+      push = {T, n, 0, C, C, C, 0, row0, t.format};
+      run_shader(*device_, "linear_ce_logits", logits, xb, wb, push, {groups_of(n, tile), groups_of(T, tile), 1},
+                 {tile, tile});
+      EXPECT_LE(ref::max_rel_error(logits.download_as<float>(T * n).data(), t.ref_gemm(tile_w, x.data(), T, n, C)),
+                kBound)
+          << t.name << " logits, tile " << tile;
+      push = {T, C, 0, n, n, C, 1, row0, t.format};
+      run_shader(*device_, "linear_ce_dx", dx, db, wb, push, {groups_of(C, tile), groups_of(T, tile), 1},
+                 {tile, tile});
+      EXPECT_LE(ref::max_rel_error(dx.download_as<float>(T * C).data(),
+                                   t.ref_dx(tile_w, d.data(), dx0.data(), T, n, C, 0, n)),
+                kBound)
+          << t.name << " dx, tile " << tile;
+    }
 }
 
 using HostGemm = void (HostKernels::*)(std::span<float>, std::span<const float>, std::span<const float>, int64_t,
@@ -418,6 +434,65 @@ void check_f32_gemm(HostKernels& k, std::mt19937& rng, HostGemm fn, RefGemm ref_
 TEST_F(VulkanKernels, F32GemmNTMatchesReference) { check_f32_gemm(*kernels_, rng_, &HostKernels::gemm_nt, &ref::gemm_nt); }
 TEST_F(VulkanKernels, F32GemmNNMatchesReference) { check_f32_gemm(*kernels_, rng_, &HostKernels::gemm_nn, &ref::gemm_nn); }
 TEST_F(VulkanKernels, F32GemmTNMatchesReference) { check_f32_gemm(*kernels_, rng_, &HostKernels::gemm_tn, &ref::gemm_tn); }
+
+// The 128-wide tiles (8x8 per invocation, which small products never pick) on shapes that leave partial tiles
+// on every side: T = 130 is one full tile and two tokens, n_out = 257 two full tiles and one row.
+TEST_F(VulkanKernels, LargeGemmTilesMatchReferenceOnAwkwardShapes) {
+  const auto large = make_vulkan_host_kernels(*device_, 128);
+  for (int64_t T : {int64_t(3), int64_t(130)}) {
+    const int64_t n_out = 257, n_in = 4096 + 32;
+    const auto w = random_q4_0(rng_, n_out, n_in);
+    const auto x = random_floats(rng_, T * n_in);
+    std::vector<float> y(size_t(T * n_out), NAN);
+    large->q4_0_gemm(y, w, x, T, n_out, n_in);
+    EXPECT_LE(ref::max_rel_error(y.data(), ref::q4_0_gemm(w.data(), x.data(), T, n_out, n_in)), kBound)
+        << "q4_0 T=" << T;
+    const auto dy = random_floats(rng_, T * n_out);
+    for (bool acc : {false, true}) {
+      auto dx = random_floats(rng_, T * n_in);
+      const auto dx0 = dx;
+      large->q4_0_dx(dx, w, dy, T, n_out, n_in, 5, n_out, acc);
+      const auto want = ref::q4_0_dx(w.data(), dy.data(), acc ? dx0.data() : nullptr, T, n_out, n_in, 5, n_out);
+      EXPECT_LE(ref::max_rel_error(dx.data(), want), kBound) << "q4_0 dx T=" << T << " accumulate=" << acc;
+    }
+  }
+  const int64_t T = 130, n_out = 257;
+  for (const FrozenFormat& f : kFrozenFormats) {
+    const int64_t n_in = f.n_ins[1];
+    const auto w = f.make(rng_, n_out, n_in);
+    const auto x = random_floats(rng_, T * n_in);
+    std::vector<float> y(size_t(T * n_out), NAN);
+    (large.get()->*f.gemm)(y, w, x, T, n_out, n_in);
+    EXPECT_LE(ref::max_rel_error(y.data(), f.ref_gemm(w.data(), x.data(), T, n_out, n_in)), kBound) << f.name;
+    const auto dy = random_floats(rng_, T * n_out);
+    auto dx = random_floats(rng_, T * n_in);
+    const auto dx0 = dx;
+    (large.get()->*f.dx)(dx, w, dy, T, n_out, n_in, 0, n_out, true);
+    EXPECT_LE(ref::max_rel_error(dx.data(), f.ref_dx(w.data(), dy.data(), dx0.data(), T, n_out, n_in, 0, n_out)),
+              kBound)
+        << f.name << " dx";
+  }
+  for (const auto& [fn, ref_fn] : {std::pair{&HostKernels::gemm_nt, &ref::gemm_nt},
+                                   std::pair{&HostKernels::gemm_nn, &ref::gemm_nn},
+                                   std::pair{&HostKernels::gemm_tn, &ref::gemm_tn}})
+    for (const auto& [M, N, K] : {std::array<int64_t, 3>{130, 257, 33}, std::array<int64_t, 3>{3, 17, 4128}})
+      for (bool acc : {false, true}) {
+        const auto a = random_floats(rng_, M * K), b = random_floats(rng_, K * N);
+        auto c = random_floats(rng_, M * N);
+        const auto c0 = c;
+        (large.get()->*fn)(c, a, b, M, N, K, acc);
+        EXPECT_LE(ref::max_rel_error(c.data(), ref_fn(a.data(), b.data(), acc ? c0.data() : nullptr, M, N, K)),
+                  kBound)
+            << "M=" << M << " N=" << N << " K=" << K << " accumulate=" << acc;
+      }
+}
+
+TEST_F(VulkanKernels, ForcingAGemmTileOtherThan64Or128IsRefused) {
+  vk::LinearKernels k(*device_);
+  EXPECT_THROW(k.force_gemm_tile(32), std::invalid_argument);
+  EXPECT_NO_THROW(k.force_gemm_tile(128));
+  EXPECT_NO_THROW(k.force_gemm_tile(0));
+}
 
 TEST_F(VulkanKernels, ASequenceRecordedOnceGivesTheSameResultEverySubmit) {
   const int64_t n_out = 65, n_in = 4128;

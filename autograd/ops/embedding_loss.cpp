@@ -369,12 +369,11 @@ struct TileGemmPush {
   uint32_t M, N, k_begin, k_end, lda, ldb, accumulate, row0, format;
   uint32_t k_slice = 0;
 };
-constexpr uint32_t kGemmTile = 64;  // BM = BN of gemm_tiled.glsl, as in kernels/vulkan/linear_kernels.cpp
-
 void tile_gemm_vk(OpContext& c, const char* shader, const Tensor& out, const Tensor& a, const TileGemmPush& push) {
-  const auto& p = c.be.pipeline(shader, 3, sizeof(push), {kGemmTile, kGemmTile});
+  const uint32_t tile = vk::gemm_tile_for(push.M, push.N);  // BM = BN of gemm_tiled.glsl
+  const auto& p = c.be.pipeline(shader, 3, sizeof(push), {tile, tile});
   c.seq->dispatch(p, {&out.buffer(), &a.buffer(), &c.in(1).buffer()}, push,
-                  {ceil_div_u32(push.N, kGemmTile), ceil_div_u32(push.M, kGemmTile), 1});
+                  {ceil_div_u32(push.N, tile), ceil_div_u32(push.M, tile), 1});
 }
 
 // logits[T, n] = x · w[j0 : j0+n]ᵀ (M = T, N = n, K = C).

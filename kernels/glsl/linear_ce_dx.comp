@@ -19,6 +19,7 @@ layout(push_constant) uniform Push {
   uint format;  // 0 = f32, 1 = Q4_0, 2 = Q8_0, 3 = f16 (C even), 4 = Q4_K, 5 = Q6_K (C % 256 == 0)
   uint k_slice;  // gemm_tiled.glsl's split of K: always 0 here
 } p;
+#define GEMM_BK 16u  // K steps of 16 vocabulary rows (gemm_tiled.glsl)
 #include "gemm_tiled.glsl"
 #include "gemm_load_a.glsl"
 #define Q4_0_WORDS w

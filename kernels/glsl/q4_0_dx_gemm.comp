@@ -7,6 +7,7 @@ layout(std430, binding = 0) buffer C { float c[]; };
 layout(std430, binding = 1) readonly buffer A { float a[]; };
 layout(std430, binding = 2) readonly buffer W { uint w[]; };
 #include "gemm_push.glsl"
+#define GEMM_BK 16u  // K steps of 16 rows (gemm_tiled.glsl)
 #include "gemm_tiled.glsl"
 #include "gemm_load_a.glsl"
 #define Q4_0_WORDS w

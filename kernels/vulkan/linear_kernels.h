@@ -17,6 +17,10 @@ namespace q4t::vk {
 struct FrozenFormat;  // the shaders and checks of one frozen weight format, Q8_0, Q4_K, Q6_K or F16
                       // (linear_kernels.cpp)
 
+// The tile edge (BM = BN of gemm_tiled.glsl) of a tiled GEMM with an M x N output: 128 for large products, 64
+// for those that 128-wide tiles would leave most of a large GPU idle with.
+uint32_t gemm_tile_for(int64_t M, int64_t N);
+
 class LinearKernels {
  public:
   explicit LinearKernels(Device& dev);
@@ -73,6 +77,10 @@ class LinearKernels {
 
   Device& device() const { return dev_; }
 
+  // The tiled GEMMs (T > 1 without tensor cores, the dx for T > 1, the f32 GEMMs) pick a 64- or 128-wide tile
+  // from the product's shape; tests force one (0: pick) to check both on shapes of any size.
+  void force_gemm_tile(uint32_t tile);
+
  private:
   const Pipeline& pipeline(const std::string& shader, uint32_t n_buffers, uint32_t push_bytes,
                            const std::vector<uint32_t>& spec = {});
@@ -87,7 +95,10 @@ class LinearKernels {
   void dx_reduce(Sequence& s, const Buffer& dX, const Buffer& scratch, int64_t n_in, int64_t n_chunks,
                  bool accumulate);
 
+  uint32_t gemm_tile(int64_t M, int64_t N) const;
+
   Device& dev_;
+  uint32_t forced_gemm_tile_ = 0;
   std::map<std::string, std::unique_ptr<Pipeline>> pipelines_;
 };
 
