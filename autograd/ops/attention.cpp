@@ -77,11 +77,11 @@ struct FlashLayout {
 };
 
 // Rows of up to `dims` head dims per invocation, SPLIT a power of two within the subgroup (and at most 64, the
-// workgroup); shared tiles of TILE rows keep two [TILE, DP] arrays within 32 KiB.
+// workgroup), DPL rounded up to whole vec4s; shared tiles of TILE rows keep two [TILE, DP] arrays within 32 KiB.
 FlashLayout flash_layout(int64_t D, uint32_t dims, uint32_t subgroup) {
   FlashLayout f;
   while (f.split < 64 && f.split * 2 <= subgroup && (uint32_t(D) + f.split - 1) / f.split > dims) f.split *= 2;
-  f.dpl = (uint32_t(D) + f.split - 1) / f.split;
+  f.dpl = ((uint32_t(D) + f.split - 1) / f.split + 3) / 4 * 4;
   const uint32_t dp = f.split * f.dpl;
   f.tile = 32;
   while (f.tile > 4 && 2 * f.tile * dp * 4 > 32768) f.tile /= 2;

@@ -2,23 +2,43 @@
 // heads over q [T, H*D], k and v [T, Hkv*D], optionally within segments (seg [T] i32: query i attends key j
 // only if j ≤ i and seg[j] == seg[i]); see autograd/ops/attention.cpp.
 //
-// SPLIT consecutive invocations share one row (a query row, or a key row in the dK/dV pass): invocation `part`
-// holds head dims part, part + SPLIT, ... (DPL of them; D ≤ SPLIT·DPL, the rest zero), so neighbours read
-// neighbouring floats of the shared tiles. A dot product over D is each invocation's partial sum reduced with
-// subgroupShuffleXor over the SPLIT invocations (SPLIT is a power of two no larger than the subgroup).
-// Tiles of TILE rows of the other side (keys, or queries) are staged in shared memory, TILE·DP floats each.
+// SPLIT consecutive invocations share one row (a query row, or a key row in the dK/dV pass), each holding DPL of
+// its head dims (D ≤ SPLIT·DPL, the rest zero) as DPL/4 vec4s: invocation `part` has vec4 slots part,
+// part + SPLIT, ..., so that neighbours read neighbouring 16 bytes of the shared tiles. Every read of a shared
+// row is a 128-bit load feeding four FMAs (a scalar layout took one shared load per FMA, the kernels' bound).
+// A dot product over D is each invocation's partial sum reduced with subgroupShuffleXor over the SPLIT
+// invocations (SPLIT is a power of two no larger than the subgroup). Tiles of TILE rows of the other side
+// (keys, or queries) are staged in shared memory, TILE·DP floats each.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
 
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const uint SPLIT = 2;
-layout(constant_id = 1) const uint DPL = 32;
+layout(constant_id = 1) const uint DPL = 32;  // a multiple of 4
 layout(constant_id = 2) const uint TILE = 32;
+const uint DPL4 = DPL / 4u;     // vec4s per invocation
 const uint DP = SPLIT * DPL;    // the padded head dim of a shared row
+const uint DP4 = DP / 4u;
 const uint ROWS = 64u / SPLIT;  // rows per workgroup
 
 // flags (the dK/dV pass): bit 0 writes dK, bit 1 writes dV.
 layout(push_constant) uniform Push { uint T; uint H; uint Hkv; uint D; float s; uint segmented; uint flags; } u;
+
+// Head dim e (0..3) of this invocation's vec4 t.
+uint dim_of(uint part, uint t, uint e) { return 4u * (part + SPLIT * t) + e; }
+
+// Dims 4·slot .. 4·slot + 3 of the row starting at src[base], zero from D on: the global loads of a row.
+#define LOAD_DIMS4(src, base, slot, scale) \
+  vec4(4u * (slot) + 0u < u.D ? (scale) * src[(base) + 4u * (slot) + 0u] : 0.0, \
+       4u * (slot) + 1u < u.D ? (scale) * src[(base) + 4u * (slot) + 1u] : 0.0, \
+       4u * (slot) + 2u < u.D ? (scale) * src[(base) + 4u * (slot) + 2u] : 0.0, \
+       4u * (slot) + 3u < u.D ? (scale) * src[(base) + 4u * (slot) + 3u] : 0.0)
+
+// Σ a·b over this invocation's dims: four running sums (one per vec4 lane, so four independent FMA chains),
+// added at the end in a fixed order (callers rely on equal inputs giving bitwise equal sums).
+#define DOT_PARTIAL(acc4, a, b) acc4 = fma((a), (b), acc4)
+float sum4(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 
 // Σ over the row's SPLIT invocations of v.
 float row_sum(float v) {
@@ -30,17 +50,23 @@ float row_sum(float v) {
 shared int tile_seg[TILE];
 shared int range[4];  // min and max of this workgroup's rows' ids, then of the staged tile's
 
-// Ids min/max of `n` ids from seg starting at `first` into range[slot], range[slot + 1]; by invocation 0.
+// Ids min/max of `n` ids from seg starting at `first` into range[slot], range[slot + 1]: by the first subgroup,
+// its invocations reading the ids side by side (one invocation walking them one after another, each load
+// waiting on the last, was the segmented kernels' largest cost).
 void seg_range(uint first, uint n, uint slot) {
-  if (gl_LocalInvocationIndex == 0u) {
+  if (gl_SubgroupID == 0u) {
     int lo = 0x7FFFFFFF, hi = -0x7FFFFFFF;
-    for (uint e = 0u; e < n; ++e) {
+    for (uint e = gl_SubgroupInvocationID; e < n; e += gl_SubgroupSize) {
       const int v = SEG_IDS[first + e];
       lo = min(lo, v);
       hi = max(hi, v);
     }
-    range[slot] = lo;
-    range[slot + 1u] = hi;
+    lo = subgroupMin(lo);
+    hi = subgroupMax(hi);
+    if (subgroupElect()) {
+      range[slot] = lo;
+      range[slot + 1u] = hi;
+    }
   }
 }
 
@@ -49,23 +75,25 @@ void seg_range(uint first, uint n, uint slot) {
 // D) from the including shader's k and v buffers, with their segment ids in tile_seg. Returns false when the
 // tile's ids cannot meet the workgroup's rows' (range[0..1], from seg_range(.., 0)): the caller skips it. Every
 // invocation gets the same answer, and the leading barrier keeps the previous tile until all have used it.
-shared float ks[TILE * DP], vs[TILE * DP];
+shared vec4 ks[TILE * DP4], vs[TILE * DP4];
 
 bool stage_key_tile(uint j0, uint hk) {
   const uint lid = gl_LocalInvocationIndex, kvs = u.Hkv * u.D;
   barrier();
-  for (uint e = lid; e < TILE * DP; e += 64u) {
-    const uint c = e / DP, d = e % DP, j = j0 + c;
-    const bool ok = j < u.T && d < u.D;
-    ks[e] = ok ? k[j * kvs + hk * u.D + d] : 0.0;
-    vs[e] = ok ? v[j * kvs + hk * u.D + d] : 0.0;
-  }
-  const uint n_keys = min(TILE, u.T - j0);
-  if (u.segmented != 0u) {
+  if (u.segmented != 0u) {  // the ids first: a tile that cannot meet the rows is not loaded at all
+    const uint n_keys = min(TILE, u.T - j0);
     if (lid < n_keys) tile_seg[lid] = SEG_IDS[j0 + lid];
     seg_range(j0, n_keys, 2u);
+    barrier();
+    if (range[3] < range[0] || range[2] > range[1]) return false;
+  }
+  for (uint e = lid; e < TILE * DP4; e += 64u) {
+    const uint c = e / DP4, slot = e % DP4, j = j0 + c;
+    const uint base = min(j, u.T - 1u) * kvs + hk * u.D;
+    ks[e] = j < u.T ? LOAD_DIMS4(k, base, slot, 1.0) : vec4(0.0);
+    vs[e] = j < u.T ? LOAD_DIMS4(v, base, slot, 1.0) : vec4(0.0);
   }
   barrier();
-  return u.segmented == 0u || (range[3] >= range[0] && range[2] <= range[1]);
+  return true;
 }
 #endif

@@ -20,7 +20,7 @@ layout(std430, binding = 8) readonly buffer Seg { int seg[]; };
 #define SEG_IDS seg
 #include "attention_flash.glsl"
 
-shared float qsh[TILE * DP], dosh[TILE * DP];
+shared vec4 qsh[TILE * DP4], dosh[TILE * DP4];
 shared float lse_sh[TILE], delta_sh[TILE];
 
 void main() {
@@ -31,13 +31,13 @@ void main() {
   const uint jc = min(j, u.T - 1u);
   const uint qs = u.H * u.D, kvs = u.Hkv * u.D;
 
-  float kr[DPL], vr[DPL], dk[DPL], dv[DPL];
-  for (uint t = 0u; t < DPL; ++t) {
-    const uint d = part + SPLIT * t;
-    kr[t] = d < u.D ? k[jc * kvs + hk * u.D + d] : 0.0;
-    vr[t] = d < u.D ? v[jc * kvs + hk * u.D + d] : 0.0;
-    dk[t] = 0.0;
-    dv[t] = 0.0;
+  vec4 kr[DPL4], vr[DPL4], dk[DPL4], dv[DPL4];
+  for (uint t = 0u; t < DPL4; ++t) {
+    const uint slot = part + SPLIT * t, base = jc * kvs + hk * u.D;
+    kr[t] = LOAD_DIMS4(k, base, slot, 1.0);
+    vr[t] = LOAD_DIMS4(v, base, slot, 1.0);
+    dk[t] = vec4(0.0);
+    dv[t] = vec4(0.0);
   }
   const int my_seg = u.segmented != 0u ? seg[jc] : 0;
   if (u.segmented != 0u) seg_range(j0, min(ROWS, u.T - j0), 0u);
@@ -47,51 +47,55 @@ void main() {
     const uint h = hk * G + g;
     for (uint i0 = j0; i0 < u.T; i0 += TILE) {
       barrier();
-      for (uint e = lid; e < TILE * DP; e += 64u) {
-        const uint c = e / DP, d = e % DP, i = i0 + c;
-        const bool ok = i < u.T && d < u.D;
-        qsh[e] = ok ? u.s * q[i * qs + h * u.D + d] : 0.0;
-        dosh[e] = ok ? dout[i * qs + h * u.D + d] : 0.0;
-      }
       const uint n_rows = min(TILE, u.T - i0);
+      if (u.segmented != 0u) {  // the ids first: a query tile that cannot meet the keys is not loaded at all
+        if (lid < n_rows) tile_seg[lid] = seg[i0 + lid];
+        seg_range(i0, n_rows, 2u);
+        barrier();
+        if (range[3] < range[0] || range[2] > range[1]) continue;  // uniform
+      }
+      for (uint e = lid; e < TILE * DP4; e += 64u) {
+        const uint c = e / DP4, slot = e % DP4, i = i0 + c;
+        const uint base = min(i, u.T - 1u) * qs + h * u.D;
+        qsh[e] = i < u.T ? LOAD_DIMS4(q, base, slot, u.s) : vec4(0.0);
+        dosh[e] = i < u.T ? LOAD_DIMS4(dout, base, slot, 1.0) : vec4(0.0);
+      }
       if (lid < n_rows) {
         lse_sh[lid] = lse[h * u.T + i0 + lid];
         delta_sh[lid] = delta[h * u.T + i0 + lid];
-        if (u.segmented != 0u) tile_seg[lid] = seg[i0 + lid];
       }
-      if (u.segmented != 0u) seg_range(i0, n_rows, 2u);
       barrier();
-      if (u.segmented != 0u && (range[3] < range[0] || range[2] > range[1])) continue;  // uniform
       for (uint c = 0u; c < TILE; ++c) {
         const uint i = i0 + c;
-        float a = 0.0, b = 0.0;
-        for (uint t = 0u; t < DPL; ++t) {
-          a += kr[t] * qsh[c * DP + part + SPLIT * t];
-          b += vr[t] * dosh[c * DP + part + SPLIT * t];
+        vec4 a = vec4(0.0), b = vec4(0.0);
+        for (uint t = 0u; t < DPL4; ++t) {
+          DOT_PARTIAL(a, kr[t], qsh[c * DP4 + part + SPLIT * t]);
+          DOT_PARTIAL(b, vr[t], dosh[c * DP4 + part + SPLIT * t]);
         }
-        const float sc = row_sum(a), dp = row_sum(b);
+        const float sc = row_sum(sum4(a)), dp = row_sum(sum4(b));
         const bool ok = key_ok && i < u.T && j <= i && (u.segmented == 0u || tile_seg[c] == my_seg);
         const float p = ok ? exp(sc - lse_sh[c]) : 0.0;
         const float ds = ok ? p * (dp - delta_sh[c]) : 0.0;
-        for (uint t = 0u; t < DPL; ++t) {
-          dv[t] += p * dosh[c * DP + part + SPLIT * t];
-          dk[t] += ds * qsh[c * DP + part + SPLIT * t];
+        for (uint t = 0u; t < DPL4; ++t) {
+          dv[t] = fma(vec4(p), dosh[c * DP4 + part + SPLIT * t], dv[t]);
+          dk[t] = fma(vec4(ds), qsh[c * DP4 + part + SPLIT * t], dk[t]);
         }
       }
     }
   }
   if (!key_ok) return;
   const uint slice = u.T * kvs;
-  for (uint t = 0u; t < DPL; ++t) {
-    const uint d = part + SPLIT * t;
-    if (d >= u.D) continue;
-    const uint a = j * kvs + hk * u.D + d;
-    if (split) {
-      dk_out[gl_WorkGroupID.z * slice + a] = dk[t];
-      dv_out[(G + gl_WorkGroupID.z) * slice + a] = dv[t];
-      continue;
+  for (uint t = 0u; t < DPL4; ++t)
+    for (uint e = 0u; e < 4u; ++e) {
+      const uint d = dim_of(part, t, e);
+      if (d >= u.D) continue;
+      const uint a = j * kvs + hk * u.D + d;
+      if (split) {
+        dk_out[gl_WorkGroupID.z * slice + a] = dk[t][e];
+        dv_out[(G + gl_WorkGroupID.z) * slice + a] = dv[t][e];
+        continue;
+      }
+      if ((u.flags & 1u) != 0u) dk_out[a] += dk[t][e];
+      if ((u.flags & 2u) != 0u) dv_out[a] += dv[t][e];
     }
-    if ((u.flags & 1u) != 0u) dk_out[a] += dk[t];
-    if ((u.flags & 2u) != 0u) dv_out[a] += dv[t];
-  }
 }

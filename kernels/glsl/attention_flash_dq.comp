@@ -26,23 +26,21 @@ void main() {
   const uint i_last = min(i0 + ROWS, u.T) - 1u;
   const uint qs = u.H * u.D;
 
-  float qr[DPL], dor[DPL], dq[DPL];
-  float dd = 0.0;
-  for (uint t = 0u; t < DPL; ++t) {
-    const uint d = part + SPLIT * t;
-    const uint a = ic * qs + h * u.D + d;
-    qr[t] = d < u.D ? u.s * q[a] : 0.0;
-    dor[t] = d < u.D ? dout[a] : 0.0;
-    dq[t] = 0.0;
+  vec4 qr[DPL4], dor[DPL4], dq[DPL4];
+  vec4 dd = vec4(0.0);
+  for (uint t = 0u; t < DPL4; ++t) {
+    const uint slot = part + SPLIT * t, base = ic * qs + h * u.D;
+    qr[t] = LOAD_DIMS4(q, base, slot, u.s);
+    dor[t] = LOAD_DIMS4(dout, base, slot, 1.0);
+    dq[t] = vec4(0.0);
   }
-  // Δ in the same form as dP below (a fused multiply-add per dim, in the same order), so that where O_i is
+  // Δ in the same form as dP below (the same fused multiply-adds in the same order), so that where O_i is
   // exactly one v_j (a lone token) dP − Δ is exactly 0, as in double.
-  for (uint t = 0u; t < DPL; ++t) {
-    const uint d = part + SPLIT * t;
-    const float ot = d < u.D ? o[ic * qs + h * u.D + d] : 0.0;
-    dd += dor[t] * ot;
+  for (uint t = 0u; t < DPL4; ++t) {
+    const vec4 ot = LOAD_DIMS4(o, ic * qs + h * u.D, part + SPLIT * t, 1.0);
+    DOT_PARTIAL(dd, dor[t], ot);
   }
-  const float dlt = row_sum(dd);
+  const float dlt = row_sum(sum4(dd));
   if (row_ok && part == 0u) delta[h * u.T + i] = dlt;
   const float lse_i = lse[h * u.T + ic];
   const int my_seg = u.segmented != 0u ? seg[ic] : 0;
@@ -52,20 +50,21 @@ void main() {
     if (!stage_key_tile(j0, hk)) continue;  // uniform
     for (uint c = 0u; c < TILE; ++c) {
       const uint j = j0 + c;
-      float a = 0.0, b = 0.0;
-      for (uint t = 0u; t < DPL; ++t) {
-        a += qr[t] * ks[c * DP + part + SPLIT * t];
-        b += dor[t] * vs[c * DP + part + SPLIT * t];
+      vec4 a = vec4(0.0), b = vec4(0.0);
+      for (uint t = 0u; t < DPL4; ++t) {
+        DOT_PARTIAL(a, qr[t], ks[c * DP4 + part + SPLIT * t]);
+        DOT_PARTIAL(b, dor[t], vs[c * DP4 + part + SPLIT * t]);
       }
-      const float sc = row_sum(a), dp = row_sum(b);
+      const float sc = row_sum(sum4(a)), dp = row_sum(sum4(b));
       const bool ok = row_ok && j <= i && (u.segmented == 0u || tile_seg[c] == my_seg);
       const float ds = ok ? exp(sc - lse_i) * (dp - dlt) : 0.0;
-      for (uint t = 0u; t < DPL; ++t) dq[t] += ds * ks[c * DP + part + SPLIT * t];
+      for (uint t = 0u; t < DPL4; ++t) dq[t] = fma(vec4(ds), ks[c * DP4 + part + SPLIT * t], dq[t]);
     }
   }
   if (!row_ok) return;
-  for (uint t = 0u; t < DPL; ++t) {
-    const uint d = part + SPLIT * t;
-    if (d < u.D) dq_out[i * qs + h * u.D + d] += u.s * dq[t];
-  }
+  for (uint t = 0u; t < DPL4; ++t)
+    for (uint e = 0u; e < 4u; ++e) {
+      const uint d = dim_of(part, t, e);
+      if (d < u.D) dq_out[i * qs + h * u.D + d] += u.s * dq[t][e];
+    }
 }

@@ -25,11 +25,10 @@ void main() {
   const uint i_last = min(i0 + ROWS, u.T) - 1u;
   const uint qs = u.H * u.D;
 
-  float qr[DPL], o[DPL];
-  for (uint t = 0u; t < DPL; ++t) {
-    const uint d = part + SPLIT * t;
-    qr[t] = d < u.D ? u.s * q[ic * qs + h * u.D + d] : 0.0;
-    o[t] = 0.0;
+  vec4 qr[DPL4], o[DPL4];
+  for (uint t = 0u; t < DPL4; ++t) {
+    qr[t] = LOAD_DIMS4(q, ic * qs + h * u.D, part + SPLIT * t, u.s);
+    o[t] = vec4(0.0);
   }
   const int my_seg = u.segmented != 0u ? seg[ic] : 0;
   if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0, 0u);
@@ -39,27 +38,28 @@ void main() {
     if (!stage_key_tile(j0, hk)) continue;  // uniform
     for (uint c = 0u; c < TILE; ++c) {
       const uint j = j0 + c;
-      float dot_qk = 0.0;
-      for (uint t = 0u; t < DPL; ++t) dot_qk += qr[t] * ks[c * DP + part + SPLIT * t];
-      const float sc = row_sum(dot_qk);
+      vec4 dot_qk = vec4(0.0);
+      for (uint t = 0u; t < DPL4; ++t) DOT_PARTIAL(dot_qk, qr[t], ks[c * DP4 + part + SPLIT * t]);
+      const float sc = row_sum(sum4(dot_qk));
       const bool ok = row_ok && j <= i && (u.segmented == 0u || tile_seg[c] == my_seg);
       if (ok) {
         if (sc > m) {
           const float corr = exp(m - sc);
           l *= corr;
-          for (uint t = 0u; t < DPL; ++t) o[t] *= corr;
+          for (uint t = 0u; t < DPL4; ++t) o[t] *= corr;
           m = sc;
         }
         const float p = exp(sc - m);
         l += p;
-        for (uint t = 0u; t < DPL; ++t) o[t] += p * vs[c * DP + part + SPLIT * t];
+        for (uint t = 0u; t < DPL4; ++t) o[t] = fma(vec4(p), vs[c * DP4 + part + SPLIT * t], o[t]);
       }
     }
   }
   if (!row_ok) return;
-  for (uint t = 0u; t < DPL; ++t) {
-    const uint d = part + SPLIT * t;
-    if (d < u.D) o_out[i * qs + h * u.D + d] = o[t] / l;
-  }
+  for (uint t = 0u; t < DPL4; ++t)
+    for (uint e = 0u; e < 4u; ++e) {
+      const uint d = dim_of(part, t, e);
+      if (d < u.D) o_out[i * qs + h * u.D + d] = o[t][e] / l;
+    }
   if (part == 0u) lse[h * u.T + i] = m + log(l);
 }
