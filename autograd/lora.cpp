@@ -42,7 +42,7 @@ LoraLinear::LoraLinear(Var w_, Var a_, Var b_, double scale_, double dropout_, u
 Var LoraLinear::delta(Var x) const {
   Var xin = dropout > 0 ? ag::dropout(x, dropout, dropout_seed, dropout_salt) : x;
   Var h = matmul_nt(xin, a);                   // [T, r]
-  return ag::scale(matmul_nt(h, b), scale);    // [T, n_out]
+  return matmul_nt(ag::scale(h, scale), b);    // [T, n_out]; the scale on the rank-r side is r/n_out the work
 }
 
 Var LoraLinear::operator()(Var x) const { return add(linear(x, w), delta(x)); }

@@ -31,7 +31,10 @@ shared float Bs[BK * BN];
 
 // Column of the tile that element j of an invocation's TN columns covers: two runs of TN/2, BN/2 apart, so that
 // neighbouring invocations' shared reads are contiguous (no bank conflicts with TN = 8).
-uint col(uint tx, uint j) { return (j / (TN / 2u)) * (BN / 2u) + tx * (TN / 2u) + j % (TN / 2u); }
+uint col(uint tx, uint j) {
+  if (TN < 2u) return tx;  // the 16-wide tiles of skinny products: one column each
+  return (j / (TN / 2u)) * (BN / 2u) + tx * (TN / 2u) + j % (TN / 2u);
+}
 
 void load_tile_a(uint m0, uint k0);
 void load_tile_b(uint n0, uint k0);

@@ -22,6 +22,7 @@ struct GemmPush {
 constexpr uint32_t kGemmTile = 64;
 constexpr uint32_t kGemmTileLarge = 128;
 constexpr int64_t kLargeTileMinGroups = 256;
+constexpr uint32_t kSkinnyEdge = 16;  // the short edge of the f32 GEMMs' tiles for rank-r products
 // The tensor-core GEMMs (*_coop.comp, on devices with Device::coop_matrix): tile M x N, and the fewest tokens
 // that take them (below, most of a 64-row tile would be padding).
 constexpr uint32_t kCoopTileM = 64, kCoopTileN = 128;
@@ -380,7 +381,12 @@ void LinearKernels::f32_gemm(const char* shader, Sequence& s, const Buffer& C, c
   check_min_size(shader, "A", A.size(), size_t(M * K) * 4);
   check_min_size(shader, "B", B.size(), size_t(K * N) * 4);
   check_min_size(shader, "C", C.size(), size_t(M * N) * 4);
-  const uint32_t bm = gemm_tile(M, N), bn = bm;
+  // LoRA's rank-r sides (N or M at most 32) take 64 x 16 or 64 x 32 tiles (or 16 x 64, 32 x 64): a square tile
+  // would spend most of its FMAs on padding. The tile counts, and so the split below, are those of 64 x 64 tiles.
+  uint32_t bm = gemm_tile(M, N), bn = bm;
+  const auto skinny = [](int64_t e) { return e <= kSkinnyEdge ? kSkinnyEdge : 2 * kSkinnyEdge; };
+  if (!forced_gemm_tile_ && N <= 2 * kSkinnyEdge) bn = skinny(N), bm = kGemmTile;
+  else if (!forced_gemm_tile_ && M <= 2 * kSkinnyEdge) bm = skinny(M), bn = kGemmTile;
   const auto& p = pipeline(shader, 3, sizeof(GemmPush), {bm, bn});
   const auto [slices, k_slice] = gemm_split(M, N, K);
   if (scratch && slices > 1) {
