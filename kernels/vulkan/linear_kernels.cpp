@@ -226,6 +226,14 @@ const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", "q8_0_gemm", "q8_0
 // copy against 67%), with rows streamed through shared memory a tile at a time (52%), and with the chunks added
 // by the last workgroup of each column group to finish instead of a second pass (an arrival counter behind a
 // device-wide memory barrier: Q4_K 96 us and Q6_K 133 against 83 and 109, Q4_0 no faster).
+// What bounds the K-quant GEMV and one-token dx (H100, 16384x16384, variants of the shaders timed in place of
+// them): a plain read of the same 151 MB takes 50 us (110% of copy); the Q4_K GEMV's loads alone, without the
+// arithmetic, 68 us (59 with the activations read contiguously); the whole GEMV with its weights kept in cache,
+// 74 us, and 48 without the nibble decode. So the decode's instructions, not the memory, set the 77 us: two
+// per weight (shift, and-or) beside one FMA. Decodes with fewer: nibbles left at bits 15-18 (five shifts per
+// word) 73.2 us but 30 times the rounding error (2.7e-5 against 9e-7); exact floats from masks alone
+// (2^23 + n·16^k, one subtraction each) 75.9 us. The Q4_K and Q6_K dx likewise: loads alone 66 and 96 us, the
+// arithmetic alone 71 and 88, together 83 and 109.
 constexpr uint32_t kGemvKWorkgroup = 128;
 constexpr uint32_t kGemvQ4_KRows = 4;
 constexpr uint32_t kGemvQ6_KRows = 2;
