@@ -487,6 +487,40 @@ TEST_F(VulkanKernels, LargeGemmTilesMatchReferenceOnAwkwardShapes) {
       }
 }
 
+// Products too small for a wave of 128-wide tiles but with many rows split the dx over the rows (130 tokens x
+// 1056 or 1280 columns: 18 or 20 such tiles; 1095 rows: two slices), with either tile, with and without
+// accumulate, on a row range that starts past row 0.
+TEST_F(VulkanKernels, DxSplitOverRowsMatchesReference) {
+  const auto small = make_vulkan_host_kernels(*device_, 64);
+  const int64_t T = 130, n_out = 1100, j0 = 5;
+  for (HostKernels* k : {kernels_, small.get()}) {
+    {
+      const int64_t n_in = 1056;
+      const auto w = random_q4_0(rng_, n_out, n_in);
+      const auto dy = random_floats(rng_, T * n_out);
+      for (bool acc : {false, true}) {
+        auto dx = random_floats(rng_, T * n_in);
+        const auto dx0 = dx;
+        k->q4_0_dx(dx, w, dy, T, n_out, n_in, j0, n_out, acc);
+        const auto want = ref::q4_0_dx(w.data(), dy.data(), acc ? dx0.data() : nullptr, T, n_out, n_in, j0, n_out);
+        EXPECT_LE(ref::max_rel_error(dx.data(), want), kBound) << "q4_0 accumulate=" << acc;
+      }
+    }
+    for (const FrozenFormat& f : kFrozenFormats) {
+      const int64_t n_in = f.k_quant ? 1280 : 1056;
+      const auto w = f.make(rng_, n_out, n_in);
+      const auto dy = random_floats(rng_, T * n_out);
+      auto dx = random_floats(rng_, T * n_in);
+      const auto dx0 = dx;
+      (k->*f.dx)(dx, w, dy, T, n_out, n_in, j0, n_out, true);
+      EXPECT_LE(ref::max_rel_error(dx.data(), f.ref_dx(w.data(), dy.data(), dx0.data(), T, n_out, n_in, j0, n_out)),
+                kBound)
+          << f.name;
+    }
+  }
+  EXPECT_GT(vk::LinearKernels::q4_0_dx_scratch_bytes(T, n_out - j0, 1056), size_t(0));  // the split does apply
+}
+
 TEST_F(VulkanKernels, ForcingAGemmTileOtherThan64Or128IsRefused) {
   vk::LinearKernels k(*device_);
   EXPECT_THROW(k.force_gemm_tile(32), std::invalid_argument);

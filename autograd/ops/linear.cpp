@@ -119,7 +119,8 @@ void linear_backward(OpContext& c) {
   cpu::gemm_nn(f32_mut(dx), f32_span(dy), f32_span(w), T_, n_in, n_out, true);
 }
 
-// The one-token Vulkan dx of a frozen weight needs scratch for its row-chunk partial sums.
+// The Vulkan dx of a frozen weight needs scratch for its row-chunk partial sums (one token) or for the slices of a
+// small product split over many rows (several tokens; see LinearKernels::dx_gemm).
 void linear_prepare(OpContext& c) {
   const FrozenKernels* k = frozen_kernels(c.in(1).dtype());
   if (c.be.is_cpu() || !k) return;

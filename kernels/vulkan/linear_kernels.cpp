@@ -69,8 +69,29 @@ int64_t dx_rows_per_chunk(int64_t n_rows, int64_t n_in, int64_t cols_per_group) 
   return std::max(kDxMinRowsPerChunk, (n_rows + want_chunks - 1) / want_chunks);
 }
 
+// The dx GEMM (T > 1) of a product too small for a wave of 128-wide tiles, but with many rows (its K): split
+// over K into slices of at least kMinDxSliceRows rows, enough for about kLargeTileMinGroups workgroups of
+// 128-wide tiles, summed in order by dx_reduce. H100, tinyllama's T = 512: the 64-wide tiles reach 16 TFLOPS.
+constexpr int64_t kMinDxSliceRows = 512;
+constexpr int64_t kMinDxSplitTiles = 16;  // fewer tiles than this: too small a product to be worth a second pass
+
+// {slices, k_slice}: 1 slice means no split. Depends on the shape alone (the scratch is sized from it).
+std::pair<int64_t, int64_t> dx_gemm_split(int64_t T, int64_t n_rows, int64_t n_in) {
+  const int64_t tiles = int64_t(ceil_div(T, kGemmTileLarge)) * ceil_div(n_in, kGemmTileLarge);
+  if (T <= 1 || tiles >= kLargeTileMinGroups || tiles < kMinDxSplitTiles) return {1, 0};
+  const int64_t want = std::min((kLargeTileMinGroups + tiles - 1) / tiles, n_rows / kMinDxSliceRows);
+  if (want < 2) return {1, 0};
+  const int64_t k_slice = ((n_rows + want - 1) / want + 15) / 16 * 16;  // whole K steps (GEMM_BK = 16)
+  return {(n_rows + k_slice - 1) / k_slice, k_slice};
+}
+
 size_t dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in, int64_t cols_per_group) {
-  if (T != 1 || n_rows <= 0 || n_in <= 0) return 0;
+  if (n_rows <= 0 || n_in <= 0) return 0;
+  if (T > 1) {
+    const auto [slices, k_slice] = dx_gemm_split(T, n_rows, n_in);
+    return slices > 1 ? size_t(slices * T * n_in) * 4 : 0;
+  }
+  if (T != 1) return 0;
   const int64_t rows_per_chunk = dx_rows_per_chunk(n_rows, n_in, cols_per_group);
   return size_t((n_rows + rows_per_chunk - 1) / rows_per_chunk * n_in) * 4;
 }
@@ -159,11 +180,7 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
     // slower on an H100: 9.0-10.8 TFLOPS at T = 512 (tinyllama's shapes, 16384 x 16384) against 14.2 here at
     // 16384 x 16384, and 2206 against 2443 tok/s in tinyllama training. d varies along K here, so W cannot enter
     // as its exact codes as in the forward GEMM, and staging the split weights costs more than the products save.
-    GemmPush push{uint32_t(T), uint32_t(n_in), uint32_t(j_start), uint32_t(j_end), uint32_t(n_out), 0,
-                  accumulate ? 1u : 0u};
-    const uint32_t bm = gemm_tile(T, n_in), bn = bm;
-    const auto& p = pipeline("q4_0_dx_gemm", 3, sizeof(push), {bm, bn});
-    s.dispatch(p, {&dX, &dY, &w}, push, {ceil_div(n_in, bn), ceil_div(T, bm), 1});
+    dx_gemm("q4_0_dx_gemm", s, dX, w, dY, scratch, T, n_out, n_in, j_start, j_end, accumulate);
     return;
   }
   const int64_t n_rows = j_end - j_start;
@@ -178,6 +195,28 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
   const auto& p1 = pipeline("q4_0_dx_split", 3, sizeof(split), {kDxRowSlots, kDxQ4_0RowsInFlight});
   s.dispatch(p1, {scratch, &w, &dY}, split, {ceil_div(n_in / 8, kDxQuarters), uint32_t(n_chunks), 1});
   dx_reduce(s, dX, *scratch, n_in, n_chunks, accumulate);
+}
+
+void LinearKernels::dx_gemm(const char* shader, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
+                            const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start,
+                            int64_t j_end, bool accumulate) {
+  GemmPush push{uint32_t(T), uint32_t(n_in), uint32_t(j_start), uint32_t(j_end), uint32_t(n_out), 0,
+                accumulate ? 1u : 0u};
+  const auto [slices, k_slice] = dx_gemm_split(T, j_end - j_start, n_in);
+  if (slices > 1 && scratch) {  // callers size the scratch with *_dx_scratch_bytes; without one, no split
+    check_fits_u32(shader, "the split partial sums", slices * T * n_in);
+    check_min_size(shader, "scratch", scratch->size(), size_t(slices * T * n_in) * 4);
+    const uint32_t tile = forced_gemm_tile_ ? forced_gemm_tile_ : kGemmTileLarge;
+    push.accumulate = 0;
+    push.k_slice = uint32_t(k_slice);
+    const auto& p = pipeline(shader, 3, sizeof(push), {tile, tile});
+    s.dispatch(p, {scratch, &dY, &w}, push, {ceil_div(n_in, tile), ceil_div(T, tile), uint32_t(slices)});
+    dx_reduce(s, dX, *scratch, T * n_in, slices, accumulate);
+    return;
+  }
+  const uint32_t tile = gemm_tile(T, n_in);
+  const auto& p = pipeline(shader, 3, sizeof(push), {tile, tile});
+  s.dispatch(p, {&dX, &dY, &w}, push, {ceil_div(n_in, tile), ceil_div(T, tile), 1});
 }
 
 void LinearKernels::dx_reduce(Sequence& s, const Buffer& dX, const Buffer& scratch, int64_t n_in, int64_t n_chunks,
@@ -280,14 +319,7 @@ void LinearKernels::frozen_dx(const FrozenFormat& f, Sequence& s, const Buffer& 
   check_min_size(k, "W", w.size(), size_t(n_out * f.row_bytes(n_in)));
   check_min_size(k, "dY", dY.size(), size_t(T * n_out) * 4);
   check_min_size(k, "dX", dX.size(), size_t(T * n_in) * 4);
-  if (T > 1) {
-    GemmPush push{uint32_t(T), uint32_t(n_in), uint32_t(j_start), uint32_t(j_end), uint32_t(n_out), 0,
-                  accumulate ? 1u : 0u};
-    const uint32_t tile = gemm_tile(T, n_in);
-    const auto& p = pipeline(f.dx_gemm_shader, 3, sizeof(push), {tile, tile});
-    s.dispatch(p, {&dX, &dY, &w}, push, {ceil_div(n_in, tile), ceil_div(T, tile), 1});
-    return;
-  }
+  if (T > 1) return dx_gemm(f.dx_gemm_shader, s, dX, w, dY, scratch, T, n_out, n_in, j_start, j_end, accumulate);
   const int64_t n_rows = j_end - j_start;
   const int64_t rows_per_chunk = dx_rows_per_chunk(n_rows, n_in, f.dx_cols_per_group);
   const int64_t n_chunks = (n_rows + rows_per_chunk - 1) / rows_per_chunk;

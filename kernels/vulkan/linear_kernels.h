@@ -31,7 +31,8 @@ class LinearKernels {
   void q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
                  int64_t n_in);
   // dX[T, n_in] (+)= dY[T, n_out][:, j_start:j_end] · W[j_start:j_end, :]. The one-token path needs `scratch`
-  // of at least q4_0_dx_scratch_bytes(T, j_end - j_start, n_in) bytes (it may be null when that is 0).
+  // of at least q4_0_dx_scratch_bytes(T, j_end - j_start, n_in) bytes (it may be null when that is 0); for T > 1
+  // the same size lets a small product with many rows split over them (without it, it runs unsplit).
   void q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
                int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
   static size_t q4_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
@@ -91,6 +92,11 @@ class LinearKernels {
   void frozen_dx(const FrozenFormat& f, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
                  const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
                  bool accumulate);
+  // dX (+)= dY[:, j_start:j_end] · W[j_start:j_end, :] for T > 1 with the format's tiled dx shader, split over
+  // the rows into slices summed by dx_reduce when the product is small and the rows many (dx_gemm_split).
+  void dx_gemm(const char* shader, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
+               const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
+               bool accumulate);
   // The one-token dx's second pass: dX (+)= Σ_c scratch[c, :], chunks in order.
   void dx_reduce(Sequence& s, const Buffer& dX, const Buffer& scratch, int64_t n_in, int64_t n_chunks,
                  bool accumulate);
