@@ -6,6 +6,7 @@
 #include <array>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "kernels/cpu/reference.h"
 #include "kernels/host_kernels.h"
@@ -73,20 +74,28 @@ TEST_F(VulkanKernels, Q4_0ForwardMatchesReferenceOnAwkwardShapes) {
       }
 }
 
+// dx (+)= dy · W[j_start:n_out] from k, with and without accumulate (dx drawn from rng), against the reference.
+void expect_q4_0_dx_matches(HostKernels& k, std::mt19937& rng, const std::vector<uint8_t>& w,
+                            const std::vector<float>& dy, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start,
+                            const std::string& what) {
+  for (bool acc : {false, true}) {
+    auto dx = random_floats(rng, T * n_in);
+    const auto dx0 = dx;
+    k.q4_0_dx(dx, w, dy, T, n_out, n_in, j_start, n_out, acc);
+    const auto want = ref::q4_0_dx(w.data(), dy.data(), acc ? dx0.data() : nullptr, T, n_out, n_in, j_start, n_out);
+    EXPECT_LE(ref::max_rel_error(dx.data(), want), kBound) << what << " accumulate=" << acc;
+  }
+}
+
 TEST_F(VulkanKernels, Q4_0DxMatchesReferenceWithAndWithoutAccumulate) {
   for (int64_t n_in : kNIn)
     for (int64_t n_out : kNOut)
       for (int64_t T : kT) {
         const auto w = random_q4_0(rng_, n_out, n_in);
         const auto dy = random_floats(rng_, T * n_out);
-        for (bool acc : {false, true}) {
-          auto dx = random_floats(rng_, T * n_in);
-          const auto dx0 = dx;
-          kernels_->q4_0_dx(dx, w, dy, T, n_out, n_in, 0, n_out, acc);
-          const auto want = ref::q4_0_dx(w.data(), dy.data(), acc ? dx0.data() : nullptr, T, n_out, n_in, 0, n_out);
-          EXPECT_LE(ref::max_rel_error(dx.data(), want), kBound)
-              << "n_out=" << n_out << " n_in=" << n_in << " T=" << T << " accumulate=" << acc;
-        }
+        expect_q4_0_dx_matches(*kernels_, rng_, w, dy, T, n_out, n_in, 0,
+                               "n_out=" + std::to_string(n_out) + " n_in=" + std::to_string(n_in) +
+                                   " T=" + std::to_string(T));
       }
 }
 
@@ -448,13 +457,7 @@ TEST_F(VulkanKernels, LargeGemmTilesMatchReferenceOnAwkwardShapes) {
     EXPECT_LE(ref::max_rel_error(y.data(), ref::q4_0_gemm(w.data(), x.data(), T, n_out, n_in)), kBound)
         << "q4_0 T=" << T;
     const auto dy = random_floats(rng_, T * n_out);
-    for (bool acc : {false, true}) {
-      auto dx = random_floats(rng_, T * n_in);
-      const auto dx0 = dx;
-      large->q4_0_dx(dx, w, dy, T, n_out, n_in, 5, n_out, acc);
-      const auto want = ref::q4_0_dx(w.data(), dy.data(), acc ? dx0.data() : nullptr, T, n_out, n_in, 5, n_out);
-      EXPECT_LE(ref::max_rel_error(dx.data(), want), kBound) << "q4_0 dx T=" << T << " accumulate=" << acc;
-    }
+    expect_q4_0_dx_matches(*large, rng_, w, dy, T, n_out, n_in, 5, "q4_0 dx T=" + std::to_string(T));
   }
   const int64_t T = 130, n_out = 257;
   for (const FrozenFormat& f : kFrozenFormats) {
@@ -498,13 +501,7 @@ TEST_F(VulkanKernels, DxSplitOverRowsMatchesReference) {
       const int64_t n_in = 1056;
       const auto w = random_q4_0(rng_, n_out, n_in);
       const auto dy = random_floats(rng_, T * n_out);
-      for (bool acc : {false, true}) {
-        auto dx = random_floats(rng_, T * n_in);
-        const auto dx0 = dx;
-        k->q4_0_dx(dx, w, dy, T, n_out, n_in, j0, n_out, acc);
-        const auto want = ref::q4_0_dx(w.data(), dy.data(), acc ? dx0.data() : nullptr, T, n_out, n_in, j0, n_out);
-        EXPECT_LE(ref::max_rel_error(dx.data(), want), kBound) << "q4_0 accumulate=" << acc;
-      }
+      expect_q4_0_dx_matches(*k, rng_, w, dy, T, n_out, n_in, j0, "q4_0");
     }
     for (const FrozenFormat& f : kFrozenFormats) {
       const int64_t n_in = f.k_quant ? 1280 : 1056;

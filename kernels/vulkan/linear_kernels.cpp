@@ -75,14 +75,22 @@ int64_t dx_rows_per_chunk(int64_t n_rows, int64_t n_in, int64_t cols_per_group) 
 constexpr int64_t kMinDxSliceRows = 512;
 constexpr int64_t kMinDxSplitTiles = 16;  // fewer tiles than this: too small a product to be worth a second pass
 
-// {slices, k_slice}: 1 slice means no split. Depends on the shape alone (the scratch is sized from it).
+// {slices, k_slice} of a split over K: about target_groups workgroups from `tiles` output tiles, slices of at
+// least min_slice, k_slice a multiple of `step` (the shader's K step). 1 slice means no split.
+std::pair<int64_t, int64_t> split_k(int64_t tiles, int64_t target_groups, int64_t K, int64_t min_slice,
+                                    int64_t step) {
+  const int64_t want = std::min((target_groups + tiles - 1) / tiles, K / min_slice);
+  if (want < 2) return {1, 0};
+  const int64_t k_slice = ((K + want - 1) / want + step - 1) / step * step;
+  return {(K + k_slice - 1) / k_slice, k_slice};
+}
+
+// The dx GEMM's split (K = n_rows; K steps of GEMM_BK = 16). Depends on the shape alone (the scratch is sized
+// from it).
 std::pair<int64_t, int64_t> dx_gemm_split(int64_t T, int64_t n_rows, int64_t n_in) {
   const int64_t tiles = int64_t(ceil_div(T, kGemmTileLarge)) * ceil_div(n_in, kGemmTileLarge);
   if (T <= 1 || tiles >= kLargeTileMinGroups || tiles < kMinDxSplitTiles) return {1, 0};
-  const int64_t want = std::min((kLargeTileMinGroups + tiles - 1) / tiles, n_rows / kMinDxSliceRows);
-  if (want < 2) return {1, 0};
-  const int64_t k_slice = ((n_rows + want - 1) / want + 15) / 16 * 16;  // whole K steps (GEMM_BK = 16)
-  return {(n_rows + k_slice - 1) / k_slice, k_slice};
+  return split_k(tiles, kLargeTileMinGroups, n_rows, kMinDxSliceRows, 16);
 }
 
 size_t dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in, int64_t cols_per_group) {
@@ -399,10 +407,7 @@ constexpr int64_t kMinSliceK = 128;
 std::pair<int64_t, int64_t> gemm_split(int64_t M, int64_t N, int64_t K) {
   const int64_t tiles = ((M + kGemmTile - 1) / kGemmTile) * ((N + kGemmTile - 1) / kGemmTile);
   if (tiles >= kSplitBelowTiles) return {1, 0};
-  const int64_t want = std::min((kSplitTargetGroups + tiles - 1) / tiles, K / kMinSliceK);
-  if (want < 2) return {1, 0};
-  const int64_t k_slice = ((K + want - 1) / want + 31) / 32 * 32;
-  return {(K + k_slice - 1) / k_slice, k_slice};
+  return split_k(tiles, kSplitTargetGroups, K, kMinSliceK, 32);
 }
 }  // namespace
 
