@@ -28,7 +28,7 @@ struct Shape {
 // (T >= 32 takes the tensor-core GEMM where the device has one.)
 const Shape kShapes[] = {{1, 32, 1},  {7, 64, 1},    {65, 4128, 1}, {1000, 64, 1},  {63, 4128, 1},
                          {7, 32, 3},  {65, 64, 17},  {1000, 4128, 3}, {63, 96, 17}, {257, 320, 300},
-                         {65, 32, 33}};
+                         {65, 32, 33},  {256, 4128, 65}};
 // The K-quants' widths are whole 256-weight super-blocks.
 const Shape kKQuantShapes[] = {{1, 256, 1},   {7, 512, 1},    {65, 4096, 1},  {1000, 256, 1}, {37, 768, 1},
                                {7, 256, 3},   {65, 512, 17},  {1000, 768, 3}, {63, 256, 17},  {257, 512, 65}};

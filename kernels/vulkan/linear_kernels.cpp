@@ -183,11 +183,14 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
   check_min_size(k, "dY", dY.size(), size_t(T * n_out) * 4);
   check_min_size(k, "dX", dX.size(), size_t(T * n_in) * 4);
   if (T > 1) {
-    // FP32 FMAs on every device. A tensor-core version (dY scaled per row and split into f16 hi + lo; each weight
-    // d·(q - 8), scaled by one power of two per workgroup, split likewise; three products per step) measured
-    // slower on an H100: 9.0-10.8 TFLOPS at T = 512 (tinyllama's shapes, 16384 x 16384) against 14.2 here at
-    // 16384 x 16384, and 2206 against 2443 tok/s in tinyllama training. d varies along K here, so W cannot enter
-    // as its exact codes as in the forward GEMM, and staging the split weights costs more than the products save.
+    // FP32 FMAs on every device. Tensor-core versions measured slower on an H100. The first (dY scaled per row
+    // and split into f16 hi + lo; each weight d·(q - 8), scaled by one power of two per workgroup, split
+    // likewise; three products per step): 9.0-10.8 TFLOPS at T = 512 against 14.2 here then. The second, on
+    // the forward GEMM's uvec4 tiles (d split exactly into an 8-bit and a 3-bit f16 part, so each weight is
+    // the sum of two exact f16 products; the hi x hi and the cross products in two sets of accumulators, which
+    // doubled its speed over one set): 25 TFLOPS at 16384 x 16384 and 24-26 at tinyllama's shapes, against 27
+    // and 20-26 here, and linear backward 161 against 147 ms per step at batch 4. d varies along K here, so W
+    // cannot enter as its exact codes with the scales applied per K step as in the forward GEMM.
     dx_gemm("q4_0_dx_gemm", s, dX, w, dY, scratch, T, n_out, n_in, j_start, j_end, accumulate);
     return;
   }

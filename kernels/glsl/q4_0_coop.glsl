@@ -1,0 +1,77 @@
+// Pieces of the Q4_0 tensor-core GEMM (q4_0_gemm_coop.comp): tiles are uvec4 arrays, 8 halves per element,
+// written a whole uvec4 at a time.
+//
+// Activations enter scaled by one power of two per row (find_row_scales: the row's largest |value| over the K
+// range brought near 2^13, so no f16 overflow or underflow whatever the magnitudes) and split into f16 hi + lo
+// (split8), together about 22 significant bits; the output is scaled back exactly. Quants enter as codes q - 8,
+// integers in [-8, 7] that f16 holds exactly; codes2 makes two at a time with one mask: (word >> s) &
+// 0x000F000F | 0x64006400 is the f16 pair 1024 + q, minus 1032. The pair taken from a word is bytes (0, 2) or
+// (1, 3), so within each run of 8 the tiles hold their K positions in the order 0 2 1 3 4 6 5 7; the activations
+// are stored in the same order, and a product over K does not depend on the order of its terms.
+//
+// The including shader defines BM (rows of the workgroup tile, 8 per subgroup for find_row_scales) and binds
+// `a4` (vec4[] activations) and `w` (uint[] blocks, as Q4_0_WORDS).
+shared float row_scale[BM], row_unscale[BM];
+
+// s_m for rows m0 .. m0 + BM of A (row stride lda, K range [k_begin, k_end), both multiples of 4): each
+// subgroup takes 8 rows at a time side by side, so that each lane has 8 loads in flight (against one row after
+// another: about 3% of the GEMM's time on an H100). Needs a barrier before row_scale is read.
+void find_row_scales(uint m0, uint M, uint lda, uint k_begin, uint k_end) {
+  const uint lane = gl_SubgroupInvocationID;
+  for (uint r0 = gl_SubgroupID * 8u; r0 < BM; r0 += 8u * gl_NumSubgroups) {
+    vec4 amax[8];
+    [[unroll]] for (uint r = 0u; r < 8u; ++r) amax[r] = vec4(0.0);
+    for (uint k = k_begin / 4u + lane; k < k_end / 4u; k += gl_SubgroupSize)
+      [[unroll]] for (uint r = 0u; r < 8u; ++r) {
+        const uint row = min(m0 + r0 + r, M - 1u);  // rows past M: any row; their A is never used
+        amax[r] = max(amax[r], abs(a4[(row * lda) / 4u + k]));
+      }
+    [[unroll]] for (uint r = 0u; r < 8u; ++r) {
+      const float v = subgroupMax(max(max(amax[r].x, amax[r].y), max(amax[r].z, amax[r].w)));
+      if (subgroupElect()) {
+        int e = 0;
+        frexp(v, e);  // v = f · 2^e, f in [0.5, 1)
+        e = v > 0.0 ? clamp(13 - e, -120, 120) : 0;
+        row_scale[r0 + r] = ldexp(1.0, e);
+        row_unscale[r0 + r] = ldexp(1.0, -e);
+      }
+    }
+  }
+}
+
+// hi and lo halves of 8 scaled activations (a = positions 0-3, b = 4-7), in the order 0 2 1 3 4 6 5 7 of the
+// codes. hi is the value cut to f16's 11 significant bits with an integer mask; lo = value - hi is exact in f32.
+void split8(vec4 a, vec4 b, out uvec4 hi, out uvec4 lo) {
+  const vec4 ha = uintBitsToFloat(floatBitsToUint(a) & 0xFFFFE000u);
+  const vec4 hb = uintBitsToFloat(floatBitsToUint(b) & 0xFFFFE000u);
+  const vec4 la = a - ha, lb = b - hb;
+  hi = uvec4(packHalf2x16(ha.xz), packHalf2x16(ha.yw), packHalf2x16(hb.xz), packHalf2x16(hb.yw));
+  lo = uvec4(packHalf2x16(la.xz), packHalf2x16(la.yw), packHalf2x16(lb.xz), packHalf2x16(lb.yw));
+}
+
+// Two f16 codes q - 8 from the nibbles at bits s..s+3 and s+16..s+19 of v.
+uint codes2(uint v, uint s) {
+  const uint biased = ((v >> s) & 0x000F000Fu) | 0x64006400u;  // f16 pair 1024 + q
+  return packFloat2x16(unpackFloat2x16(biased) - f16vec2(1032.0hf));
+}
+
+// Half a Q4_0 block (8 quant bytes, half h of block B): fetch_half loads the 3 words that hold them and the
+// word with the scale, and returns whether the block starts mid-word (even B); half_codes, once the loads are
+// back, gives the 16 codes as two uvec4s (.lo: low nibbles, positions 8h.. of the block; .hi: high nibbles,
+// 16 + 8h..) and the scale.
+bool fetch_half(uint B, uint h, out uint q[3], out uint dw) {
+  const uint bb = B * Q4_0_BLOCK_BYTES;
+  const uint par = B & 1u;  // odd block: scale in the high half of its word, quants word-aligned
+  const uint wa = (bb + 2u + 8u * h) >> 2u;
+  q[0] = w[wa];
+  q[1] = w[wa + 1u];
+  q[2] = w[wa + 2u - par];  // aligned: the second word again, so nothing past the block is read
+  dw = w[bb >> 2u] >> (16u * par);
+  return par == 0u;
+}
+void half_codes(uint q[3], bool mid, out uvec4 lo, out uvec4 hi) {
+  const uint q0 = mid ? (q[0] >> 16u) | (q[1] << 16u) : q[0];
+  const uint q1 = mid ? (q[1] >> 16u) | (q[2] << 16u) : q[1];
+  lo = uvec4(codes2(q0, 0u), codes2(q0, 8u), codes2(q1, 0u), codes2(q1, 8u));
+  hi = uvec4(codes2(q0, 4u), codes2(q0, 12u), codes2(q1, 4u), codes2(q1, 12u));
+}
