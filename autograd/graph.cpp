@@ -323,10 +323,12 @@ void Graph::run_pass(bool backward, int out, const Tensor* seed, bool keep_param
   };
   // The backward starts from zero gradients (a planned graph zeroes its planned ones step by step) and the seed.
   auto begin_backward = [&](vk::Sequence* seq) {
+    if (seq) seq->begin_independent();  // every gradient has its own buffer
     for (Node& n : nodes_) {
       const bool kept = keep_param_grads && n.is_param;
       if (n.requires_grad && !kept && (n.is_param || !planned_)) zero(n.grad, seq);
     }
+    if (seq) seq->end_independent();
     if (seq)
       seq->copy(nodes_[size_t(out)].grad.buffer(), seed_.buffer(), seed_.bytes());
     else

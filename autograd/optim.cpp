@@ -119,6 +119,7 @@ void AdamW::step(double lr) {
     vk_->step_seq = std::make_unique<vk::Sequence>(be.device());
     vk::Sequence& seq = *vk_->step_seq;
     seq.begin();
+    seq.begin_independent();  // each parameter's update touches its own buffers only
     for (size_t k = 0; k < params_.size(); ++k) {
       const Tensor &p = params_[k].value(), &g = g_.grad(params_[k]);
       if (p.numel() == 0) continue;
@@ -128,6 +129,7 @@ void AdamW::step(double lr) {
       seq.dispatch(pipe, {&p.buffer(), &g.buffer(), &m_[k].buffer(), &v_[k].buffer(), &vk_->scalars}, push,
                    groups_for(p.numel(), 256));
     }
+    seq.end_independent();
     seq.end();
   }
   vk_->step_seq->run();
@@ -137,6 +139,7 @@ void AdamW::step(double lr) {
 void AdamW::record_norm(vk::Sequence& seq) {
   Backend& be = g_.backend();
   uint32_t offset = 0;
+  seq.begin_independent();  // each gradient's partial sums go to their own range of vk_->partial
   for (const Var& p : params_) {
     const Tensor& g = g_.grad(p);
     if (g.numel() == 0) continue;
@@ -146,6 +149,7 @@ void AdamW::record_norm(vk::Sequence& seq) {
                  groups_for(groups, 1));
     offset += uint32_t(groups);
   }
+  seq.end_independent();
   const NormReducePush push{offset};
   seq.dispatch(be.pipeline("grad_norm_reduce", 2, sizeof(push)), {&vk_->sumsq, &vk_->partial}, push, {1, 1, 1});
 }
@@ -187,6 +191,7 @@ double AdamW::clip(double max_norm) {
     vk::Sequence& seq = *vk_->clip_seq;
     seq.begin();
     record_norm(seq);
+    seq.begin_independent();
     for (const Var& p : params_) {
       const Tensor& g = g_.grad(p);
       if (g.numel() == 0) continue;
@@ -194,6 +199,7 @@ double AdamW::clip(double max_norm) {
       seq.dispatch(be.pipeline("grad_norm_clip", 2, sizeof(push)), {&g.buffer(), &vk_->sumsq}, push,
                    groups_for(g.numel(), 256));
     }
+    seq.end_independent();
     seq.end();
     vk_->clip_recorded = max_norm;
   }

@@ -554,6 +554,48 @@ TEST_F(VulkanKernels, ASequenceRecordedOnceGivesTheSameResultEverySubmit) {
   }
 }
 
+// An independent group between ordered commands: a copy writes x, two GEMVs in the group read it (writing their
+// own outputs), and a dx after the group reads the first GEMV's output.
+TEST_F(VulkanKernels, AnIndependentGroupRunsBetweenOrderedCommands) {
+  const int64_t n_out = 65, n_in = 4128;
+  const auto w_host = random_q4_0(rng_, n_out, n_in);
+  const auto x_host = random_floats(rng_, n_in);
+  vk::Buffer w(*device_, w_host.size()), x0(*device_, n_in * 4), x(*device_, n_in * 4);
+  vk::Buffer y1(*device_, n_out * 4), y2(*device_, n_out * 4), dx(*device_, n_in * 4);
+  vk::Buffer scratch(*device_, vk::LinearKernels::q4_0_dx_scratch_bytes(1, n_out, n_in));
+  w.upload(w_host);
+  x0.upload(x_host);
+  vk::LinearKernels k(*device_);
+  vk::Sequence s(*device_);
+  s.begin();
+  s.copy(x, x0, size_t(n_in) * 4);
+  s.begin_independent();
+  k.q4_0_gemv(s, y1, w, x, n_out, n_in);
+  k.q4_0_gemv(s, y2, w, x, n_out, n_in);
+  s.end_independent();
+  k.q4_0_dx(s, dx, w, y1, &scratch, 1, n_out, n_in, 0, n_out, false);
+  s.end();
+  s.run();
+  const auto y_ref = ref::q4_0_gemm(w_host.data(), x_host.data(), 1, n_out, n_in);
+  EXPECT_LE(ref::max_rel_error(y1.download_as<float>(n_out).data(), y_ref), kBound);
+  EXPECT_LE(ref::max_rel_error(y2.download_as<float>(n_out).data(), y_ref), kBound);
+  const std::vector<float> y_ref_f(y_ref.begin(), y_ref.end());
+  const auto dx_ref = ref::q4_0_dx(w_host.data(), y_ref_f.data(), nullptr, 1, n_out, n_in, 0, n_out);
+  EXPECT_LE(ref::max_rel_error(dx.download_as<float>(n_in).data(), dx_ref), kBound);
+}
+
+TEST_F(VulkanKernels, IndependentGroupsMustBeOpenedAndClosedInARecording) {
+  vk::Sequence s(*device_);
+  EXPECT_THROW(s.begin_independent(), std::logic_error);  // not recording
+  s.begin();
+  EXPECT_THROW(s.end_independent(), std::logic_error);  // no group open
+  s.begin_independent();
+  EXPECT_THROW(s.begin_independent(), std::logic_error);  // nested
+  EXPECT_THROW(s.end(), std::logic_error);                // still open
+  s.end_independent();
+  s.end();
+}
+
 TEST_F(VulkanKernels, RejectsNInThatIsNotAMultipleOf32) {
   std::vector<uint8_t> w(100);
   std::vector<float> x(48), y(2);
@@ -628,6 +670,29 @@ TEST(VulkanDevice, BuffersCountTowardsTheDeviceMemoryAccounting) {
   }
   EXPECT_EQ(dev->bytes_allocated(), before);
   EXPECT_GE(dev->peak_bytes_allocated(), before + 1004);
+}
+
+// The reused staging buffer: kept while requests fit, grown when one does not, and usable as a transfer source
+// at its full requested size (bytes copied through it reach a device buffer intact).
+TEST(VulkanDevice, TheReusedStagingBufferGrowsAndCarriesTransfers) {
+  auto dev = vk::Device::open({-1, false});
+  VkBuffer first = VK_NULL_HANDLE, again = VK_NULL_HANDLE;
+  dev->with_staging(16, [&](const vk::Device::HostBuffer& st) { first = st.buffer; });
+  dev->with_staging(1000, [&](const vk::Device::HostBuffer& st) { again = st.buffer; });
+  EXPECT_EQ(first, again);  // 1000 bytes fit what the first request made
+  const size_t n = size_t(3) << 20;  // more than was made: grown
+  vk::Buffer dst(*dev, n);
+  dev->with_staging(n, [&](const vk::Device::HostBuffer& st) {
+    for (size_t i = 0; i < n; ++i) static_cast<uint8_t*>(st.ptr)[i] = uint8_t(i * 13 + 5);
+    dev->run_once([&](VkCommandBuffer cb) {
+      const VkBufferCopy c{0, 0, n};
+      vkCmdCopyBuffer(cb, st.buffer, dst.handle(), 1, &c);
+    });
+  });
+  const auto got = dst.download_as<uint8_t>(int64_t(n));
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) bad += got[i] != uint8_t(i * 13 + 5);
+  EXPECT_EQ(bad, 0u);
 }
 
 }  // namespace

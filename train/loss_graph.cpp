@@ -53,6 +53,14 @@ int64_t LossGraph::set_batch(const data::Batch& b) {
   return b.n_label_tokens();
 }
 
+const ag::Tensor& LossGraph::seed(float w) {
+  ag::Backend& be = g_->backend();
+  const std::vector<float> v{w};
+  if (!seed_.defined()) seed_ = be.from_host(v, loss_.shape());
+  else be.upload(seed_, v);
+  return seed_;
+}
+
 double LossGraph::forward() {
   g_->forward();
   return g_->backend().to_host(loss_.value()).at(0);
@@ -61,7 +69,6 @@ double LossGraph::forward() {
 StepLoss accumulate_gradients(LossGraph& lg, const std::vector<data::Batch>& micro,
                               const std::function<void(size_t)>& before_forward) {
   ag::Graph& g = lg.graph();
-  ag::Backend& be = g.backend();
   StepLoss r;
   for (const data::Batch& b : micro) {
     r.counted += b.n_label_tokens();
@@ -79,9 +86,7 @@ StepLoss accumulate_gradients(LossGraph& lg, const std::vector<data::Batch>& mic
     }
     const double w = double(n) / double(r.counted);
     r.loss += li * w;
-    const std::vector<float> seed{float(w)};
-    g.backward(lg.loss(), be.from_host(seed, lg.loss().shape()),
-               first ? ag::Graph::Accumulate::None : ag::Graph::Accumulate::Params);
+    g.backward(lg.loss(), lg.seed(float(w)), first ? ag::Graph::Accumulate::None : ag::Graph::Accumulate::Params);
     first = false;
   }
   if (first) g.zero_param_grads();

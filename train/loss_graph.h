@@ -28,6 +28,8 @@ class LossGraph {
   // Runs the forward; the mean loss over the batch's counted tokens (NaN when it has none).
   double forward();
   ag::Var loss() const { return loss_; }
+  // The backward's seed for the loss, holding w: one tensor reused by every step.
+  const ag::Tensor& seed(float w);
   int64_t B() const { return B_; }
   int64_t T() const { return T_; }
 
@@ -38,6 +40,7 @@ class LossGraph {
   Memory memory_;
   ag::Var ids_, labels_, segments_, loss_;
   std::vector<int32_t> seg_scratch_;
+  ag::Tensor seed_;
 };
 
 // One optimizer step's gradients from its micro-batches: the loss is the mean over all N counted tokens of all

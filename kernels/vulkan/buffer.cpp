@@ -8,11 +8,6 @@ namespace q4t::vk {
 
 namespace {
 
-struct RawBuffer {
-  VkBuffer buffer = VK_NULL_HANDLE;
-  VkDeviceMemory memory = VK_NULL_HANDLE;
-};
-
 VkBuffer make_buffer(Device& dev, size_t bytes, VkBufferUsageFlags usage) {
   VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
   bi.size = bytes;
@@ -23,34 +18,9 @@ VkBuffer make_buffer(Device& dev, size_t bytes, VkBufferUsageFlags usage) {
   return b;
 }
 
-// A host-visible, coherent staging buffer, freed at scope exit.
-struct Staging {
-  Device& dev;
-  RawBuffer raw;
-  void* ptr = nullptr;
-  Staging(Device& d, size_t bytes) : dev(d) {
-    raw.buffer = make_buffer(dev, bytes, VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT);
-    VkMemoryRequirements req;
-    vkGetBufferMemoryRequirements(dev.handle(), raw.buffer, &req);
-    VkPhysicalDeviceMemoryProperties mp;
-    vkGetPhysicalDeviceMemoryProperties(dev.physical(), &mp);
-    const VkMemoryPropertyFlags want = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-    int type = -1;
-    for (uint32_t i = 0; i < mp.memoryTypeCount && type < 0; ++i)
-      if ((req.memoryTypeBits & (1u << i)) && (mp.memoryTypes[i].propertyFlags & want) == want) type = int(i);
-    if (type < 0) throw DeviceError(dev.name() + ": no host-visible memory for staging");
-    VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
-    ai.allocationSize = req.size;
-    ai.memoryTypeIndex = uint32_t(type);
-    check(vkAllocateMemory(dev.handle(), &ai, nullptr, &raw.memory), "vkAllocateMemory (staging)");
-    check(vkBindBufferMemory(dev.handle(), raw.buffer, raw.memory, 0), "vkBindBufferMemory");
-    check(vkMapMemory(dev.handle(), raw.memory, 0, VK_WHOLE_SIZE, 0, &ptr), "vkMapMemory");
-  }
-  ~Staging() {
-    vkDestroyBuffer(dev.handle(), raw.buffer, nullptr);
-    vkFreeMemory(dev.handle(), raw.memory, nullptr);
-  }
-};
+// Transfers up to this size go through the device's reused staging buffer; larger ones (weights, once) through
+// one of their own, freed afterwards.
+constexpr size_t kReusedStagingMax = size_t(4) << 20;
 
 }  // namespace
 
@@ -148,20 +118,30 @@ void Buffer::check_range(const char* what, size_t bytes, size_t offset) const {
 }
 
 void Buffer::copy_via_staging(void* host, size_t bytes, size_t offset, bool to_device) const {
-  Staging st(*dev_, bytes);
-  if (to_device) std::memcpy(st.ptr, host, bytes);
-  dev_->run_once([&](VkCommandBuffer cb) {
-    VkBufferCopy c{};
-    c.size = bytes;
-    if (to_device) {
-      c.dstOffset = offset;
-      vkCmdCopyBuffer(cb, st.raw.buffer, buffer_, 1, &c);
-    } else {
-      c.srcOffset = offset;
-      vkCmdCopyBuffer(cb, buffer_, st.raw.buffer, 1, &c);
-    }
-  });
-  if (!to_device) std::memcpy(host, st.ptr, bytes);
+  auto copy = [&](const Device::HostBuffer& st) {
+    if (to_device) std::memcpy(st.ptr, host, bytes);
+    dev_->run_once([&](VkCommandBuffer cb) {
+      VkBufferCopy c{};
+      c.size = bytes;
+      if (to_device) {
+        c.dstOffset = offset;
+        vkCmdCopyBuffer(cb, st.buffer, buffer_, 1, &c);
+      } else {
+        c.srcOffset = offset;
+        vkCmdCopyBuffer(cb, buffer_, st.buffer, 1, &c);
+      }
+    });
+    if (!to_device) std::memcpy(host, st.ptr, bytes);
+  };
+  if (bytes <= kReusedStagingMax) return dev_->with_staging(bytes, copy);
+  Device::HostBuffer st = dev_->make_host_buffer(bytes);
+  try {
+    copy(st);
+  } catch (...) {
+    dev_->free_host_buffer(st);
+    throw;
+  }
+  dev_->free_host_buffer(st);
 }
 
 void Buffer::upload(const void* src, size_t bytes, size_t offset) {

@@ -260,6 +260,7 @@ std::unique_ptr<Device> Device::open(const Options& opt) {
 Device::~Device() {
   if (device_) {
     vkDeviceWaitIdle(device_);
+    free_host_buffer(staging_);
     vkDestroyPipelineCache(device_, pipeline_cache_, nullptr);
     vkDestroyCommandPool(device_, command_pool_, nullptr);
     vkDestroyDevice(device_, nullptr);
@@ -290,6 +291,51 @@ uint32_t Device::pick_memory_type(uint32_t type_bits, bool* host_visible) const 
   if (fallback < 0) throw DeviceError(name_ + ": no device-local memory type for a storage buffer");
   *host_visible = true;
   return uint32_t(fallback);
+}
+
+Device::HostBuffer Device::make_host_buffer(size_t bytes) {
+  HostBuffer b;
+  VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  bi.size = std::max<size_t>(bytes, 4);
+  bi.usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  check(vkCreateBuffer(device_, &bi, nullptr, &b.buffer), "vkCreateBuffer (staging)");
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(device_, b.buffer, &req);
+  const VkMemoryPropertyFlags want = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  int type = -1;
+  for (uint32_t i = 0; i < mem_props_.memoryTypeCount && type < 0; ++i)
+    if ((req.memoryTypeBits & (1u << i)) && (mem_props_.memoryTypes[i].propertyFlags & want) == want) type = int(i);
+  VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  ai.allocationSize = req.size;
+  ai.memoryTypeIndex = uint32_t(type);
+  VkResult r = type < 0 ? VK_ERROR_FEATURE_NOT_PRESENT : vkAllocateMemory(device_, &ai, nullptr, &b.memory);
+  if (r == VK_SUCCESS) r = vkBindBufferMemory(device_, b.buffer, b.memory, 0);
+  if (r == VK_SUCCESS) r = vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.ptr);
+  if (r != VK_SUCCESS) {
+    free_host_buffer(b);
+    throw DeviceError(name_ + (type < 0 ? ": no host-visible memory for staging"
+                                        : ": cannot allocate " + std::to_string(bytes) + " bytes of staging memory"));
+  }
+  return b;
+}
+
+void Device::free_host_buffer(HostBuffer& b) {
+  if (b.buffer) vkDestroyBuffer(device_, b.buffer, nullptr);
+  if (b.memory) vkFreeMemory(device_, b.memory, nullptr);
+  b = {};
+}
+
+void Device::with_staging(size_t bytes, const std::function<void(const HostBuffer&)>& fn) {
+  std::lock_guard<std::mutex> lock(staging_mutex_);
+  if (staging_bytes_ < bytes) {
+    free_host_buffer(staging_);
+    staging_bytes_ = 0;
+    const size_t grown = std::max<size_t>(bytes, 64 << 10);
+    staging_ = make_host_buffer(grown);
+    staging_bytes_ = grown;
+  }
+  fn(staging_);
 }
 
 void Device::run_once(const std::function<void(VkCommandBuffer)>& fn) {

@@ -71,6 +71,18 @@ class Device {
   // Records with fn into a one-time command buffer, submits it and waits.
   void run_once(const std::function<void(VkCommandBuffer)>& fn);
 
+  // A host-visible, coherent buffer for transfers (TRANSFER_SRC and _DST), mapped; free it with free_host_buffer.
+  struct HostBuffer {
+    VkBuffer buffer = VK_NULL_HANDLE;
+    VkDeviceMemory memory = VK_NULL_HANDLE;
+    void* ptr = nullptr;
+  };
+  HostBuffer make_host_buffer(size_t bytes);
+  void free_host_buffer(HostBuffer& b);
+  // Runs fn with a host buffer of at least `bytes` that the device keeps and reuses (grown on demand), under a
+  // lock: the per-step uploads and downloads of a training step, without an allocation each.
+  void with_staging(size_t bytes, const std::function<void(const HostBuffer&)>& fn);
+
   // Accounting of device memory allocated through Buffer (bytes now and peak since open / reset).
   void note_alloc(int64_t bytes);
   int64_t bytes_allocated() const { return bytes_now_; }
@@ -98,6 +110,9 @@ class Device {
   bool coop_matrix_ = false;
   bool validation_ = false;
   mutable std::mutex messages_mutex_;
+  HostBuffer staging_;
+  size_t staging_bytes_ = 0;
+  std::mutex staging_mutex_;
   std::vector<std::string> messages_;
   int64_t bytes_now_ = 0, bytes_peak_ = 0;
 };

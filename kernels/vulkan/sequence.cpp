@@ -45,6 +45,7 @@ void Sequence::begin() {
   n_timestamps_ = 0;
   n_dispatches_ = 0;
   n_commands_ = 0;
+  independent_ = group_started_ = false;
   vkResetCommandBuffer(cb_, 0);
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   check(vkBeginCommandBuffer(cb_, &bi), "vkBeginCommandBuffer");
@@ -115,8 +116,16 @@ void Sequence::dispatch(const Pipeline& p, std::initializer_list<const Buffer*> 
   ++n_dispatches_;
 }
 
-// Every command waits for the writes of the ones before it (compute and transfer alike).
+// Every command waits for the writes of the ones before it (compute and transfer alike), except within an
+// independent group, where only the group's first command does.
 void Sequence::barrier_before_command() {
+  if (independent_) {
+    if (group_started_) {
+      ++n_commands_;
+      return;
+    }
+    group_started_ = true;
+  }
   if (n_commands_++ == 0) return;
   VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
   mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT |
@@ -141,6 +150,18 @@ void Sequence::copy(const Buffer& dst, const Buffer& src, size_t bytes) {
   vkCmdCopyBuffer(cb_, src.handle(), dst.handle(), 1, &c);
 }
 
+void Sequence::begin_independent() {
+  if (!recording_) throw std::logic_error("Sequence::begin_independent outside begin()/end()");
+  if (independent_) throw std::logic_error("Sequence::begin_independent inside an independent group");
+  independent_ = true;
+  group_started_ = false;
+}
+
+void Sequence::end_independent() {
+  if (!independent_) throw std::logic_error("Sequence::end_independent without begin_independent()");
+  independent_ = false;
+}
+
 uint32_t Sequence::timestamp() {
   if (!recording_) throw std::logic_error("Sequence::timestamp outside begin()/end()");
   if (n_timestamps_ >= max_timestamps_)
@@ -151,6 +172,7 @@ uint32_t Sequence::timestamp() {
 
 void Sequence::end() {
   if (!recording_) throw std::logic_error("Sequence::end without begin()");
+  if (independent_) throw std::logic_error("Sequence::end inside an independent group");
   check(vkEndCommandBuffer(cb_), "vkEndCommandBuffer");
   recording_ = false;
 }

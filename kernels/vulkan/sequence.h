@@ -32,6 +32,11 @@ class Sequence {
   // Transfer commands, ordered like dispatches: zero a whole buffer, or copy bytes between buffers.
   void fill_zero(const Buffer& b);
   void copy(const Buffer& dst, const Buffer& src, size_t bytes);
+  // Commands recorded between begin_independent() and end_independent() have no barriers between them, so the
+  // GPU may run them side by side: none of them may read or write memory that another of them writes. The group
+  // as a whole still waits for every command before it, and the first command after it waits for the group.
+  void begin_independent();
+  void end_independent();
   // Writes a timestamp after all previous work; returns its slot.
   uint32_t timestamp();
   void end();
@@ -53,6 +58,8 @@ class Sequence {
   VkFence fence_ = VK_NULL_HANDLE;
   VkQueryPool queries_ = VK_NULL_HANDLE;
   uint32_t max_timestamps_, n_timestamps_ = 0, n_dispatches_ = 0, n_commands_ = 0;
+  bool independent_ = false;  // inside begin_independent() .. end_independent()
+  bool group_started_ = false;  // ... and the group has had its first command
   std::vector<VkDescriptorPool> pools_;
   size_t pool_in_use_ = 0;
   bool recording_ = false, pending_ = false;
