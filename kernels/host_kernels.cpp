@@ -130,7 +130,7 @@ class VulkanHostKernels final : public HostKernels {
   using GemmFn = void (vk::LinearKernels::*)(vk::Sequence&, const vk::Buffer&, const vk::Buffer&,
                                              const vk::Buffer&, int64_t, int64_t, int64_t, bool, const vk::Buffer*);
   using FrozenGemmFn = void (vk::LinearKernels::*)(vk::Sequence&, const vk::Buffer&, const vk::Buffer&,
-                                                   const vk::Buffer&, int64_t, int64_t, int64_t);
+                                                   const vk::Buffer&, int64_t, int64_t, int64_t, const vk::Buffer*);
   using FrozenDxFn = void (vk::LinearKernels::*)(vk::Sequence&, const vk::Buffer&, const vk::Buffer&,
                                                  const vk::Buffer&, const vk::Buffer*, int64_t, int64_t, int64_t,
                                                  int64_t, int64_t, bool);
@@ -174,7 +174,9 @@ class VulkanHostKernels final : public HostKernels {
     check_size(f.gemm_name, "X", X.size(), size_t(T * n_in), "floats");
     check_size(f.gemm_name, "Y", Y.size(), size_t(T * n_out), "floats");
     vk::Buffer bw = upload(w), bx = upload(X), by(dev_, Y.size_bytes());
-    run([&](vk::Sequence& s) { (kernels_.*fn)(s, by, bw, bx, T, n_out, n_in); });
+    const size_t split = vk::LinearKernels::gemm_scratch_bytes(T, n_out, n_in);
+    vk::Buffer scratch(dev_, std::max<size_t>(split, 4));
+    run([&](vk::Sequence& s) { (kernels_.*fn)(s, by, bw, bx, T, n_out, n_in, split ? &scratch : nullptr); });
     by.download(Y.data(), Y.size_bytes());
   }
   void frozen_dx(const Format& f, FrozenDxFn fn, std::span<float> dX, std::span<const uint8_t> w,

@@ -201,6 +201,29 @@ TEST_F(VulkanKernels, FrozenFormatsForwardMatchReferenceOnAwkwardShapes) {
         }
 }
 
+// Products of few output tiles split over K into slices that a second pass adds in order (the HostKernels adaptor
+// passes the scratch): the last slice shorter than the others for Q4_0 (129 blocks), whole slices for the rest.
+TEST_F(VulkanKernels, ForwardGemmsSplitOverKMatchReference) {
+  const int64_t T = 65, n_out = 65;
+  for (int64_t n_in : {int64_t(4128), int64_t(4608)}) {
+    ASSERT_GT(vk::LinearKernels::gemm_scratch_bytes(T, n_out, n_in), 0u) << "n_in=" << n_in << " is not split";
+    const auto w = random_q4_0(rng_, n_out, n_in);
+    const auto x = random_floats(rng_, T * n_in);
+    std::vector<float> y(size_t(T * n_out), NAN);
+    kernels_->q4_0_gemm(y, w, x, T, n_out, n_in);
+    EXPECT_LE(ref::max_rel_error(y.data(), ref::q4_0_gemm(w.data(), x.data(), T, n_out, n_in)), kBound)
+        << "q4_0 n_in=" << n_in;
+  }
+  for (const FrozenFormat& f : kFrozenFormats) {
+    const int64_t n_in = 4608;
+    const auto w = f.make(rng_, n_out, n_in);
+    const auto x = random_floats(rng_, T * n_in);
+    std::vector<float> y(size_t(T * n_out), NAN);
+    (kernels_->*f.gemm)(y, w, x, T, n_out, n_in);
+    EXPECT_LE(ref::max_rel_error(y.data(), f.ref_gemm(w.data(), x.data(), T, n_out, n_in)), kBound) << f.name;
+  }
+}
+
 // 65 tokens x 130 rows: two 64-wide GEMM tiles each way, the second holding one token and two rows.
 TEST_F(VulkanKernels, FrozenFormatsGemmTilesThatDoNotDivideMatchReference) {
   const int64_t T = 65, n_out = 130, n_in = 512;

@@ -281,13 +281,14 @@ Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, d
   in.upload(random_acts(in_elems));
   out.fill_zero();
   const FormatKernels& fk = format_kernels(c.weights);
-  vk::Buffer scratch(dev, std::max<size_t>(4, fk.vk_dx_scratch_bytes(c.T, c.n_out, c.n_in)));
+  vk::Buffer scratch(dev, std::max<size_t>({4, fk.vk_dx_scratch_bytes(c.T, c.n_out, c.n_in),
+                                            vk::LinearKernels::gemm_scratch_bytes(c.T, c.n_out, c.n_in)}));
   const double s = time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int i) {
     const vk::Buffer& w = ws[size_t(i) % ws.size()];
     if (dx)
       (k.*fk.vk_dx)(seq, out, w, in, &scratch, c.T, c.n_out, c.n_in, 0, c.n_out, false);
     else
-      (k.*fk.vk_gemm)(seq, out, w, in, c.T, c.n_out, c.n_in);
+      (k.*fk.vk_gemm)(seq, out, w, in, c.T, c.n_out, c.n_in, &scratch);
   });
   finish(r, s, copy_gbps);
   return r;

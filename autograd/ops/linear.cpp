@@ -1,4 +1,5 @@
 // linear (frozen weight, dx only) and matmul_nt (both operands differentiable).
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -93,7 +94,11 @@ void linear_forward(OpContext& c) {
   const int64_t T_ = x.rows(), n_out = w.dim(0), n_in = w.dim(1);
   const FrozenKernels* k = frozen_kernels(w.dtype());
   if (!c.be.is_cpu()) {
-    if (k) return (c.be.linear().*k->vk_gemm)(*c.seq, y.buffer(), w.buffer(), x.buffer(), T_, n_out, n_in);
+    if (k) {
+      const Tensor& scratch = c.node.saved.at(0);
+      return (c.be.linear().*k->vk_gemm)(*c.seq, y.buffer(), w.buffer(), x.buffer(), T_, n_out, n_in,
+                                         &scratch.buffer());
+    }
     return c.be.linear().gemm_nt(*c.seq, y.buffer(), x.buffer(), w.buffer(), T_, n_out, n_in, false);
   }
   if (c.be.real() == DType::F64) return linear_forward_generic<double>(y, x, w);
@@ -120,11 +125,14 @@ void linear_backward(OpContext& c) {
 }
 
 // The Vulkan dx of a frozen weight needs scratch for its row-chunk partial sums (one token) or for the slices of a
-// small product split over many rows (several tokens; see LinearKernels::dx_gemm).
+// small product split over many rows (several tokens; see LinearKernels::dx_gemm); the forward, for the slices of
+// a product of few output tiles split over K (LinearKernels::gemm_scratch_bytes). One scratch serves both passes.
 void linear_prepare(OpContext& c) {
   const FrozenKernels* k = frozen_kernels(c.in(1).dtype());
   if (c.be.is_cpu() || !k) return;
-  const size_t bytes = k->vk_dx_scratch_bytes(c.in(0).rows(), c.in(1).dim(0), c.in(1).dim(1));
+  const int64_t T_ = c.in(0).rows(), n_out = c.in(1).dim(0), n_in = c.in(1).dim(1);
+  const size_t bytes = std::max(k->vk_dx_scratch_bytes(T_, n_out, n_in),
+                                vk::LinearKernels::gemm_scratch_bytes(T_, n_out, n_in));
   c.node.saved.push_back(c.scratch({int64_t(std::max<size_t>(bytes, 4) / 4)}, DType::F32, Scratch::Pass));
 }
 

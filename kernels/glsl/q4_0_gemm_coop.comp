@@ -56,11 +56,11 @@ vec4 px[XU][2];
 uint pw[WU][3], pd[WU];
 uint pmid;  // bit i: half block i's block starts mid-word
 
-void fetch(uint m0, uint n0, uint k0, uint n_blocks) {
+void fetch(uint m0, uint n0, uint k0, uint k_last, uint n_blocks) {
   const uint t = gl_LocalInvocationID.x;
   [[unroll]] for (uint i = 0u; i < XU; ++i) {
     const uint idx = t + NT * i, m = idx / (BK / 8u), g = idx % (BK / 8u);
-    const bool ok = idx < X_RUNS && m0 + m < p.M && k0 + 8u * g < p.k_end;
+    const bool ok = idx < X_RUNS && m0 + m < p.M && k0 + 8u * g < k_last;
     const uint base = ((m0 + m) * p.lda + k0) / 4u + 2u * g;
     px[i][0] = ok ? a4[base] : vec4(0.0);
     px[i][1] = ok ? a4[base + 1u] : vec4(0.0);
@@ -69,7 +69,7 @@ void fetch(uint m0, uint n0, uint k0, uint n_blocks) {
   [[unroll]] for (uint i = 0u; i < WU; ++i) {
     const uint idx = t + NT * i, r = idx / (2u * NB), blk = (idx / 2u) % NB, h = idx % 2u;
     const uint kb = k0 / 32u + blk;
-    if (idx < W_HALVES && n0 + r < p.N && kb < p.k_end / 32u) {
+    if (idx < W_HALVES && n0 + r < p.N && kb < k_last / 32u) {
       if (fetch_half((n0 + r) * n_blocks + kb, h, pw[i], pd[i])) pmid |= 1u << i;
     } else {
       pw[i][0] = 0x88888888u;  // codes 0, scale 0
@@ -107,21 +107,31 @@ void main() {
   const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   const uint sm = sg / SG_N, sn = sg % SG_N;  // this subgroup's corner: rows sm*32.., columns sn*32..
   const uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
-  const uint n_blocks = p.k_end / 32u;
+  const uint n_blocks = p.k_end / 32u;  // W's row length (k_begin is 0)
+  // Split K (p.k_slice != 0, a multiple of BK): workgroup z sums its slice only and writes it, without
+  // accumulating, to slice z of C (then [slices, M, N]); q4_0_dx_reduce.comp adds the slices in order.
+  uint k_first = p.k_begin, k_last = p.k_end, c0 = 0u;
+  bool add_to_c = p.accumulate != 0u;
+  if (p.k_slice != 0u) {
+    k_first = p.k_begin + gl_WorkGroupID.z * p.k_slice;
+    k_last = min(p.k_end, k_first + p.k_slice);
+    c0 = gl_WorkGroupID.z * p.M * p.N;
+    add_to_c = false;
+  }
 
-  find_row_scales(m0, p.M, p.lda, p.k_begin, p.k_end);
+  find_row_scales(m0, p.M, p.lda, k_first, k_last);
 
   F32_MAT acc[2][FN];
   [[unroll]] for (uint i = 0u; i < 2u; ++i)
     [[unroll]] for (uint j = 0u; j < FN; ++j) acc[i][j] = F32_MAT(0.0);
 
-  fetch(m0, n0, p.k_begin, n_blocks);
+  fetch(m0, n0, k_first, k_last, n_blocks);
   barrier();  // row_scale
   stash();
   barrier();
-  for (uint k0 = p.k_begin; k0 < p.k_end; k0 += BK) {
-    const bool more = k0 + BK < p.k_end;
-    if (more) fetch(m0, n0, k0 + BK, n_blocks);
+  for (uint k0 = k_first; k0 < k_last; k0 += BK) {
+    const bool more = k0 + BK < k_last;
+    if (more) fetch(m0, n0, k0 + BK, k_last, n_blocks);
     [[unroll]] for (uint blk = 0u; blk < NB; ++blk) {
       F32_MAT part[2][FN];
       [[unroll]] for (uint i = 0u; i < 2u; ++i)
@@ -163,9 +173,9 @@ void main() {
       for (uint e = lane; e < 256u; e += 32u) {
         const uint ml = sm * 32u + 16u * i + e / 16u, n = n0 + sn * 32u + 16u * j + e % 16u;
         if (m0 + ml >= p.M || n >= p.N) continue;
-        const uint idx = (m0 + ml) * p.N + n;
+        const uint idx = c0 + (m0 + ml) * p.N + n;
         const float v = uintBitsToFloat(tiles[sg * 64u + e / 4u][e % 4u]);
-        c[idx] = (p.accumulate != 0u ? c[idx] : 0.0) + v * row_unscale[ml];
+        c[idx] = (add_to_c ? c[idx] : 0.0) + v * row_unscale[ml];
       }
       subgroupBarrier();
     }

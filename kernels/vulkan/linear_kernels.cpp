@@ -27,6 +27,12 @@ constexpr uint32_t kSkinnyEdge = 16;  // the short edge of the f32 GEMMs' tiles 
 // that take them (below, most of a 64-row tile would be padding).
 constexpr uint32_t kCoopTileM = 64, kCoopTileN = 128;
 constexpr int64_t kCoopMinTokens = 32;
+// The tensor-core GEMM splits K when it has fewer output tiles than this (tinyllama's k and v projections at
+// T = 512: 16), into slices of at least kCoopMinSliceK (a multiple of its K step of 64) for about
+// kCoopSplitTarget workgroups.
+constexpr int64_t kCoopSplitBelowTiles = 64;
+constexpr int64_t kCoopSplitTarget = 128;
+constexpr int64_t kCoopMinSliceK = 256;
 constexpr uint32_t kGemvWorkgroup = 256;
 constexpr uint32_t kGemvRows = 2;
 // Q4_0 GEMV: 128 invocations, 2 rows (H100, 16384x16384: 90.0 us vs 92.9 with 256 invocations; 4 or 8 rows, and
@@ -83,6 +89,14 @@ std::pair<int64_t, int64_t> split_k(int64_t tiles, int64_t target_groups, int64_
   if (want < 2) return {1, 0};
   const int64_t k_slice = ((K + want - 1) / want + step - 1) / step * step;
   return {(K + k_slice - 1) / k_slice, k_slice};
+}
+
+// The forward GEMMs' split over K (see kCoopSplitBelowTiles; the tiled FP32 GEMMs, whose K steps of 32 divide
+// the slices too, split the same shapes). Depends on the shape alone (the scratch is sized from it).
+std::pair<int64_t, int64_t> forward_split(int64_t T, int64_t n_out, int64_t n_in) {
+  const int64_t tiles = int64_t(ceil_div(T, kCoopTileM)) * ceil_div(n_out, kCoopTileN);
+  if (T < kCoopMinTokens || tiles >= kCoopSplitBelowTiles) return {1, 0};
+  return split_k(tiles, kCoopSplitTarget, n_in, kCoopMinSliceK, 64);
 }
 
 // The dx GEMM's split (K = n_rows; K steps of GEMM_BK = 16). Depends on the shape alone (the scratch is sized
@@ -146,8 +160,13 @@ void LinearKernels::q4_0_gemv(Sequence& s, const Buffer& y, const Buffer& w, con
   s.dispatch(p, {&y, &w, &x}, push, {ceil_div(n_out, rows), 1, 1});
 }
 
+size_t LinearKernels::gemm_scratch_bytes(int64_t T, int64_t n_out, int64_t n_in) {
+  const auto [slices, k_slice] = forward_split(T, n_out, n_in);
+  return slices > 1 ? size_t(slices * T * n_out) * 4 : 0;
+}
+
 void LinearKernels::q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
-                              int64_t n_out, int64_t n_in) {
+                              int64_t n_out, int64_t n_in, const Buffer* scratch) {
   const char* k = "q4_0_gemm";
   check_q4_0_linear(k, n_out, n_in, T);
   if (T == 1) return q4_0_gemv(s, Y, w, X, n_out, n_in);
@@ -156,15 +175,35 @@ void LinearKernels::q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, con
   check_min_size(k, "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
   check_min_size(k, "X", X.size(), size_t(T * n_in) * 4);
   check_min_size(k, "Y", Y.size(), size_t(T * n_out) * 4);
-  GemmPush push{uint32_t(T), uint32_t(n_out), 0, uint32_t(n_in), uint32_t(n_in), 0, 0};
   if (dev_.coop_matrix() && T >= kCoopMinTokens) {
-    const auto& p = pipeline("q4_0_gemm_coop", 3, sizeof(push));
-    s.dispatch(p, {&Y, &X, &w}, push, {ceil_div(n_out, kCoopTileN), ceil_div(T, kCoopTileM), 1});
+    const auto& p = pipeline("q4_0_gemm_coop", 3, sizeof(GemmPush));
+    return dispatch_forward(k, p, s, Y, w, X, T, n_out, n_in, ceil_div(n_out, kCoopTileN), ceil_div(T, kCoopTileM),
+                            scratch);
+  }
+  tiled_gemm("q4_0_gemm", s, Y, w, X, T, n_out, n_in, scratch);
+}
+
+void LinearKernels::tiled_gemm(const char* shader, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X,
+                               int64_t T, int64_t n_out, int64_t n_in, const Buffer* scratch) {
+  const uint32_t tile = gemm_tile(T, n_out);
+  const auto& p = pipeline(shader, 3, sizeof(GemmPush), {tile, tile});
+  dispatch_forward(shader, p, s, Y, w, X, T, n_out, n_in, ceil_div(n_out, tile), ceil_div(T, tile), scratch);
+}
+
+void LinearKernels::dispatch_forward(const char* k, const Pipeline& p, Sequence& s, const Buffer& Y, const Buffer& w,
+                                     const Buffer& X, int64_t T, int64_t n_out, int64_t n_in, uint32_t groups_n,
+                                     uint32_t groups_m, const Buffer* scratch) {
+  GemmPush push{uint32_t(T), uint32_t(n_out), 0, uint32_t(n_in), uint32_t(n_in), 0, 0};
+  const auto [slices, k_slice] = forward_split(T, n_out, n_in);
+  if (slices > 1 && scratch) {
+    check_fits_u32(k, "the split partial sums", slices * T * n_out);
+    check_min_size(k, "scratch", scratch->size(), size_t(slices * T * n_out) * 4);
+    push.k_slice = uint32_t(k_slice);
+    s.dispatch(p, {scratch, &X, &w}, push, {groups_n, groups_m, uint32_t(slices)});
+    dx_reduce(s, Y, *scratch, T * n_out, slices, false);
     return;
   }
-  const uint32_t bm = gemm_tile(T, n_out), bn = bm;
-  const auto& p = pipeline("q4_0_gemm", 3, sizeof(push), {bm, bn});
-  s.dispatch(p, {&Y, &X, &w}, push, {ceil_div(n_out, bn), ceil_div(T, bm), 1});
+  s.dispatch(p, {&Y, &X, &w}, push, {groups_n, groups_m, 1});
 }
 
 size_t LinearKernels::q4_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in) {
@@ -299,7 +338,7 @@ const FrozenFormat kF16{"f16_gemm", "f16_dx", "f16_gemv", "f16_gemm", "f16_dx_ge
 }  // namespace
 
 void LinearKernels::frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer& Y, const Buffer& w,
-                                const Buffer& X, int64_t T, int64_t n_out, int64_t n_in) {
+                                const Buffer& X, int64_t T, int64_t n_out, int64_t n_in, const Buffer* scratch) {
   const char* k = f.gemm_name;
   f.check(k, n_out, n_in, T);
   check_fits_u32(k, "X", T * n_in);
@@ -313,10 +352,7 @@ void LinearKernels::frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer
     s.dispatch(p, {&Y, &w, &X}, push, groups_1d(ceil_div(n_out, f.gemv_rows)));
     return;
   }
-  GemmPush push{uint32_t(T), uint32_t(n_out), 0, uint32_t(n_in), uint32_t(n_in), 0, 0};
-  const uint32_t tile = gemm_tile(T, n_out);
-  const auto& p = pipeline(f.gemm_shader, 3, sizeof(push), {tile, tile});
-  s.dispatch(p, {&Y, &X, &w}, push, {ceil_div(n_out, tile), ceil_div(T, tile), 1});
+  tiled_gemm(f.gemm_shader, s, Y, w, X, T, n_out, n_in, scratch);
 }
 
 void LinearKernels::frozen_dx(const FrozenFormat& f, Sequence& s, const Buffer& dX, const Buffer& w,
@@ -348,8 +384,8 @@ void LinearKernels::frozen_dx(const FrozenFormat& f, Sequence& s, const Buffer& 
 }
 
 void LinearKernels::q8_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
-                              int64_t n_out, int64_t n_in) {
-  frozen_gemm(kQ8_0, s, Y, w, X, T, n_out, n_in);
+                              int64_t n_out, int64_t n_in, const Buffer* scratch) {
+  frozen_gemm(kQ8_0, s, Y, w, X, T, n_out, n_in, scratch);
 }
 void LinearKernels::q8_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch,
                             int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
@@ -361,8 +397,8 @@ size_t LinearKernels::q8_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n
 }
 
 void LinearKernels::f16_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
-                             int64_t n_out, int64_t n_in) {
-  frozen_gemm(kF16, s, Y, w, X, T, n_out, n_in);
+                             int64_t n_out, int64_t n_in, const Buffer* scratch) {
+  frozen_gemm(kF16, s, Y, w, X, T, n_out, n_in, scratch);
 }
 void LinearKernels::f16_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch,
                            int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) {
@@ -373,8 +409,8 @@ size_t LinearKernels::f16_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_
 }
 
 void LinearKernels::q4_k_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
-                              int64_t n_out, int64_t n_in) {
-  frozen_gemm(kQ4_K, s, Y, w, X, T, n_out, n_in);
+                              int64_t n_out, int64_t n_in, const Buffer* scratch) {
+  frozen_gemm(kQ4_K, s, Y, w, X, T, n_out, n_in, scratch);
 }
 void LinearKernels::q4_k_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch,
                             int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
@@ -386,8 +422,8 @@ size_t LinearKernels::q4_k_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n
 }
 
 void LinearKernels::q6_k_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
-                              int64_t n_out, int64_t n_in) {
-  frozen_gemm(kQ6_K, s, Y, w, X, T, n_out, n_in);
+                              int64_t n_out, int64_t n_in, const Buffer* scratch) {
+  frozen_gemm(kQ6_K, s, Y, w, X, T, n_out, n_in, scratch);
 }
 void LinearKernels::q6_k_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch,
                             int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,

@@ -27,9 +27,12 @@ class LinearKernels {
 
   // y[n_out] = W · x[n_in]
   void q4_0_gemv(Sequence& s, const Buffer& y, const Buffer& w, const Buffer& x, int64_t n_out, int64_t n_in);
-  // Y[T, n_out] = X[T, n_in] · Wᵀ; T = 1 runs the GEMV.
+  // Y[T, n_out] = X[T, n_in] · Wᵀ; T = 1 runs the GEMV. With a scratch of gemm_scratch_bytes(T, n_out, n_in)
+  // bytes (when that is not 0), a product of too few output tiles to fill the GPU is split over K into slices
+  // summed in order by a second pass.
   void q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
-                 int64_t n_in);
+                 int64_t n_in, const Buffer* scratch = nullptr);
+  static size_t gemm_scratch_bytes(int64_t T, int64_t n_out, int64_t n_in);
   // dX[T, n_in] (+)= dY[T, n_out][:, j_start:j_end] · W[j_start:j_end, :]. The one-token path needs `scratch`
   // of at least q4_0_dx_scratch_bytes(T, j_end - j_start, n_in) bytes (it may be null when that is 0); for T > 1
   // the same size lets a small product with many rows split over them (without it, it runs unsplit).
@@ -37,27 +40,27 @@ class LinearKernels {
                int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
   static size_t q4_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
 
-  // The same for a Q8_0 weight and an F16 weight; gemm with T = 1 runs the format's GEMV, dx with T = 1 needs
-  // `scratch` of at least the matching *_dx_scratch_bytes.
+  // The same for a Q8_0 weight and an F16 weight; gemm with T = 1 runs the format's GEMV (and takes the same
+  // optional scratch as q4_0_gemm), dx with T = 1 needs `scratch` of at least the matching *_dx_scratch_bytes.
   void q8_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
-                 int64_t n_in);
+                 int64_t n_in, const Buffer* scratch = nullptr);
   void q8_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
                int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
   static size_t q8_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
   void f16_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
-                int64_t n_in);
+                int64_t n_in, const Buffer* scratch = nullptr);
   void f16_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
               int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
   static size_t f16_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
 
   // The same for a Q4_K and a Q6_K weight (n_in a multiple of 256).
   void q4_k_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
-                 int64_t n_in);
+                 int64_t n_in, const Buffer* scratch = nullptr);
   void q4_k_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
                int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
   static size_t q4_k_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
   void q6_k_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
-                 int64_t n_in);
+                 int64_t n_in, const Buffer* scratch = nullptr);
   void q6_k_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
                int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
   static size_t q6_k_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
@@ -88,7 +91,15 @@ class LinearKernels {
   void f32_gemm(const char* shader, Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M,
                 int64_t N, int64_t K, uint32_t lda, uint32_t ldb, bool accumulate, const Buffer* scratch);
   void frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
-                   int64_t n_out, int64_t n_in);
+                   int64_t n_out, int64_t n_in, const Buffer* scratch);
+  // Y = X · Wᵀ for T > 1 with the format's tiled (FP32) shader.
+  void tiled_gemm(const char* shader, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
+                  int64_t n_out, int64_t n_in, const Buffer* scratch);
+  // Dispatches forward GEMM pipeline p over groups_n x groups_m output tiles; with a scratch, a product that
+  // forward_split splits over K runs as slices into the scratch, then dx_reduce sums them into Y in order.
+  void dispatch_forward(const char* k, const Pipeline& p, Sequence& s, const Buffer& Y, const Buffer& w,
+                        const Buffer& X, int64_t T, int64_t n_out, int64_t n_in, uint32_t groups_n, uint32_t groups_m,
+                        const Buffer* scratch);
   void frozen_dx(const FrozenFormat& f, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
                  const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
                  bool accumulate);
