@@ -224,6 +224,36 @@ TEST_F(VulkanKernels, ForwardGemmsSplitOverKMatchReference) {
   }
 }
 
+// A window of W's rows on the tensor cores (the vocab-tiled loss's Q4_0 logits): where the device has cooperative
+// matrices, windows that start mid-matrix and end short of a tile match the reference for those rows; elsewhere
+// the call declines and records nothing.
+TEST_F(VulkanKernels, TensorCoreRowWindowsMatchReferenceOrAreDeclined) {
+  const int64_t T = 65, n_rows = 300, n_in = 4128;
+  const auto w_host = random_q4_0(rng_, n_rows, n_in);
+  const auto x_host = random_floats(rng_, T * n_in);
+  vk::Buffer w(*device_, w_host.size()), x(*device_, x_host.size() * 4), y(*device_, size_t(T * n_rows) * 4);
+  w.upload(w_host);
+  x.upload(x_host);
+  vk::LinearKernels k(*device_);
+  for (const auto [row0, n] : {std::pair<int64_t, int64_t>{0, 128}, {128, 172}, {299, 1}}) {
+    vk::Sequence s(*device_);
+    s.begin();
+    const bool took = k.q4_0_gemm_rows_coop(s, y, w, x, T, n_rows, row0, n, n_in);
+    s.end();
+    EXPECT_EQ(took, device_->coop_matrix());
+    EXPECT_EQ(s.dispatch_count(), took ? 1u : 0u);
+    if (!took) continue;
+    s.run();
+    const auto want = ref::q4_0_gemm(w_host.data() + row0 * q4_0_row_bytes(n_in), x_host.data(), T, n, n_in);
+    EXPECT_LE(ref::max_rel_error(y.download_as<float>(size_t(T * n)).data(), want), kBound) << "rows from " << row0;
+  }
+  vk::Sequence s(*device_);
+  s.begin();
+  if (device_->coop_matrix())
+    EXPECT_THROW(k.q4_0_gemm_rows_coop(s, y, w, x, T, n_rows, 200, 101, n_in), ShapeError);
+  s.end();
+}
+
 // 65 tokens x 130 rows: two 64-wide GEMM tiles each way, the second holding one token and two rows.
 TEST_F(VulkanKernels, FrozenFormatsGemmTilesThatDoNotDivideMatchReference) {
   const int64_t T = 65, n_out = 130, n_in = 512;

@@ -376,9 +376,14 @@ void tile_gemm_vk(OpContext& c, const char* shader, const Tensor& out, const Ten
                   {ceil_div_u32(push.N, tile), ceil_div_u32(push.M, tile), 1});
 }
 
-// logits[T, n] = x · w[j0 : j0+n]ᵀ (M = T, N = n, K = C).
+// logits[T, n] = x · w[j0 : j0+n]ᵀ (M = T, N = n, K = C): a Q4_0 W on the tensor cores where the device has
+// them (LinearKernels::q4_0_gemm_rows_coop), else the tiled FP32 kernel.
 void tile_logits_vk(OpContext& c, const Tensor& logits, int64_t j0, int64_t n) {
   const Tensor &x = c.in(0), &w = c.in(1);
+  if (w.dtype() == DType::Q4_0 &&
+      c.be.linear().q4_0_gemm_rows_coop(*c.seq, logits.buffer(), w.buffer(), x.buffer(), x.rows(), w.dim(0), j0, n,
+                                        x.cols()))
+    return;
   const uint32_t Tn = uint32_t(x.rows()), C = uint32_t(x.cols());
   tile_gemm_vk(c, "linear_ce_logits", logits, x,
                {Tn, uint32_t(n), 0, C, C, C, 0, uint32_t(j0), shader_format(w.dtype())});

@@ -8,4 +8,5 @@ layout(push_constant) uniform Push {
   uint ldb;      // row stride of B as stored (f32 B only)
   uint accumulate;
   uint k_slice;  // 0, or split K: workgroup z covers [k_begin + z·k_slice, +k_slice) into C + z·M·N (see gemm_tiled.glsl)
+  uint row0;     // the tensor-core Q4_0 GEMM's first row of W (a window of rows: the vocab-tiled loss); 0 elsewhere
 } p;

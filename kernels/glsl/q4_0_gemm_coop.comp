@@ -1,7 +1,8 @@
 #version 450
 // Y[T, n_out] = X[T, n_in] · Wᵀ on cooperative matrices (tensor cores): the fused-dequant Q4_0 GEMM of
 // q4_0_gemm.comp, for devices with VK_NV_cooperative_matrix (16x16x16, f16 inputs, f32 accumulators).
-// M = T, N = n_out, K = n_in; a K step of BK = 32·NB covers NB Q4_0 blocks of every row of W.
+// M = T, N = n_out, K = n_in; a K step of BK = 32·NB covers NB Q4_0 blocks of every row of W. W's rows are
+// taken from p.row0 on (a window of rows: a vocabulary tile of the loss).
 //
 // Numerics stay at f32 level although the matrix inputs are f16 (q4_0_coop.glsl): X is scaled per row and
 // split into hi + lo, both multiplied (2 products per step); W enters as its exact codes q - 8, and the block
@@ -70,7 +71,7 @@ void fetch(uint m0, uint n0, uint k0, uint k_last, uint n_blocks) {
     const uint idx = t + NT * i, r = idx / (2u * NB), blk = (idx / 2u) % NB, h = idx % 2u;
     const uint kb = k0 / 32u + blk;
     if (idx < W_HALVES && n0 + r < p.N && kb < k_last / 32u) {
-      if (fetch_half((n0 + r) * n_blocks + kb, h, pw[i], pd[i])) pmid |= 1u << i;
+      if (fetch_half((p.row0 + n0 + r) * n_blocks + kb, h, pw[i], pd[i])) pmid |= 1u << i;
     } else {
       pw[i][0] = 0x88888888u;  // codes 0, scale 0
       pw[i][1] = 0x88888888u;

@@ -13,6 +13,7 @@ namespace {
 struct GemmPush {
   uint32_t M, N, k_begin, k_end, lda, ldb, accumulate;
   uint32_t k_slice = 0;  // split K (gemm_tiled.glsl); 0: none
+  uint32_t row0 = 0;     // first row of W (q4_0_gemm_coop.comp)
 };
 
 // GEMM tile edges (BM = BN, specialization constants of gemm_tiled.glsl): 128 where a product has at least
@@ -183,6 +184,24 @@ void LinearKernels::q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, con
   tiled_gemm("q4_0_gemm", s, Y, w, X, T, n_out, n_in, scratch);
 }
 
+bool LinearKernels::q4_0_gemm_rows_coop(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
+                                        int64_t n_rows, int64_t row0, int64_t n, int64_t n_in) {
+  const char* k = "q4_0_gemm (rows)";
+  if (!dev_.coop_matrix() || T < kCoopMinTokens) return false;
+  check_q4_0_linear(k, n_rows, n_in, T);
+  if (row0 < 0 || n < 1 || row0 + n > n_rows)
+    throw ShapeError(std::string(k) + ": rows [" + std::to_string(row0) + ", " + std::to_string(row0 + n) +
+                     ") are not inside the " + std::to_string(n_rows) + " rows of W");
+  check_fits_u32(k, "X", T * n_in);
+  check_fits_u32(k, "Y", T * n);
+  check_min_size(k, "W", w.size(), size_t(n_rows * q4_0_row_bytes(n_in)));
+  check_min_size(k, "X", X.size(), size_t(T * n_in) * 4);
+  check_min_size(k, "Y", Y.size(), size_t(T * n) * 4);
+  const auto& p = pipeline("q4_0_gemm_coop", 3, sizeof(GemmPush));
+  dispatch_forward(k, p, s, Y, w, X, T, n, n_in, ceil_div(n, kCoopTileN), ceil_div(T, kCoopTileM), nullptr, row0);
+  return true;
+}
+
 void LinearKernels::tiled_gemm(const char* shader, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X,
                                int64_t T, int64_t n_out, int64_t n_in, const Buffer* scratch) {
   const uint32_t tile = gemm_tile(T, n_out);
@@ -192,8 +211,9 @@ void LinearKernels::tiled_gemm(const char* shader, Sequence& s, const Buffer& Y,
 
 void LinearKernels::dispatch_forward(const char* k, const Pipeline& p, Sequence& s, const Buffer& Y, const Buffer& w,
                                      const Buffer& X, int64_t T, int64_t n_out, int64_t n_in, uint32_t groups_n,
-                                     uint32_t groups_m, const Buffer* scratch) {
+                                     uint32_t groups_m, const Buffer* scratch, int64_t row0) {
   GemmPush push{uint32_t(T), uint32_t(n_out), 0, uint32_t(n_in), uint32_t(n_in), 0, 0};
+  push.row0 = uint32_t(row0);
   const auto [slices, k_slice] = forward_split(T, n_out, n_in);
   if (slices > 1 && scratch) {
     check_fits_u32(k, "the split partial sums", slices * T * n_out);

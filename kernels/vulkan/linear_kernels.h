@@ -33,6 +33,11 @@ class LinearKernels {
   void q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
                  int64_t n_in, const Buffer* scratch = nullptr);
   static size_t gemm_scratch_bytes(int64_t T, int64_t n_out, int64_t n_in);
+  // Y[T, n] = X[T, n_in] · W[row0 : row0 + n, :]ᵀ for a window of the rows of a Q4_0 W [n_rows, n_in] (a
+  // vocabulary tile of the loss), on the tensor cores. Records nothing and returns false where the device has
+  // none or T is below the fewest tokens that take them.
+  bool q4_0_gemm_rows_coop(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_rows,
+                           int64_t row0, int64_t n, int64_t n_in);
   // dX[T, n_in] (+)= dY[T, n_out][:, j_start:j_end] · W[j_start:j_end, :]. The one-token path needs `scratch`
   // of at least q4_0_dx_scratch_bytes(T, j_end - j_start, n_in) bytes (it may be null when that is 0); for T > 1
   // the same size lets a small product with many rows split over them (without it, it runs unsplit).
@@ -99,7 +104,7 @@ class LinearKernels {
   // forward_split splits over K runs as slices into the scratch, then dx_reduce sums them into Y in order.
   void dispatch_forward(const char* k, const Pipeline& p, Sequence& s, const Buffer& Y, const Buffer& w,
                         const Buffer& X, int64_t T, int64_t n_out, int64_t n_in, uint32_t groups_n, uint32_t groups_m,
-                        const Buffer* scratch);
+                        const Buffer* scratch, int64_t row0 = 0);
   void frozen_dx(const FrozenFormat& f, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
                  const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
                  bool accumulate);
