@@ -153,10 +153,22 @@ void Graph::checkpoint(Var v) {
   if (it == checkpoints_.end() || *it != v.id) checkpoints_.insert(it, v.id);
 }
 
+void Graph::keep(Var v) {
+  if (v.g != this || v.id < 0 || v.id >= size()) throw GraphError("keep: the node belongs to another graph");
+  if (!node(v.id).op) throw GraphError("keep: " + label(node(v.id), v.id) + " is a leaf, not an op output");
+  if (planned_) throw GraphError("keep: the graph's memory is already planned");
+  const auto it = std::lower_bound(kept_.begin(), kept_.end(), v.id);
+  if (it == kept_.end() || *it != v.id) kept_.insert(it, v.id);
+}
+
+int64_t Graph::recomputed_steps() const {
+  return std::count_if(plan_bwd_.begin(), plan_bwd_.end(), [](const Step& s) { return s.kind == StepKind::Recompute; });
+}
+
 // The backward pass: the ancestors of out in reverse creation order. With recompute, each segment (the nodes
 // after one checkpoint up to the next) starts by running again the forward of its nodes whose values are not
-// kept: op outputs other than the checkpoints and out, read only inside their segment, outside the last
-// segment (its forward ran just before). Each step zero-fills the gradients it is the first to add into.
+// kept: op outputs other than the checkpoints, those marked with keep() and out, read only inside their segment,
+// outside the last segment (its forward ran just before). Each step zero-fills the gradients it is the first to add into.
 std::vector<Graph::Step> Graph::backward_steps(int out, bool recompute) const {
   const int N = size();
   auto seg = [&](int id) {
@@ -167,7 +179,8 @@ std::vector<Graph::Step> Graph::backward_steps(int out, bool recompute) const {
   if (recompute) {
     for (int id = 0; id < N; ++id)
       again[size_t(id)] = nodes_[size_t(id)].op && id != out && seg(id) < last_seg &&
-                          !std::binary_search(checkpoints_.begin(), checkpoints_.end(), id);
+                          !std::binary_search(checkpoints_.begin(), checkpoints_.end(), id) &&
+                          !std::binary_search(kept_.begin(), kept_.end(), id);
     for (int j = 0; j < N; ++j)
       for (int in : nodes_[size_t(j)].inputs)
         if (seg(in) != seg(j)) again[size_t(in)] = 0;

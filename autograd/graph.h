@@ -9,8 +9,9 @@
 // forward and the backward passes and places those tensors in one arena, tensors that are never live at the
 // same step sharing bytes. A gradient is live from the first backward step that adds into it to its node's
 // own backward; a value from its forward to the last step that reads it. With recomputation, checkpoint()
-// splits the graph into segments (a decoder's layers): only the checkpoints' values are kept from the forward
-// to the backward, and each segment's other values are computed again just before the segment's backward.
+// splits the graph into segments (a decoder's layers): only the checkpoints' values (and those marked with
+// keep()) are kept from the forward to the backward, and each segment's other values are computed again just
+// before the segment's backward.
 //
 // Parameters are marked explicitly and must be real (f32/f64). Gradients flow only into real tensors:
 // a quantized tensor can never be a parameter, never requires a gradient, and asking for its gradient fails.
@@ -108,6 +109,11 @@ class Graph {
   // parameters' gradients are defined (the other values and gradients share memory).
   void defer_memory();
   void checkpoint(Var v);
+  // With recomputation, v's value (an op output) is kept from the forward like a checkpoint's instead of being
+  // computed again, without ending a segment: for ops whose forward costs much more than their output's memory.
+  void keep(Var v);
+  // The forward runs a planned backward repeats (0 without recomputation).
+  int64_t recomputed_steps() const;
   void plan_memory(Var out, bool recompute);
   bool memory_planned() const { return planned_; }
   // Bytes of the arena (0 before planning).
@@ -184,6 +190,7 @@ class Graph {
   bool deferred_ = false, planned_ = false, fresh_forward_ = false;
   int plan_out_ = -1;
   std::vector<int> checkpoints_;  // ascending
+  std::vector<int> kept_;         // keep(): ascending
   std::vector<Planned> planned_tensors_;
   std::vector<Step> plan_bwd_;
   size_t planned_bytes_ = 0;

@@ -229,6 +229,38 @@ TEST(MemoryPlan, ItemsLiveTogetherNeverShareBytes) {
   EXPECT_FALSE(live_together({1, {{0, 3}, {10, 12}}}, {1, {{4, 9}, {13, 20}}}));
 }
 
+// With recomputation, a value marked with keep() is not computed again, and the gradients stay the same.
+TEST(GraphRules, AKeptValueIsNotRecomputedAndChangesNoGradient) {
+  auto be = Backend::cpu();
+  auto run = [&](bool recompute, bool keep_c, int64_t* recomputed) {
+    Graph g(*be);
+    Var x = g.param(be->from_host(std::vector<float>{1, -2, 3, 0.5f}, {2, 2}), "x");
+    g.defer_memory();
+    Var a = mul(x, x);
+    Var b = scale(a, 3.0);
+    g.checkpoint(b);
+    Var c = mul(b, x);
+    Var d = scale(c, 0.5);
+    g.checkpoint(d);
+    Var e = mul(d, d);
+    if (keep_c) g.keep(c);
+    EXPECT_THROW(g.keep(x), GraphError);  // a leaf
+    g.plan_memory(e, recompute);
+    EXPECT_THROW(g.keep(a), GraphError);  // planned already
+    *recomputed = g.recomputed_steps();
+    g.forward();
+    g.backward(e, be->from_host(std::vector<float>{1, 1, 1, 1}, {2, 2}));
+    return be->to_host(g.grad(x));
+  };
+  int64_t n_plain = -1, n_again = -1, n_kept = -1;
+  const auto plain = run(false, false, &n_plain), again = run(true, false, &n_again), kept = run(true, true, &n_kept);
+  EXPECT_EQ(n_plain, 0);
+  EXPECT_EQ(n_again, 2);  // a and c: the values read inside their segments
+  EXPECT_EQ(n_kept, 1);   // a only
+  EXPECT_EQ(again, plain);
+  EXPECT_EQ(kept, plain);
+}
+
 // A memory-planned graph runs the passes it was planned for, in order, and says so otherwise.
 TEST(GraphRules, AMemoryPlannedGraphRunsOnlyThePassesItWasPlannedFor) {
   auto be = Backend::cpu();

@@ -215,8 +215,12 @@ ag::Var ModelGraph::hidden(ag::Var ids, int64_t pos, ag::Var segments) const {
   return hidden(ids, [&](int64_t, ag::Var q, ag::Var k, ag::Var v) {
     q = ag::rope(q, c.n_head, c.head_dim, c.rope_mode, c.rope_base, pos);
     k = ag::rope(k, c.n_head_kv, c.head_dim, c.rope_mode, c.rope_base, pos);
-    return segments.g ? ag::attention(q, k, v, c.n_head, c.n_head_kv, segments)
-                      : ag::attention(q, k, v, c.n_head, c.n_head_kv);
+    const ag::Var out = segments.g ? ag::attention(q, k, v, c.n_head, c.n_head_kv, segments)
+                                   : ag::attention(q, k, v, c.n_head, c.n_head_kv);
+    // With recomputation, attention's output is kept rather than computed again: its forward costs far more
+    // than the [T, n_head·head_dim] it holds (H100, tinyllama bs 1: 6.8 ms per step for 88 MiB).
+    g_.keep(out);
+    return out;
   });
 }
 
