@@ -153,6 +153,10 @@ void Graph::checkpoint(Var v) {
   if (it == checkpoints_.end() || *it != v.id) checkpoints_.insert(it, v.id);
 }
 
+namespace {
+bool backward_reads_input(const OpDef& op, size_t k) { return k < 31 ? (op.backward_reads >> k) & 1u : true; }
+}  // namespace
+
 void Graph::keep(Var v) {
   if (v.g != this || v.id < 0 || v.id >= size()) throw GraphError("keep: the node belongs to another graph");
   if (!node(v.id).op) throw GraphError("keep: " + label(node(v.id), v.id) + " is a leaf, not an op output");
@@ -184,6 +188,20 @@ std::vector<Graph::Step> Graph::backward_steps(int out, bool recompute) const {
     for (int j = 0; j < N; ++j)
       for (int in : nodes_[size_t(j)].inputs)
         if (seg(in) != seg(j)) again[size_t(in)] = 0;
+    // Only values that some backward reads are computed again, with what computing them reads in turn.
+    std::vector<char> needed(size_t(N), 0);
+    for (int id : ancestors(out)) {
+      const Node& n = nodes_[size_t(id)];
+      if (!n.op || !n.op->backward) continue;
+      if (n.op->backward_reads & kReadsOutput) needed[size_t(id)] = 1;
+      for (size_t k = 0; k < n.inputs.size(); ++k)
+        if (backward_reads_input(*n.op, k)) needed[size_t(n.inputs[k])] = 1;
+    }
+    for (int id = N - 1; id >= 0; --id) {
+      again[size_t(id)] = again[size_t(id)] && needed[size_t(id)];
+      if (again[size_t(id)])
+        for (int in : nodes_[size_t(id)].inputs) needed[size_t(in)] = 1;
+    }
   }
   std::vector<Step> steps;
   int current = -1;
@@ -244,11 +262,13 @@ void Graph::plan_memory(Var out, bool recompute) {
       fwd_runs[size_t(st.id)].push_back(t);
       return;
     }
-    // A backward may read its inputs' values and its own, and adds into its inputs' gradients.
-    value_ev[size_t(st.id)].push_back({t, false});
+    // A backward reads the values its op says it does (OpDef::backward_reads) and adds into its inputs'
+    // gradients.
+    if (n.op->backward_reads & kReadsOutput) value_ev[size_t(st.id)].push_back({t, false});
     grad_ev[size_t(st.id)].push_back({t, false});
-    for (int in : n.inputs) {
-      value_ev[size_t(in)].push_back({t, false});
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      const int in = n.inputs[k];
+      if (backward_reads_input(*n.op, k)) value_ev[size_t(in)].push_back({t, false});
       if (n.op->backward && nodes_[size_t(in)].requires_grad) grad_ev[size_t(in)].push_back({t, false});
     }
     bwd_runs[size_t(st.id)].push_back(t);

@@ -69,7 +69,11 @@ struct OpDef {
   // Adds into in_grad(k) for each input k with needs_grad(k); node.grad holds dL/d(output). May be null for
   // ops with no differentiable input.
   void (*backward)(OpContext& c);
+  // Which values the backward reads: bit k for input k, kReadsOutput for the op's own output. The memory plan
+  // keeps only those (and what recomputing them needs) until the backward; the default is all of them.
+  uint32_t backward_reads = ~0u;
 };
+constexpr uint32_t kReadsOutput = 1u << 31;
 
 struct Node {
   const OpDef* op = nullptr;  // null for leaves (constants and parameters)

@@ -261,6 +261,34 @@ TEST(GraphRules, AKeptValueIsNotRecomputedAndChangesNoGradient) {
   EXPECT_EQ(kept, plain);
 }
 
+// With recomputation, a value that no backward reads (add's and scale's backwards read none) is not computed
+// again, nor is what only it needed; the gradients stay the same.
+TEST(GraphRules, ValuesNoBackwardReadsAreNotRecomputed) {
+  auto be = Backend::cpu();
+  auto run = [&](bool recompute, int64_t* recomputed) {
+    Graph g(*be);
+    Var x = g.param(be->from_host(std::vector<float>{1, -2, 3, 0.5f}, {2, 2}), "x");
+    g.defer_memory();
+    Var p = scale(x, 2.0);
+    Var q = add(p, x);
+    Var r = scale(q, 3.0);
+    Var s = mul(r, x);      // mul's backward reads its inputs: r is needed, and computing r needs q, then p
+    Var t = scale(x, 5.0);  // read only by the add below, whose backward reads nothing: not needed
+    Var u = add(s, t);
+    g.checkpoint(u);
+    Var v = mul(u, u);
+    g.plan_memory(v, recompute);
+    *recomputed = g.recomputed_steps();
+    g.forward();
+    g.backward(v, be->from_host(std::vector<float>{1, 1, 1, 1}, {2, 2}));
+    return be->to_host(g.grad(x));
+  };
+  int64_t n_plain = -1, n_again = -1;
+  const auto plain = run(false, &n_plain), again = run(true, &n_again);
+  EXPECT_EQ(n_again, 4);  // p, q, r, s (mul's backward reads its own output too, by default); not t
+  EXPECT_EQ(again, plain);
+}
+
 // A memory-planned graph runs the passes it was planned for, in order, and says so otherwise.
 TEST(GraphRules, AMemoryPlannedGraphRunsOnlyThePassesItWasPlannedFor) {
   auto be = Backend::cpu();

@@ -128,11 +128,11 @@ void check_real(const char* op, Var v) {
     throw GraphError(std::string(op) + ": input is " + dtype_name(v.value().dtype()) + ", not a real tensor");
 }
 
-const OpDef kAddOp{"add", add_shape, nullptr, ew_forward<kAdd>, ew_backward<kAdd>};
+const OpDef kAddOp{"add", add_shape, nullptr, ew_forward<kAdd>, ew_backward<kAdd>, 0u};  // no values
 const OpDef kMulOp{"mul", mul_shape, nullptr, ew_forward<kMul>, ew_backward<kMul>};
-const OpDef kScaleOp{"scale", scale_shape, nullptr, ew_forward<kScale>, ew_backward<kScale>};
+const OpDef kScaleOp{"scale", scale_shape, nullptr, ew_forward<kScale>, ew_backward<kScale>, 0u};
 // A copy with another shape (forward y = 1 * x, backward dx += dy): values keep their row-major order.
-const OpDef kReshapeOp{"reshape", reshape_shape, nullptr, ew_forward<kScale>, ew_backward<kScale>};
+const OpDef kReshapeOp{"reshape", reshape_shape, nullptr, ew_forward<kScale>, ew_backward<kScale>, 0u};
 
 void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back({"add", [](Graph& g, std::mt19937& r) {

@@ -221,7 +221,7 @@ void matmul_backward(OpContext& c) {
   if (c.needs_grad(1)) cpu::gemm_tn(f32_mut(c.in_grad(1)), f32_span(dy), f32_span(a), N, K, M, true);
 }
 
-const OpDef kLinearOp{"linear", linear_shape, linear_prepare, linear_forward, linear_backward};
+const OpDef kLinearOp{"linear", linear_shape, linear_prepare, linear_forward, linear_backward, 1u << 1};  // dx = dy·W: W only
 const OpDef kMatmulOp{"matmul_nt", matmul_shape, matmul_prepare, matmul_forward, matmul_backward};
 
 // x is the parameter: the frozen weight itself never has a gradient.

@@ -346,7 +346,7 @@ void dropout_forward(OpContext& c) { dropout_run(c, c.node.value, c.in(0), false
 void dropout_backward(OpContext& c) { dropout_run(c, c.in_grad(0), c.node.grad, true); }
 
 const OpDef kRmsNormOp{"rms_norm", rms_norm_shape, rms_norm_prepare, rms_norm_forward, rms_norm_backward};
-const OpDef kRopeOp{"rope", rope_shape, nullptr, rope_forward, rope_backward};
+const OpDef kRopeOp{"rope", rope_shape, nullptr, rope_forward, rope_backward, 0u};  // rotates dy back: no values
 const OpDef kSiluOp{"silu", silu_shape, nullptr, silu_forward, silu_backward};
 const OpDef kSwigluOp{"swiglu", swiglu_shape, nullptr, swiglu_forward, swiglu_backward};
 const OpDef kDropoutOp{"dropout", dropout_shape, nullptr, dropout_forward, dropout_backward};
