@@ -129,7 +129,7 @@ void check_real(const char* op, Var v) {
 }
 
 const OpDef kAddOp{"add", add_shape, nullptr, ew_forward<kAdd>, ew_backward<kAdd>, 0u};  // no values
-const OpDef kMulOp{"mul", mul_shape, nullptr, ew_forward<kMul>, ew_backward<kMul>};
+const OpDef kMulOp{"mul", mul_shape, nullptr, ew_forward<kMul>, ew_backward<kMul>, 0b11u};  // a, b
 const OpDef kScaleOp{"scale", scale_shape, nullptr, ew_forward<kScale>, ew_backward<kScale>, 0u};
 // A copy with another shape (forward y = 1 * x, backward dx += dy): values keep their row-major order.
 const OpDef kReshapeOp{"reshape", reshape_shape, nullptr, ew_forward<kScale>, ew_backward<kScale>, 0u};

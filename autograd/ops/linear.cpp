@@ -222,7 +222,7 @@ void matmul_backward(OpContext& c) {
 }
 
 const OpDef kLinearOp{"linear", linear_shape, linear_prepare, linear_forward, linear_backward, 1u << 1};  // dx = dy·W: W only
-const OpDef kMatmulOp{"matmul_nt", matmul_shape, matmul_prepare, matmul_forward, matmul_backward};
+const OpDef kMatmulOp{"matmul_nt", matmul_shape, matmul_prepare, matmul_forward, matmul_backward, 0b11u};  // a, b
 
 // x is the parameter: the frozen weight itself never has a gradient.
 GradcheckCase linear_case(DType t, int64_t T, int64_t n_out, int64_t n_in) {

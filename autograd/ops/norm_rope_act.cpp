@@ -345,10 +345,10 @@ void dropout_run(OpContext& c, const Tensor& out, const Tensor& in, bool accumul
 void dropout_forward(OpContext& c) { dropout_run(c, c.node.value, c.in(0), false); }
 void dropout_backward(OpContext& c) { dropout_run(c, c.in_grad(0), c.node.grad, true); }
 
-const OpDef kRmsNormOp{"rms_norm", rms_norm_shape, rms_norm_prepare, rms_norm_forward, rms_norm_backward};
+const OpDef kRmsNormOp{"rms_norm", rms_norm_shape, rms_norm_prepare, rms_norm_forward, rms_norm_backward, 0b11u};
 const OpDef kRopeOp{"rope", rope_shape, nullptr, rope_forward, rope_backward, 0u};  // rotates dy back: no values
-const OpDef kSiluOp{"silu", silu_shape, nullptr, silu_forward, silu_backward};
-const OpDef kSwigluOp{"swiglu", swiglu_shape, nullptr, swiglu_forward, swiglu_backward};
+const OpDef kSiluOp{"silu", silu_shape, nullptr, silu_forward, silu_backward, 0b1u};
+const OpDef kSwigluOp{"swiglu", swiglu_shape, nullptr, swiglu_forward, swiglu_backward, 0b11u};
 const OpDef kDropoutOp{"dropout", dropout_shape, nullptr, dropout_forward, dropout_backward};
 
 // --- gradient-check cases ------------------------------------------------------------------------------------
