@@ -217,9 +217,9 @@ ag::Var ModelGraph::hidden(ag::Var ids, int64_t pos, ag::Var segments) const {
     k = ag::rope(k, c.n_head_kv, c.head_dim, c.rope_mode, c.rope_base, pos);
     const ag::Var out = segments.g ? ag::attention(q, k, v, c.n_head, c.n_head_kv, segments)
                                    : ag::attention(q, k, v, c.n_head, c.n_head_kv);
-    // With recomputation, attention's output is kept rather than computed again: its forward costs far more
-    // than the [T, n_head·head_dim] it holds (H100, tinyllama bs 1: 6.8 ms per step for 88 MiB).
-    g_.keep(out);
+    // With recomputation, attention's inputs and output are kept rather than computed again: they cost far
+    // more to compute (the q, k and v projections, attention's forward) than the memory they hold.
+    for (const ag::Var& kept : {q, k, v, out}) g_.keep(kept);
     return out;
   });
 }
@@ -237,6 +237,7 @@ ag::Var ModelGraph::hidden(ag::Var ids, const AttentionStep& attend) const {
       v = ag::add(v, vars_.at(b + "attn_v.bias"));
     }
     x = ag::add(x, project(attend(l, q, k, v), l, "o"));
+    g_.keep(x);  // with recomputation: the residual the ffn norm reads, so the o projection is not run again
     h = ag::rms_norm(x, vars_.at(b + "ffn_norm.weight"), c.rms_eps);
     x = ag::add(x, project(ag::swiglu(project(h, l, "gate"), project(h, l, "up")), l, "down"));
     g_.checkpoint(x);
