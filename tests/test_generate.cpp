@@ -24,10 +24,18 @@ using model::Decoder;
 using model::Model;
 using model::ModelGraph;
 
+// This test process's scratch directory (models made once and shared by its tests), removed when it exits.
 std::string temp_dir() {
-  const fs::path d = fs::temp_directory_path() / ("q4t_test_generate_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d.string();
+  struct Dir {
+    fs::path path = fs::temp_directory_path() / ("q4t_test_generate_" + std::to_string(::getpid()));
+    Dir() { fs::create_directories(path); }
+    ~Dir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static const Dir d;
+  return d.path.string();
 }
 
 // Two layers, 4 query heads over 2 kv heads of dim 16, init-model's byte vocabulary, 96 positions.

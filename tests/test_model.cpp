@@ -20,10 +20,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// This test process's scratch directory (models made once and shared by its tests), removed when it exits.
 std::string temp_dir() {
-  const fs::path d = fs::temp_directory_path() / ("q4t_test_model_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d.string();
+  struct Dir {
+    fs::path path = fs::temp_directory_path() / ("q4t_test_model_" + std::to_string(::getpid()));
+    Dir() { fs::create_directories(path); }
+    ~Dir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static const Dir d;
+  return d.path.string();
 }
 
 std::string tiny_model(const std::string& arch, const std::string& type, bool tied) {
