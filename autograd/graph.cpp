@@ -145,34 +145,33 @@ void Graph::defer_memory() {
   deferred_ = true;
 }
 
-void Graph::checkpoint(Var v) {
-  if (v.g != this || v.id < 0 || v.id >= size()) throw GraphError("checkpoint: the node belongs to another graph");
-  if (!node(v.id).op) throw GraphError("checkpoint: " + label(node(v.id), v.id) + " is a leaf, not an op output");
-  if (planned_) throw GraphError("checkpoint: the graph's memory is already planned");
-  const auto it = std::lower_bound(checkpoints_.begin(), checkpoints_.end(), v.id);
-  if (it == checkpoints_.end() || *it != v.id) checkpoints_.insert(it, v.id);
+// checkpoint() and keep(): v, an op output of this graph not yet planned, joins the ascending list `ids`.
+void Graph::mark_for_plan(std::vector<int>& ids, Var v, const char* what) {
+  const std::string op = what;
+  if (v.g != this || v.id < 0 || v.id >= size()) throw GraphError(op + ": the node belongs to another graph");
+  if (!node(v.id).op) throw GraphError(op + ": " + label(node(v.id), v.id) + " is a leaf, not an op output");
+  if (planned_) throw GraphError(op + ": the graph's memory is already planned");
+  const auto it = std::lower_bound(ids.begin(), ids.end(), v.id);
+  if (it == ids.end() || *it != v.id) ids.insert(it, v.id);
 }
+
+void Graph::checkpoint(Var v) { mark_for_plan(checkpoints_, v, "checkpoint"); }
+void Graph::keep(Var v) { mark_for_plan(kept_, v, "keep"); }
 
 namespace {
 bool backward_reads_input(const OpDef& op, size_t k) { return k < 31 ? (op.backward_reads >> k) & 1u : true; }
 }  // namespace
 
-void Graph::keep(Var v) {
-  if (v.g != this || v.id < 0 || v.id >= size()) throw GraphError("keep: the node belongs to another graph");
-  if (!node(v.id).op) throw GraphError("keep: " + label(node(v.id), v.id) + " is a leaf, not an op output");
-  if (planned_) throw GraphError("keep: the graph's memory is already planned");
-  const auto it = std::lower_bound(kept_.begin(), kept_.end(), v.id);
-  if (it == kept_.end() || *it != v.id) kept_.insert(it, v.id);
-}
-
 int64_t Graph::recomputed_steps() const {
-  return std::count_if(plan_bwd_.begin(), plan_bwd_.end(), [](const Step& s) { return s.kind == StepKind::Recompute; });
+  return std::count_if(plan_bwd_.begin(), plan_bwd_.end(),
+                       [](const Step& s) { return s.kind == StepKind::Recompute; });
 }
 
 // The backward pass: the ancestors of out in reverse creation order. With recompute, each segment (the nodes
 // after one checkpoint up to the next) starts by running again the forward of its nodes whose values are not
-// kept: op outputs other than the checkpoints, those marked with keep() and out, read only inside their segment,
-// outside the last segment (its forward ran just before). Each step zero-fills the gradients it is the first to add into.
+// kept (op outputs other than the checkpoints, those marked with keep() and out, read only inside their segment,
+// outside the last segment, whose forward ran just before) and that some backward reads (OpDef::backward_reads),
+// or that computing those reads. Each step zero-fills the gradients it is the first to add into.
 std::vector<Graph::Step> Graph::backward_steps(int out, bool recompute) const {
   const int N = size();
   auto seg = [&](int id) {

@@ -169,6 +169,7 @@ class Graph {
   void run_pass(bool backward, int out, const Tensor* seed, bool keep_param_grads = false);
   std::vector<int> ancestors(int out) const;
   std::vector<Step> backward_steps(int out, bool recompute) const;
+  void mark_for_plan(std::vector<int>& ids, Var v, const char* what);
   int id_of(const Node& n) const { return int(&n - nodes_.data()); }
 
   Backend& be_;

@@ -14,6 +14,7 @@
 #include "train/export.h"
 #include "train/generate.h"
 #include "train/model/decoder.h"
+#include "scratch_dir.h"
 
 namespace q4t {
 namespace {
@@ -24,19 +25,7 @@ using model::Decoder;
 using model::Model;
 using model::ModelGraph;
 
-// This test process's scratch directory (models made once and shared by its tests), removed when it exits.
-std::string temp_dir() {
-  struct Dir {
-    fs::path path = fs::temp_directory_path() / ("q4t_test_generate_" + std::to_string(::getpid()));
-    Dir() { fs::create_directories(path); }
-    ~Dir() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  };
-  static const Dir d;
-  return d.path.string();
-}
+std::string temp_dir() { return test::process_scratch_dir("q4t_test_generate_"); }
 
 // Two layers, 4 query heads over 2 kv heads of dim 16, init-model's byte vocabulary, 96 positions.
 std::string tiny_model(const std::string& arch, bool tied) {

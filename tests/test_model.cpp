@@ -14,25 +14,14 @@
 #include "malformed_gguf.h"
 #include "train/commands.h"
 #include "train/model/model.h"
+#include "scratch_dir.h"
 
 namespace q4t::model {
 namespace {
 
 namespace fs = std::filesystem;
 
-// This test process's scratch directory (models made once and shared by its tests), removed when it exits.
-std::string temp_dir() {
-  struct Dir {
-    fs::path path = fs::temp_directory_path() / ("q4t_test_model_" + std::to_string(::getpid()));
-    Dir() { fs::create_directories(path); }
-    ~Dir() {
-      std::error_code ec;
-      fs::remove_all(path, ec);
-    }
-  };
-  static const Dir d;
-  return d.path.string();
-}
+std::string temp_dir() { return test::process_scratch_dir("q4t_test_model_"); }
 
 std::string tiny_model(const std::string& arch, const std::string& type, bool tied) {
   const std::string path = temp_dir() + "/" + arch + "_" + type + (tied ? "_tied" : "") + ".gguf";

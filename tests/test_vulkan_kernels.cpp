@@ -187,18 +187,23 @@ const FrozenFormat kFrozenFormats[] = {
      {256, 2304, 4608}, {1, 3, 37, 257}, kKQuantDxTiles, true},
 };
 
+// The largest relative error of format f's GEMM against its reference, on a random W and X.
+double frozen_gemm_error(HostKernels& k, std::mt19937& rng, const FrozenFormat& f, int64_t T, int64_t n_out,
+                         int64_t n_in) {
+  const auto w = f.make(rng, n_out, n_in);
+  const auto x = random_floats(rng, T * n_in);
+  std::vector<float> y(size_t(T * n_out), NAN);
+  (k.*f.gemm)(y, w, x, T, n_out, n_in);
+  return ref::max_rel_error(y.data(), f.ref_gemm(w.data(), x.data(), T, n_out, n_in));
+}
+
 TEST_F(VulkanKernels, FrozenFormatsForwardMatchReferenceOnAwkwardShapes) {
   for (const FrozenFormat& f : kFrozenFormats)
     for (int64_t n_in : f.n_ins)
       for (int64_t n_out : f.n_outs)
-        for (int64_t T : kT) {
-          const auto w = f.make(rng_, n_out, n_in);
-          const auto x = random_floats(rng_, T * n_in);
-          std::vector<float> y(size_t(T * n_out), NAN);
-          (kernels_->*f.gemm)(y, w, x, T, n_out, n_in);
-          const double err = ref::max_rel_error(y.data(), f.ref_gemm(w.data(), x.data(), T, n_out, n_in));
-          EXPECT_LE(err, kBound) << f.name << " n_out=" << n_out << " n_in=" << n_in << " T=" << T;
-        }
+        for (int64_t T : kT)
+          EXPECT_LE(frozen_gemm_error(*kernels_, rng_, f, T, n_out, n_in), kBound)
+              << f.name << " n_out=" << n_out << " n_in=" << n_in << " T=" << T;
 }
 
 // Products of few output tiles split over K into slices that a second pass adds in order (the HostKernels adaptor
@@ -214,14 +219,8 @@ TEST_F(VulkanKernels, ForwardGemmsSplitOverKMatchReference) {
     EXPECT_LE(ref::max_rel_error(y.data(), ref::q4_0_gemm(w.data(), x.data(), T, n_out, n_in)), kBound)
         << "q4_0 n_in=" << n_in;
   }
-  for (const FrozenFormat& f : kFrozenFormats) {
-    const int64_t n_in = 4608;
-    const auto w = f.make(rng_, n_out, n_in);
-    const auto x = random_floats(rng_, T * n_in);
-    std::vector<float> y(size_t(T * n_out), NAN);
-    (kernels_->*f.gemm)(y, w, x, T, n_out, n_in);
-    EXPECT_LE(ref::max_rel_error(y.data(), f.ref_gemm(w.data(), x.data(), T, n_out, n_in)), kBound) << f.name;
-  }
+  for (const FrozenFormat& f : kFrozenFormats)
+    EXPECT_LE(frozen_gemm_error(*kernels_, rng_, f, T, n_out, 4608), kBound) << f.name;
 }
 
 // A window of W's rows on the tensor cores (the vocab-tiled loss's Q4_0 logits): where the device has cooperative
@@ -235,7 +234,7 @@ TEST_F(VulkanKernels, TensorCoreRowWindowsMatchReferenceOrAreDeclined) {
   w.upload(w_host);
   x.upload(x_host);
   vk::LinearKernels k(*device_);
-  for (const auto [row0, n] : {std::pair<int64_t, int64_t>{0, 128}, {128, 172}, {299, 1}}) {
+  for (const auto& [row0, n] : {std::pair<int64_t, int64_t>{0, 128}, {128, 172}, {299, 1}}) {
     vk::Sequence s(*device_);
     s.begin();
     const bool took = k.q4_0_gemm_rows_coop(s, y, w, x, T, n_rows, row0, n, n_in);
@@ -249,21 +248,17 @@ TEST_F(VulkanKernels, TensorCoreRowWindowsMatchReferenceOrAreDeclined) {
   }
   vk::Sequence s(*device_);
   s.begin();
-  if (device_->coop_matrix())
+  if (device_->coop_matrix()) {
     EXPECT_THROW(k.q4_0_gemm_rows_coop(s, y, w, x, T, n_rows, 200, 101, n_in), ShapeError);
+  }
   s.end();
 }
 
 // 65 tokens x 130 rows: two 64-wide GEMM tiles each way, the second holding one token and two rows.
 TEST_F(VulkanKernels, FrozenFormatsGemmTilesThatDoNotDivideMatchReference) {
   const int64_t T = 65, n_out = 130, n_in = 512;
-  for (const FrozenFormat& f : kFrozenFormats) {
-    const auto w = f.make(rng_, n_out, n_in);
-    const auto x = random_floats(rng_, T * n_in);
-    std::vector<float> y(size_t(T * n_out), NAN);
-    (kernels_->*f.gemm)(y, w, x, T, n_out, n_in);
-    EXPECT_LE(ref::max_rel_error(y.data(), f.ref_gemm(w.data(), x.data(), T, n_out, n_in)), kBound) << f.name;
-  }
+  for (const FrozenFormat& f : kFrozenFormats)
+    EXPECT_LE(frozen_gemm_error(*kernels_, rng_, f, T, n_out, n_in), kBound) << f.name;
 }
 
 TEST_F(VulkanKernels, FrozenFormatsDxMatchReferenceWithAndWithoutAccumulate) {
