@@ -61,17 +61,21 @@ const int64_t kNIn[] = {32, 64, 4096 + 32};
 const int64_t kNOut[] = {1, 7, 63, 65, 1000};
 const int64_t kT[] = {1, 3, 17};
 
+// The largest relative error of k's Q4_0 GEMM with weights w against the reference, on a random X.
+double q4_0_gemm_error(HostKernels& k, std::mt19937& rng, const std::vector<uint8_t>& w, int64_t T, int64_t n_out,
+                       int64_t n_in) {
+  const auto x = random_floats(rng, T * n_in);
+  std::vector<float> y(size_t(T * n_out), NAN);
+  k.q4_0_gemm(y, w, x, T, n_out, n_in);
+  return ref::max_rel_error(y.data(), ref::q4_0_gemm(w.data(), x.data(), T, n_out, n_in));
+}
+
 TEST_F(VulkanKernels, Q4_0ForwardMatchesReferenceOnAwkwardShapes) {
   for (int64_t n_in : kNIn)
     for (int64_t n_out : kNOut)
-      for (int64_t T : kT) {
-        const auto w = random_q4_0(rng_, n_out, n_in);
-        const auto x = random_floats(rng_, T * n_in);
-        std::vector<float> y(size_t(T * n_out), NAN);
-        kernels_->q4_0_gemm(y, w, x, T, n_out, n_in);
-        const double err = ref::max_rel_error(y.data(), ref::q4_0_gemm(w.data(), x.data(), T, n_out, n_in));
-        EXPECT_LE(err, kBound) << "n_out=" << n_out << " n_in=" << n_in << " T=" << T;
-      }
+      for (int64_t T : kT)
+        EXPECT_LE(q4_0_gemm_error(*kernels_, rng_, random_q4_0(rng_, n_out, n_in), T, n_out, n_in), kBound)
+            << "n_out=" << n_out << " n_in=" << n_in << " T=" << T;
 }
 
 // dx (+)= dy · W[j_start:n_out] from k, with and without accumulate (dx drawn from rng), against the reference.
@@ -212,11 +216,7 @@ TEST_F(VulkanKernels, ForwardGemmsSplitOverKMatchReference) {
   const int64_t T = 65, n_out = 65;
   for (int64_t n_in : {int64_t(4128), int64_t(4608)}) {
     ASSERT_GT(vk::LinearKernels::gemm_scratch_bytes(T, n_out, n_in), 0u) << "n_in=" << n_in << " is not split";
-    const auto w = random_q4_0(rng_, n_out, n_in);
-    const auto x = random_floats(rng_, T * n_in);
-    std::vector<float> y(size_t(T * n_out), NAN);
-    kernels_->q4_0_gemm(y, w, x, T, n_out, n_in);
-    EXPECT_LE(ref::max_rel_error(y.data(), ref::q4_0_gemm(w.data(), x.data(), T, n_out, n_in)), kBound)
+    EXPECT_LE(q4_0_gemm_error(*kernels_, rng_, random_q4_0(rng_, n_out, n_in), T, n_out, n_in), kBound)
         << "q4_0 n_in=" << n_in;
   }
   for (const FrozenFormat& f : kFrozenFormats)
@@ -499,11 +499,7 @@ TEST_F(VulkanKernels, LargeGemmTilesMatchReferenceOnAwkwardShapes) {
   for (int64_t T : {int64_t(3), int64_t(130)}) {
     const int64_t n_out = 257, n_in = 4096 + 32;
     const auto w = random_q4_0(rng_, n_out, n_in);
-    const auto x = random_floats(rng_, T * n_in);
-    std::vector<float> y(size_t(T * n_out), NAN);
-    large->q4_0_gemm(y, w, x, T, n_out, n_in);
-    EXPECT_LE(ref::max_rel_error(y.data(), ref::q4_0_gemm(w.data(), x.data(), T, n_out, n_in)), kBound)
-        << "q4_0 T=" << T;
+    EXPECT_LE(q4_0_gemm_error(*large, rng_, w, T, n_out, n_in), kBound) << "q4_0 T=" << T;
     const auto dy = random_floats(rng_, T * n_out);
     expect_q4_0_dx_matches(*large, rng_, w, dy, T, n_out, n_in, 5, "q4_0 dx T=" + std::to_string(T));
   }

@@ -134,14 +134,12 @@ void Buffer::copy_via_staging(void* host, size_t bytes, size_t offset, bool to_d
     if (!to_device) std::memcpy(host, st.ptr, bytes);
   };
   if (bytes <= kReusedStagingMax) return dev_->with_staging(bytes, copy);
-  Device::HostBuffer st = dev_->make_host_buffer(bytes);
-  try {
-    copy(st);
-  } catch (...) {
-    dev_->free_host_buffer(st);
-    throw;
-  }
-  dev_->free_host_buffer(st);
+  struct Own {  // freed however copy() ends
+    Device& dev;
+    Device::HostBuffer b;
+    ~Own() { dev.free_host_buffer(b); }
+  } st{*dev_, dev_->make_host_buffer(bytes)};
+  copy(st.b);
 }
 
 void Buffer::upload(const void* src, size_t bytes, size_t offset) {

@@ -7,14 +7,14 @@
 
 namespace q4t::vk {
 
-namespace {
-
 // Must match kernels/glsl/gemm_push.glsl.
-struct GemmPush {
+struct LinearKernels::GemmPush {
   uint32_t M, N, k_begin, k_end, lda, ldb, accumulate;
   uint32_t k_slice = 0;  // split K (gemm_tiled.glsl); 0: none
   uint32_t row0 = 0;     // first row of W (q4_0_gemm_coop.comp)
 };
+
+namespace {
 
 // GEMM tile edges (BM = BN, specialization constants of gemm_tiled.glsl): 128 where a product has at least
 // kLargeTileMinGroups such tiles (a full wave of two 256-invocation workgroups per SM on a 132-SM H100), 64
@@ -109,12 +109,11 @@ std::pair<int64_t, int64_t> dx_gemm_split(int64_t T, int64_t n_rows, int64_t n_i
 }
 
 size_t dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in, int64_t cols_per_group) {
-  if (n_rows <= 0 || n_in <= 0) return 0;
+  if (T < 1 || n_rows <= 0 || n_in <= 0) return 0;
   if (T > 1) {
     const auto [slices, k_slice] = dx_gemm_split(T, n_rows, n_in);
     return slices > 1 ? size_t(slices * T * n_in) * 4 : 0;
   }
-  if (T != 1) return 0;
   const int64_t rows_per_chunk = dx_rows_per_chunk(n_rows, n_in, cols_per_group);
   return size_t((n_rows + rows_per_chunk - 1) / rows_per_chunk * n_in) * 4;
 }
@@ -214,16 +213,25 @@ void LinearKernels::dispatch_forward(const char* k, const Pipeline& p, Sequence&
                                      uint32_t groups_m, const Buffer* scratch, int64_t row0) {
   GemmPush push{uint32_t(T), uint32_t(n_out), 0, uint32_t(n_in), uint32_t(n_in), 0, 0};
   push.row0 = uint32_t(row0);
-  const auto [slices, k_slice] = forward_split(T, n_out, n_in);
+  dispatch_gemm(k, p, s, Y, X, w, push, T, n_out, forward_split(T, n_out, n_in), {groups_n, groups_m}, scratch);
+}
+
+void LinearKernels::dispatch_gemm(const char* k, const Pipeline& p, Sequence& s, const Buffer& C, const Buffer& A,
+                                  const Buffer& B, const GemmPush& push, int64_t M, int64_t N,
+                                  std::pair<int64_t, int64_t> split, std::array<uint32_t, 2> groups,
+                                  const Buffer* scratch) {
+  const auto [slices, k_slice] = split;
   if (slices > 1 && scratch) {
-    check_fits_u32(k, "the split partial sums", slices * T * n_out);
-    check_min_size(k, "scratch", scratch->size(), size_t(slices * T * n_out) * 4);
-    push.k_slice = uint32_t(k_slice);
-    s.dispatch(p, {scratch, &X, &w}, push, {groups_n, groups_m, uint32_t(slices)});
-    dx_reduce(s, Y, *scratch, T * n_out, slices, false);
+    check_fits_u32(k, "the split partial sums", slices * M * N);
+    check_min_size(k, "scratch", scratch->size(), size_t(slices * M * N) * 4);
+    GemmPush sliced = push;
+    sliced.accumulate = 0;
+    sliced.k_slice = uint32_t(k_slice);
+    s.dispatch(p, {scratch, &A, &B}, sliced, {groups[0], groups[1], uint32_t(slices)});
+    dx_reduce(s, C, *scratch, M * N, slices, push.accumulate != 0);
     return;
   }
-  s.dispatch(p, {&Y, &X, &w}, push, {groups_n, groups_m, 1});
+  s.dispatch(p, {&C, &A, &B}, push, {groups[0], groups[1], 1});
 }
 
 size_t LinearKernels::q4_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in) {
@@ -270,23 +278,14 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
 void LinearKernels::dx_gemm(const char* shader, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
                             const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start,
                             int64_t j_end, bool accumulate) {
-  GemmPush push{uint32_t(T), uint32_t(n_in), uint32_t(j_start), uint32_t(j_end), uint32_t(n_out), 0,
-                accumulate ? 1u : 0u};
-  const auto [slices, k_slice] = dx_gemm_split(T, j_end - j_start, n_in);
-  if (slices > 1 && scratch) {  // callers size the scratch with *_dx_scratch_bytes; without one, no split
-    check_fits_u32(shader, "the split partial sums", slices * T * n_in);
-    check_min_size(shader, "scratch", scratch->size(), size_t(slices * T * n_in) * 4);
-    const uint32_t tile = forced_gemm_tile_ ? forced_gemm_tile_ : kGemmTileLarge;
-    push.accumulate = 0;
-    push.k_slice = uint32_t(k_slice);
-    const auto& p = pipeline(shader, 3, sizeof(push), {tile, tile});
-    s.dispatch(p, {scratch, &dY, &w}, push, {ceil_div(n_in, tile), ceil_div(T, tile), uint32_t(slices)});
-    dx_reduce(s, dX, *scratch, T * n_in, slices, accumulate);
-    return;
-  }
-  const uint32_t tile = gemm_tile(T, n_in);
+  const GemmPush push{uint32_t(T), uint32_t(n_in), uint32_t(j_start), uint32_t(j_end), uint32_t(n_out), 0,
+                      accumulate ? 1u : 0u};
+  // Callers size the scratch with *_dx_scratch_bytes; without one, no split. Split products take 128-wide tiles.
+  const auto split = dx_gemm_split(T, j_end - j_start, n_in);
+  const bool sliced = split.first > 1 && scratch;
+  const uint32_t tile = sliced ? (forced_gemm_tile_ ? forced_gemm_tile_ : kGemmTileLarge) : gemm_tile(T, n_in);
   const auto& p = pipeline(shader, 3, sizeof(push), {tile, tile});
-  s.dispatch(p, {&dX, &dY, &w}, push, {ceil_div(n_in, tile), ceil_div(T, tile), 1});
+  dispatch_gemm(shader, p, s, dX, dY, w, push, T, n_in, split, {ceil_div(n_in, tile), ceil_div(T, tile)}, scratch);
 }
 
 void LinearKernels::dx_reduce(Sequence& s, const Buffer& dX, const Buffer& scratch, int64_t n_in, int64_t n_chunks,
@@ -492,17 +491,9 @@ void LinearKernels::f32_gemm(const char* shader, Sequence& s, const Buffer& C, c
   if (!forced_gemm_tile_ && N <= 2 * kSkinnyEdge) bn = skinny(N), bm = kGemmTile;
   else if (!forced_gemm_tile_ && M <= 2 * kSkinnyEdge) bm = skinny(M), bn = kGemmTile;
   const auto& p = pipeline(shader, 3, sizeof(GemmPush), {bm, bn});
-  const auto [slices, k_slice] = gemm_split(M, N, K);
-  if (scratch && slices > 1) {
-    check_fits_u32(shader, "the split partial sums", slices * M * N);
-    check_min_size(shader, "scratch", scratch->size(), gemm_split_scratch_bytes(M, N, K));
-    GemmPush push{uint32_t(M), uint32_t(N), 0, uint32_t(K), lda, ldb, 0, uint32_t(k_slice)};
-    s.dispatch(p, {scratch, &A, &B}, push, {ceil_div(N, bn), ceil_div(M, bm), uint32_t(slices)});
-    dx_reduce(s, C, *scratch, M * N, slices, accumulate);  // the slices, in order, as the dx chunks are
-    return;
-  }
-  GemmPush push{uint32_t(M), uint32_t(N), 0, uint32_t(K), lda, ldb, accumulate ? 1u : 0u};
-  s.dispatch(p, {&C, &A, &B}, push, {ceil_div(N, bn), ceil_div(M, bm), 1});
+  const GemmPush push{uint32_t(M), uint32_t(N), 0, uint32_t(K), lda, ldb, accumulate ? 1u : 0u};
+  dispatch_gemm(shader, p, s, C, A, B, push, M, N, gemm_split(M, N, K), {ceil_div(N, bn), ceil_div(M, bm)},
+                scratch);
 }
 
 void LinearKernels::gemm_nt(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N,

@@ -4,6 +4,7 @@
 // multiple of 256), or F16 halves (n_in even here).
 #pragma once
 #include <cstdint>
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -91,6 +92,7 @@ class LinearKernels {
   void force_gemm_tile(uint32_t tile);
 
  private:
+  struct GemmPush;  // the push constants of the tiled and tensor-core GEMMs (gemm_push.glsl)
   const Pipeline& pipeline(const std::string& shader, uint32_t n_buffers, uint32_t push_bytes,
                            const std::vector<uint32_t>& spec = {});
   void f32_gemm(const char* shader, Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M,
@@ -100,11 +102,16 @@ class LinearKernels {
   // Y = X · Wᵀ for T > 1 with the format's tiled (FP32) shader.
   void tiled_gemm(const char* shader, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
                   int64_t n_out, int64_t n_in, const Buffer* scratch);
-  // Dispatches forward GEMM pipeline p over groups_n x groups_m output tiles; with a scratch, a product that
-  // forward_split splits over K runs as slices into the scratch, then dx_reduce sums them into Y in order.
+  // Forward GEMM pipeline p over groups_n x groups_m output tiles, split over K as forward_split says.
   void dispatch_forward(const char* k, const Pipeline& p, Sequence& s, const Buffer& Y, const Buffer& w,
                         const Buffer& X, int64_t T, int64_t n_out, int64_t n_in, uint32_t groups_n, uint32_t groups_m,
                         const Buffer* scratch, int64_t row0 = 0);
+  // Any GEMM pipeline p over `groups` (x: N tiles, y: M tiles) of C [M, N]: straight into C; or, given a scratch
+  // and split = {slices > 1, k_slice}, as slices of K into the scratch, which dx_reduce then adds into C in order
+  // (accumulating when push.accumulate says so).
+  void dispatch_gemm(const char* k, const Pipeline& p, Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B,
+                     const GemmPush& push, int64_t M, int64_t N, std::pair<int64_t, int64_t> split,
+                     std::array<uint32_t, 2> groups, const Buffer* scratch);
   void frozen_dx(const FrozenFormat& f, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
                  const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
                  bool accumulate);
