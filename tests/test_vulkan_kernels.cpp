@@ -210,6 +210,46 @@ TEST_F(VulkanKernels, FrozenFormatsForwardMatchReferenceOnAwkwardShapes) {
               << f.name << " n_out=" << n_out << " n_in=" << n_in << " T=" << T;
 }
 
+// The one-token GEMVs of Q4_0 and Q4_K take 8-bit integer dot products on activations as limbs where the
+// device has them (lavapipe does): both that path and the float one it replaces match the reference, on rows
+// that are odd in number, widths of one block or super-block and more, and activations whose groups mix values
+// six decades apart with groups of zeros (one scale per group: the small values keep 2^-24 of the group's
+// largest).
+TEST_F(VulkanKernels, OneTokenGemvsMatchReferenceOnEitherPath) {
+  const auto float_path = make_vulkan_host_kernels(*device_, 0, /*integer_dot=*/false);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto spread = [&](int64_t n) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (size_t i = 0; i < x.size(); ++i) {
+      const size_t group = i / 32;
+      x[i] = group % 3 == 2 ? 0.0f : u(rng_) * (i % 29 == 0 ? 1e3f : group % 3 == 1 ? 1e-3f : 1.0f);
+    }
+    return x;
+  };
+  struct Case {
+    const char* name;
+    std::vector<uint8_t> (*make)(std::mt19937&, int64_t, int64_t);
+    decltype(&HostKernels::q8_0_gemm) gemm;
+    decltype(&ref::q8_0_gemm) ref_gemm;
+    std::vector<int64_t> n_ins;
+  };
+  const Case cases[] = {{"q4_0", random_q4_0, &HostKernels::q4_0_gemm, ref::q4_0_gemm, {32, 96, 4128}},
+                        {"q4_k", random_q4_k, &HostKernels::q4_k_gemm, ref::q4_k_gemm, {256, 2304, 4608}}};
+  for (HostKernels* k : {kernels_, float_path.get()})
+    for (const Case& c : cases)
+      for (int64_t n_in : c.n_ins)
+        for (int64_t n_out : {1, 3, 37, 257})
+          for (bool wide : {false, true}) {
+            const auto w = c.make(rng_, n_out, n_in);
+            const auto x = wide ? spread(n_in) : random_floats(rng_, n_in);
+            std::vector<float> y(size_t(n_out), NAN);
+            (k->*c.gemm)(y, w, x, 1, n_out, n_in);
+            EXPECT_LE(ref::max_rel_error(y.data(), c.ref_gemm(w.data(), x.data(), 1, n_out, n_in)), kBound)
+                << c.name << (k == kernels_ ? " default path" : " float path") << " n_out=" << n_out
+                << " n_in=" << n_in << (wide ? " wide activations" : "");
+          }
+}
+
 // Products of few output tiles split over K into slices that a second pass adds in order (the HostKernels adaptor
 // passes the scratch): the last slice shorter than the others for Q4_0 (129 blocks), whole slices for the rest.
 TEST_F(VulkanKernels, ForwardGemmsSplitOverKMatchReference) {

@@ -228,6 +228,16 @@ std::unique_ptr<Device> Device::open(const Options& opt) {
     }
     d->coop_matrix_ = shape && coop_f.cooperativeMatrix && f16_f.shaderFloat16 && vmm_f.vulkanMemoryModel;
   }
+  // 8-bit integer dot products (the *_gemv_dot.comp kernels): the extension and its one feature.
+  VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dot_f{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
+  if (has_ext(VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
+    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+    f2.pNext = &dot_f;
+    vkGetPhysicalDeviceFeatures2(d->physical_, &f2);
+    d->integer_dot_ = dot_f.shaderIntegerDotProduct;
+  }
+  dot_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR, nullptr, VK_TRUE};
   coop_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV, &f16_f, VK_TRUE, VK_FALSE};
   f16_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR, &vmm_f, VK_TRUE, VK_FALSE};
   vmm_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR, nullptr, VK_TRUE, VK_FALSE, VK_FALSE};
@@ -240,11 +250,18 @@ std::unique_ptr<Device> Device::open(const Options& opt) {
   VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   dci.queueCreateInfoCount = 1;
   dci.pQueueCreateInfos = &qci;
+  std::vector<const char*> enabled;
   if (d->coop_matrix_) {
     dci.pNext = &coop_f;
-    dci.enabledExtensionCount = uint32_t(coop_exts.size());
-    dci.ppEnabledExtensionNames = coop_exts.data();
+    enabled = coop_exts;
   }
+  if (d->integer_dot_) {
+    dot_f.pNext = const_cast<void*>(dci.pNext);
+    dci.pNext = &dot_f;
+    enabled.push_back(VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
+  }
+  dci.enabledExtensionCount = uint32_t(enabled.size());
+  dci.ppEnabledExtensionNames = enabled.data();
   check(vkCreateDevice(d->physical_, &dci, nullptr, &d->device_), "vkCreateDevice");
   vkGetDeviceQueue(d->device_, d->queue_family_, 0, &d->queue_);
 

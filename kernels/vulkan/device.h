@@ -61,6 +61,8 @@ class Device {
   // Tensor-core matrix products (VK_NV_cooperative_matrix with 16x16x16 f16 x f16 + f32 on subgroups of 32,
   // f16 arithmetic and the Vulkan memory model), enabled at open when the device has them all.
   bool coop_matrix() const { return coop_matrix_; }
+  // Whether shaders may use SPV_KHR_integer_dot_product (VK_KHR_shader_integer_dot_product is enabled).
+  bool integer_dot() const { return integer_dot_; }
   double timestamp_period_ns() const { return props_.limits.timestampPeriod; }
   bool validation_enabled() const { return validation_; }
   // Validation-layer errors and warnings seen so far (tests assert there are none).
@@ -108,6 +110,7 @@ class Device {
   uint32_t subgroup_size_ = 0;
   bool timestamps_ = false;
   bool coop_matrix_ = false;
+  bool integer_dot_ = false;
   bool validation_ = false;
   mutable std::mutex messages_mutex_;
   HostBuffer staging_;

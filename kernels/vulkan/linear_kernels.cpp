@@ -39,6 +39,13 @@ constexpr uint32_t kGemvRows = 2;
 // Q4_0 GEMV: 128 invocations, 2 rows (H100, 16384x16384: 90.0 us vs 92.9 with 256 invocations; 4 or 8 rows, and
 // several quarters in flight per invocation, measured slower).
 constexpr uint32_t kGemvQ4_0Workgroup = 128;
+// The integer-dot GEMVs (*_gemv_dot.comp): 128 invocations, each taking 2 rows (one row set). H100, 16384x16384,
+// the limb pass included: Q4_0 60.4 us and Q4_K 60.1 (91.5% and 91.9% of copy) against 65.9 and 63.7 with 4 rows,
+// 71.7 and 70.8 with 8, and 67.2 and 65.4 with 4 rows of 256 invocations; the float GEMVs they replace take 90.2
+// and 77.2. Without the limb pass the Q4_K GEMV takes 59.7 us with 4 rows: the decode's instructions, not the
+// memory, bounded the float GEMVs (the comment above kGemvKWorkgroup).
+constexpr uint32_t kGemvDotWorkgroup = 128;
+constexpr uint32_t kGemvDotRows = 2;
 constexpr uint32_t kDxQuarters = 64;  // quarters of block columns per dx workgroup (x)
 constexpr uint32_t kDxRowSlots = 8;   // row slots per dx workgroup (y)
 // Rows whose loads an invocation of the one-token dx split issues together (RU of the shaders). The split
@@ -56,6 +63,9 @@ constexpr int64_t kDxTargetGroups = 1024;
 constexpr int64_t kDxMinRowsPerChunk = 128;
 
 uint32_t ceil_div(int64_t a, int64_t b) { return uint32_t((a + b - 1) / b); }
+
+// The activations of a one-token GEMV as limbs (int_dot.glsl): three byte planes, a scale per 32 and a sum per 16.
+size_t limb_bytes(int64_t n_in) { return size_t(3 * n_in + (n_in / 32 + n_in / 16) * 4); }
 
 // A 1-D count of workgroups spread over x and y so that neither exceeds 65535 (the guaranteed limit).
 std::array<uint32_t, 3> groups_1d(int64_t n_groups) {
@@ -160,7 +170,22 @@ void LinearKernels::q4_0_gemv(Sequence& s, const Buffer& y, const Buffer& w, con
   s.dispatch(p, {&y, &w, &x}, push, {ceil_div(n_out, rows), 1, 1});
 }
 
+bool LinearKernels::integer_dot_gemv() const { return allow_integer_dot_ && dev_.integer_dot(); }
+
+bool LinearKernels::gemv_dot(const char* shader, bool k_layout, uint32_t rows, Sequence& s, const Buffer& y,
+                             const Buffer& w, const Buffer& x, int64_t n_out, int64_t n_in, const Buffer* scratch) {
+  if (!integer_dot_gemv() || !scratch || scratch->size() < limb_bytes(n_in)) return false;
+  struct { uint32_t n_in; } lp{uint32_t(n_in)};
+  s.dispatch(pipeline("x_limbs", 2, sizeof(lp), {k_layout ? 1u : 0u}), {scratch, &x}, lp,
+             groups_1d(ceil_div(n_in, 256)));
+  struct { uint32_t n_out, n_in; } push{uint32_t(n_out), uint32_t(n_in)};
+  s.dispatch(pipeline(shader, 3, sizeof(push), {kGemvDotWorkgroup, rows, rows}), {&y, &w, scratch}, push,
+             groups_1d(ceil_div(n_out, rows)));
+  return true;
+}
+
 size_t LinearKernels::gemm_scratch_bytes(int64_t T, int64_t n_out, int64_t n_in) {
+  if (T == 1) return limb_bytes(n_in);
   const auto [slices, k_slice] = forward_split(T, n_out, n_in);
   return slices > 1 ? size_t(slices * T * n_out) * 4 : 0;
 }
@@ -169,7 +194,11 @@ void LinearKernels::q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, con
                               int64_t n_out, int64_t n_in, const Buffer* scratch) {
   const char* k = "q4_0_gemm";
   check_q4_0_linear(k, n_out, n_in, T);
-  if (T == 1) return q4_0_gemv(s, Y, w, X, n_out, n_in);
+  if (T == 1) {
+    if (!gemv_dot("q4_0_gemv_dot", false, kGemvDotRows, s, Y, w, X, n_out, n_in, scratch))
+      q4_0_gemv(s, Y, w, X, n_out, n_in);
+    return;
+  }
   check_fits_u32(k, "X", T * n_in);
   check_fits_u32(k, "Y", T * n_out);
   check_min_size(k, "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
@@ -301,6 +330,7 @@ struct FrozenFormat {
   const char* gemm_name;  // kernel names in error messages
   const char* dx_name;
   const char* gemv_shader;
+  const char* gemv_dot_shader;  // nullptr: no integer-dot GEMV
   const char* gemm_shader;
   const char* dx_gemm_shader;
   const char* dx_split_shader;
@@ -320,7 +350,7 @@ void check_f16_on_gpu(const char* kernel, int64_t n_out, int64_t n_in, int64_t T
   check_f16_pairs(kernel, n_in);
 }
 
-const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", "q8_0_gemm", "q8_0_dx_gemm",
+const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", nullptr, "q8_0_gemm", "q8_0_dx_gemm",
                          "q8_0_dx_split", kGemvWorkgroup, 2, kDxQ4_0Cols, 0, q8_0_row_bytes, check_q8_0_linear};
 // K-quant GEMVs: 128 invocations per workgroup, each taking ROWS_PER_INVOCATION rows (q4_k_gemv.comp: 4, so one
 // row set; q6_k_gemv.comp: 2, so one set of 128 as well). Measured at 16384x16384 against other (invocations,
@@ -347,12 +377,12 @@ constexpr uint32_t kGemvQ4_KRows = 4;
 constexpr uint32_t kGemvQ6_KRows = 2;
 constexpr int64_t kDxKCols = 128;
 constexpr int64_t kDxQ6_KCols = 256;  // q6_k_dx_split.comp: whole blocks per workgroup
-const FrozenFormat kQ4_K{"q4_k_gemm", "q4_k_dx", "q4_k_gemv", "q4_k_gemm", "q4_k_dx_gemm", "q4_k_dx_split",
+const FrozenFormat kQ4_K{"q4_k_gemm", "q4_k_dx", "q4_k_gemv", "q4_k_gemv_dot", "q4_k_gemm", "q4_k_dx_gemm", "q4_k_dx_split",
                          kGemvKWorkgroup, kGemvQ4_KRows, kDxKCols, kDxKRowsInFlight, q4_k_row_bytes, check_q4_k_linear};
-const FrozenFormat kQ6_K{"q6_k_gemm", "q6_k_dx", "q6_k_gemv", "q6_k_gemm", "q6_k_dx_gemm", "q6_k_dx_split",
+const FrozenFormat kQ6_K{"q6_k_gemm", "q6_k_dx", "q6_k_gemv", nullptr, "q6_k_gemm", "q6_k_dx_gemm", "q6_k_dx_split",
                          kGemvKWorkgroup, kGemvQ6_KRows, kDxQ6_KCols, kDxQ6_KRowsInFlight, q6_k_row_bytes,
                          check_q6_k_linear};
-const FrozenFormat kF16{"f16_gemm", "f16_dx", "f16_gemv", "f16_gemm", "f16_dx_gemm",
+const FrozenFormat kF16{"f16_gemm", "f16_dx", "f16_gemv", nullptr, "f16_gemm", "f16_dx_gemm",
                         "f16_dx_split", kGemvWorkgroup, 4, kDxF16Cols, 0, f16_row_bytes, check_f16_on_gpu};
 }  // namespace
 
@@ -366,6 +396,8 @@ void LinearKernels::frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer
   check_min_size(k, "X", X.size(), size_t(T * n_in) * 4);
   check_min_size(k, "Y", Y.size(), size_t(T * n_out) * 4);
   if (T == 1) {
+    if (f.gemv_dot_shader && gemv_dot(f.gemv_dot_shader, true, kGemvDotRows, s, Y, w, X, n_out, n_in, scratch))
+      return;
     struct { uint32_t n_out, n_in; } push{uint32_t(n_out), uint32_t(n_in)};
     const auto& p = pipeline(f.gemv_shader, 3, sizeof(push), {f.gemv_workgroup, f.gemv_rows});
     s.dispatch(p, {&Y, &w, &X}, push, groups_1d(ceil_div(n_out, f.gemv_rows)));
