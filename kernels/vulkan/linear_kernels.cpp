@@ -371,7 +371,17 @@ const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", nullptr, "q8_0_gem
 // per weight (shift, and-or) beside one FMA. Decodes with fewer: nibbles left at bits 15-18 (five shifts per
 // word) 73.2 us but 30 times the rounding error (2.7e-5 against 9e-7); exact floats from masks alone
 // (2^23 + n·16^k, one subtraction each) 75.9 us. The Q4_K and Q6_K dx likewise: loads alone 66 and 96 us, the
-// arithmetic alone 71 and 88, together 83 and 109.
+// arithmetic alone 71 and 88, together 83 and 109. The integer-dot GEMVs (kGemvDotRows) take the decode away.
+// The one-token dx has no such path yet; measured for it on the H100 and not kept (16384x16384):
+// - Q4_K on int8 tensor cores (16 x 16 x 32 products, codes exact, dy·d·sc as three int8 digits at one scale per
+//   chunk and sub-block, the token copied into the 16 rows of M): correct, but 313 us against 83; 160 us with
+//   the products left out, so staging 32 rows a step through shared memory behind two barriers already costs
+//   more than the split pass;
+// - Q4_K with 64-column units (a whole chunk: one header decode per 64 weights): 94-148 us at 155-193 registers;
+// - codes as f32 denormals, one AND per weight and no shift (n·2^(p - 149), with dy scaled by 2^X per chunk and
+//   the columns by 2^(149 - p - X) at the end; DenormPreserve declared): exact, 81.9 us at 16 rows in flight,
+//   and 2-4 times slower wherever the compiler spilled the row arrays;
+// - Q4_0 with a whole block per invocation and the same denormal decode: 93.6 us against 89.7.
 constexpr uint32_t kGemvKWorkgroup = 128;
 constexpr uint32_t kGemvQ4_KRows = 4;
 constexpr uint32_t kGemvQ6_KRows = 2;
