@@ -67,9 +67,10 @@ class CpuHostKernels final : public HostKernels {
 
 class VulkanHostKernels final : public HostKernels {
  public:
-  VulkanHostKernels(vk::Device& dev, uint32_t gemm_tile, bool integer_dot) : dev_(dev), kernels_(dev) {
+  VulkanHostKernels(vk::Device& dev, uint32_t gemm_tile, vk::LinearKernels::IntegerDot integer_dot)
+      : dev_(dev), kernels_(dev) {
     kernels_.force_gemm_tile(gemm_tile);
-    kernels_.allow_integer_dot(integer_dot);
+    kernels_.set_integer_dot(integer_dot);
   }
   std::string device_name() const override { return dev_.name(); }
 
@@ -216,7 +217,8 @@ class VulkanHostKernels final : public HostKernels {
 }  // namespace
 
 std::unique_ptr<HostKernels> make_cpu_host_kernels() { return std::make_unique<CpuHostKernels>(); }
-std::unique_ptr<HostKernels> make_vulkan_host_kernels(vk::Device& dev, uint32_t gemm_tile, bool integer_dot) {
+std::unique_ptr<HostKernels> make_vulkan_host_kernels(vk::Device& dev, uint32_t gemm_tile,
+                                                      vk::LinearKernels::IntegerDot integer_dot) {
   return std::make_unique<VulkanHostKernels>(dev, gemm_tile, integer_dot);
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/vulkan/device.h"
+#include "kernels/vulkan/linear_kernels.h"
 
 namespace q4t {
 
@@ -46,9 +47,10 @@ class HostKernels {
 
 std::unique_ptr<HostKernels> make_cpu_host_kernels();
 // Borrows dev, which must outlive the result. gemm_tile forces the tiled GEMMs' tile edge (64 or 128; 0: each
-// product picks its own, see vk::LinearKernels::force_gemm_tile); integer_dot false keeps the GEMVs off the
-// integer-dot path (vk::LinearKernels::allow_integer_dot).
-std::unique_ptr<HostKernels> make_vulkan_host_kernels(vk::Device& dev, uint32_t gemm_tile = 0,
-                                                      bool integer_dot = true);
+// product picks its own, see vk::LinearKernels::force_gemm_tile); integer_dot picks when the GEMVs take the
+// integer-dot path (vk::LinearKernels::set_integer_dot).
+std::unique_ptr<HostKernels> make_vulkan_host_kernels(
+    vk::Device& dev, uint32_t gemm_tile = 0,
+    vk::LinearKernels::IntegerDot integer_dot = vk::LinearKernels::IntegerDot::Auto);
 
 }  // namespace q4t

@@ -211,12 +211,15 @@ TEST_F(VulkanKernels, FrozenFormatsForwardMatchReferenceOnAwkwardShapes) {
 }
 
 // The one-token GEMVs of Q4_0 and Q4_K take 8-bit integer dot products on activations as limbs where the
-// device has them (lavapipe does): both that path and the float one it replaces match the reference, on rows
-// that are odd in number, widths of one block or super-block and more, and activations whose groups mix values
-// six decades apart with groups of zeros (one scale per group: the small values keep 2^-24 of the group's
-// largest).
+// device has them (lavapipe does) and the matrix is large: both that path, forced here, and the float one match
+// the reference, on rows that are odd in number, widths of one block or super-block and more, and activations
+// whose groups mix values six decades apart with groups of zeros (one scale per group: the small values keep
+// 2^-24 of the group's largest).
 TEST_F(VulkanKernels, OneTokenGemvsMatchReferenceOnEitherPath) {
-  const auto float_path = make_vulkan_host_kernels(*device_, 0, /*integer_dot=*/false);
+  using Mode = vk::LinearKernels::IntegerDot;
+  if (!device_->integer_dot()) GTEST_SKIP() << device_->name() << " has no 8-bit integer dot products";
+  const auto dot_path = make_vulkan_host_kernels(*device_, 0, Mode::Always);
+  const auto float_path = make_vulkan_host_kernels(*device_, 0, Mode::Never);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   auto spread = [&](int64_t n) {
     std::vector<float> x(static_cast<size_t>(n));
@@ -235,7 +238,7 @@ TEST_F(VulkanKernels, OneTokenGemvsMatchReferenceOnEitherPath) {
   };
   const Case cases[] = {{"q4_0", random_q4_0, &HostKernels::q4_0_gemm, ref::q4_0_gemm, {32, 96, 4128}},
                         {"q4_k", random_q4_k, &HostKernels::q4_k_gemm, ref::q4_k_gemm, {256, 2304, 4608}}};
-  for (HostKernels* k : {kernels_, float_path.get()})
+  for (HostKernels* k : {dot_path.get(), float_path.get()})
     for (const Case& c : cases)
       for (int64_t n_in : c.n_ins)
         for (int64_t n_out : {1, 3, 37, 257})
@@ -245,7 +248,7 @@ TEST_F(VulkanKernels, OneTokenGemvsMatchReferenceOnEitherPath) {
             std::vector<float> y(size_t(n_out), NAN);
             (k->*c.gemm)(y, w, x, 1, n_out, n_in);
             EXPECT_LE(ref::max_rel_error(y.data(), c.ref_gemm(w.data(), x.data(), 1, n_out, n_in)), kBound)
-                << c.name << (k == kernels_ ? " default path" : " float path") << " n_out=" << n_out
+                << c.name << (k == dot_path.get() ? " integer-dot path" : " float path") << " n_out=" << n_out
                 << " n_in=" << n_in << (wide ? " wide activations" : "");
           }
 }

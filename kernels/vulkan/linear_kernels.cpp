@@ -44,8 +44,12 @@ constexpr uint32_t kGemvQ4_0Workgroup = 128;
 // 71.7 and 70.8 with 8, and 67.2 and 65.4 with 4 rows of 256 invocations; the float GEMVs they replace take 90.2
 // and 77.2. Without the limb pass the Q4_K GEMV takes 59.7 us with 4 rows: the decode's instructions, not the
 // memory, bounded the float GEMVs (the comment above kGemvKWorkgroup).
+// The limb pass is a dispatch and a barrier more (about 2.5 us), so small matrices keep the float GEMVs: H100,
+// integer-dot against float, Q4_0 and Q4_K, us: 2048x2048 7.5/7.7 vs 5.0/5.9, 5632x2048 10.0/10.5 vs 8.0/9.7,
+// 4096x4096 10.9/11.3 vs 9.6/10.1, 16384x16384 60.4/60.1 vs 90.2/77.2; the times cross near 2^25 weights.
 constexpr uint32_t kGemvDotWorkgroup = 128;
 constexpr uint32_t kGemvDotRows = 2;
+constexpr int64_t kGemvDotMinWeights = int64_t(1) << 25;
 constexpr uint32_t kDxQuarters = 64;  // quarters of block columns per dx workgroup (x)
 constexpr uint32_t kDxRowSlots = 8;   // row slots per dx workgroup (y)
 // Rows whose loads an invocation of the one-token dx split issues together (RU of the shaders). The split
@@ -170,11 +174,14 @@ void LinearKernels::q4_0_gemv(Sequence& s, const Buffer& y, const Buffer& w, con
   s.dispatch(p, {&y, &w, &x}, push, {ceil_div(n_out, rows), 1, 1});
 }
 
-bool LinearKernels::integer_dot_gemv() const { return allow_integer_dot_ && dev_.integer_dot(); }
+bool LinearKernels::integer_dot_gemv(int64_t n_out, int64_t n_in) const {
+  if (!dev_.integer_dot() || integer_dot_ == IntegerDot::Never) return false;
+  return integer_dot_ == IntegerDot::Always || n_out * n_in >= kGemvDotMinWeights;
+}
 
 bool LinearKernels::gemv_dot(const char* shader, bool k_layout, uint32_t rows, Sequence& s, const Buffer& y,
                              const Buffer& w, const Buffer& x, int64_t n_out, int64_t n_in, const Buffer* scratch) {
-  if (!integer_dot_gemv() || !scratch || scratch->size() < limb_bytes(n_in)) return false;
+  if (!integer_dot_gemv(n_out, n_in) || !scratch || scratch->size() < limb_bytes(n_in)) return false;
   struct { uint32_t n_in; } lp{uint32_t(n_in)};
   s.dispatch(pipeline("x_limbs", 2, sizeof(lp), {k_layout ? 1u : 0u}), {scratch, &x}, lp,
              groups_1d(ceil_div(n_in, 256)));

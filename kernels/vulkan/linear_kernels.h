@@ -91,10 +91,12 @@ class LinearKernels {
   // The tiled GEMMs (T > 1 without tensor cores, the dx for T > 1, the f32 GEMMs) pick a 64- or 128-wide tile
   // from the product's shape; tests force one (0: pick) to check both on shapes of any size.
   void force_gemm_tile(uint32_t tile);
-  // Whether the Q4_0 and Q4_K GEMVs may take the integer-dot path (given a scratch and a device with it); tests
-  // turn it off to check the other path on the same device.
-  void allow_integer_dot(bool allow) { allow_integer_dot_ = allow; }
-  bool integer_dot_gemv() const;
+  // When the Q4_0 and Q4_K GEMVs take the integer-dot path (given a scratch and a device with it): Auto for
+  // matrices of at least kGemvDotMinWeights weights, where it is faster; tests force either path to check both
+  // on one device.
+  enum class IntegerDot { Auto, Always, Never };
+  void set_integer_dot(IntegerDot mode) { integer_dot_ = mode; }
+  bool integer_dot_gemv(int64_t n_out, int64_t n_in) const;
 
  private:
   struct GemmPush;  // the push constants of the tiled and tensor-core GEMMs (gemm_push.glsl)
@@ -104,7 +106,7 @@ class LinearKernels {
                 int64_t N, int64_t K, uint32_t lda, uint32_t ldb, bool accumulate, const Buffer* scratch);
   void frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
                    int64_t n_out, int64_t n_in, const Buffer* scratch);
-  // The integer-dot GEMV `shader` if integer_dot_gemv() and the scratch holds the limbs: x_limbs.comp (with
+  // The integer-dot GEMV `shader` if integer_dot_gemv(n_out, n_in) and the scratch holds the limbs: x_limbs.comp (with
   // k_layout) into the scratch, then the GEMV over `rows` rows per workgroup. False (nothing recorded) otherwise.
   bool gemv_dot(const char* shader, bool k_layout, uint32_t rows, Sequence& s, const Buffer& y, const Buffer& w,
                 const Buffer& x, int64_t n_out, int64_t n_in, const Buffer* scratch);
@@ -136,7 +138,7 @@ class LinearKernels {
   uint32_t gemm_tile(int64_t M, int64_t N) const;
 
   Device& dev_;
-  bool allow_integer_dot_ = true;
+  IntegerDot integer_dot_ = IntegerDot::Auto;
   uint32_t forced_gemm_tile_ = 0;
   std::map<std::string, std::unique_ptr<Pipeline>> pipelines_;
 };
