@@ -210,11 +210,11 @@ TEST_F(VulkanKernels, FrozenFormatsForwardMatchReferenceOnAwkwardShapes) {
               << f.name << " n_out=" << n_out << " n_in=" << n_in << " T=" << T;
 }
 
-// The one-token GEMVs of Q4_0 and Q4_K take 8-bit integer dot products on activations as limbs where the
+// The one-token GEMVs of Q4_0, Q4_K and Q6_K take 8-bit integer dot products on activations as limbs where the
 // device has them (lavapipe does) and the matrix is large: both that path, forced here, and the float one match
-// the reference, on rows that are odd in number, widths of one block or super-block and more, and activations
-// whose groups mix values six decades apart with groups of zeros (one scale per group: the small values keep
-// 2^-24 of the group's largest).
+// the reference, on rows that are odd in number (Q6_K blocks of both alignments), widths of one block or
+// super-block and more, and activations whose groups mix values six decades apart with groups of zeros (one
+// scale per group: the small values keep 2^-24 of the group's largest).
 TEST_F(VulkanKernels, OneTokenGemvsMatchReferenceOnEitherPath) {
   using Mode = vk::LinearKernels::IntegerDot;
   if (!device_->integer_dot()) GTEST_SKIP() << device_->name() << " has no 8-bit integer dot products";
@@ -237,7 +237,8 @@ TEST_F(VulkanKernels, OneTokenGemvsMatchReferenceOnEitherPath) {
     std::vector<int64_t> n_ins;
   };
   const Case cases[] = {{"q4_0", random_q4_0, &HostKernels::q4_0_gemm, ref::q4_0_gemm, {32, 96, 4128}},
-                        {"q4_k", random_q4_k, &HostKernels::q4_k_gemm, ref::q4_k_gemm, {256, 2304, 4608}}};
+                        {"q4_k", random_q4_k, &HostKernels::q4_k_gemm, ref::q4_k_gemm, {256, 2304, 4608}},
+                        {"q6_k", random_q6_k, &HostKernels::q6_k_gemm, ref::q6_k_gemm, {256, 2304, 4608}}};
   for (HostKernels* k : {dot_path.get(), float_path.get()})
     for (const Case& c : cases)
       for (int64_t n_in : c.n_ins)

@@ -13,12 +13,17 @@
 //   [3P + n_in/32, + n_in/16) Σ x of each piece (Q4_0: per 32; Q4_K: per 16, in slot order) as f32.
 // Q4_0 keeps x's order. Q4_K reorders each 256-block into 16 slots of 16 bytes: slot 2c + h holds x[64c + 16h
 // .. + 16) (the low nibbles of the block's uvec4 1 + 2c + h), slot 8 + 2c + h holds x[64c + 32 + 16h .. + 16)
-// (its high nibbles), so the invocations of q4_k_gemv_dot.comp read neighbouring uvec4s.
+// (its high nibbles), so the invocations of q4_k_gemv_dot.comp read neighbouring uvec4s. Q6_K reorders each
+// 256-block into the 8 units of q6_k_gemv_dot.comp, 32 bytes each: unit 4h + g holds x[128h + 32·k4 + 8g ..
+// + 8) for k4 = 0..3 (Q6_K needs no sums).
 
 spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4451)
 uint dot_u8x4(uint a, uint b, spirv_literal int packed_format);  // OpUDotKHR
 spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4452)
 int dot_s8x4_u8x4(uint a, uint b, spirv_literal int packed_format);  // OpSUDotKHR: a signed, b unsigned
+
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int dot_s8x4(uint a, uint b, spirv_literal int packed_format);  // OpSDotKHR: both signed
 
 const int PACKED_4X8 = 0;  // PackedVectorFormat4x8BitKHR
 
@@ -26,6 +31,11 @@ const int PACKED_4X8 = 0;  // PackedVectorFormat4x8BitKHR
 ivec3 limb_dot(uint q, uint l0, uint l1, uint l2) {
   return ivec3(int(dot_u8x4(q, l0, PACKED_4X8)), int(dot_u8x4(q, l1, PACKED_4X8)),
                dot_s8x4_u8x4(l2, q, PACKED_4X8));
+}
+
+// The same for signed weights (bytes -128..127).
+ivec3 limb_dot_signed(uint q, uint l0, uint l1, uint l2) {
+  return ivec3(dot_s8x4_u8x4(q, l0, PACKED_4X8), dot_s8x4_u8x4(q, l1, PACKED_4X8), dot_s8x4(q, l2, PACKED_4X8));
 }
 
 // i.x + 2^8·i.y + 2^16·i.z as a float, for 0 <= i.x, i.y < 2^23 and |i.z| < 2^22 (the callers' sums stay

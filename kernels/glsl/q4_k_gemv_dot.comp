@@ -1,7 +1,7 @@
 #version 450
 // y[n_out] = W[n_out, n_in] · x[n_in], W in Q4_K super-blocks, for one token, on 8-bit integer dot products:
 // the work split of q4_k_gemv.comp (row sets, 16-byte units walked with a stride of SET_SIZE), with the
-// activations as limbs (x_limbs.comp, K_LAYOUT: one scale per super-block, each unit's 16 + 16 activations in
+// activations as limbs (x_limbs.comp layout 1: one scale per super-block, each unit's 16 + 16 activations in
 // neighbouring slots). Per row and unit, Σ q·L of the two sub-blocks comes from dot instructions (four weights
 // each, no nibble-to-float decode), is weighted by the 6-bit scales in integers, and becomes a float once:
 // y += d·s·Σ sc·q·A − dmin·(m_lo·Σ x_lo + m_hi·Σ x_hi).

@@ -1,18 +1,19 @@
 #version 450
-// Activations x[n_in] as integer limbs at one scale per group (int_dot.glsl has the layout), for the
-// integer-dot GEMVs: K_LAYOUT false for q4_0_gemv_dot.comp (groups of 32, x's order), true for
-// q4_k_gemv_dot.comp (groups of 256 reordered into slots, Σ x per 16). A workgroup covers 256 activations,
-// each invocation 4 of them (one word of each plane); n_in is a multiple of 32 (of 256 for K_LAYOUT).
+// Activations x[n_in] as integer limbs at one scale per group (int_dot.glsl has the layouts), for the
+// integer-dot GEMVs: LAYOUT 0 for q4_0_gemv_dot.comp (groups of 32, x's order, Σ x per 32), 1 for
+// q4_k_gemv_dot.comp (groups of 256 reordered into slots, Σ x per 16), 2 for q6_k_gemv_dot.comp (groups of
+// 256 in unit order; its sums go unused). A workgroup covers 256 activations, each invocation 4 of them (one
+// word of each plane); n_in is a multiple of 32 (of 256 for layouts 1 and 2).
 
 layout(local_size_x = 64) in;
-layout(constant_id = 0) const bool K_LAYOUT = false;
+layout(constant_id = 0) const uint LAYOUT = 0;
 
 layout(std430, binding = 0) writeonly buffer Limbs { uint limbs[]; };
 layout(std430, binding = 1) readonly buffer X { vec4 x4[]; };
 layout(push_constant) uniform Push { uint n_in; } p;
 
-const uint GROUP = K_LAYOUT ? 64u : 8u;  // invocations per scale group
-const uint PIECE = K_LAYOUT ? 4u : 8u;   // invocations per Σ x
+const uint GROUP = LAYOUT == 0u ? 8u : 64u;  // invocations per scale group
+const uint PIECE = LAYOUT == 1u ? 4u : 8u;   // invocations per Σ x
 const float LIMB_MAX = 8388607.0;        // 2^23 - 1
 
 shared float group_max[64];
@@ -38,11 +39,15 @@ void main() {
 
   uint word = e / 4u;  // within a plane
   uint piece = e / 32u;
-  if (K_LAYOUT) {
+  if (LAYOUT == 1u) {
     const uint o = 4u * t, c = o / 64u, r = o % 64u;
     const uint slot = r < 32u ? 2u * c + r / 16u : 8u + 2u * c + (r - 32u) / 16u;
     word = gl_WorkGroupID.x * 64u + slot * 4u + (r % 16u) / 4u;
     piece = gl_WorkGroupID.x * 16u + slot;
+  } else if (LAYOUT == 2u) {
+    // Activation 128h + 32·k4 + 8g + i of the block goes to unit 4h + g, byte 8·k4 + i.
+    const uint o = 4u * t, h = o / 128u, k4 = (o % 128u) / 32u, l = o % 32u;
+    word = gl_WorkGroupID.x * 64u + (4u * h + l / 8u) * 8u + 2u * k4 + (l % 8u) / 4u;
   }
   const uint P = p.n_in / 4u;
   limbs[word] = b0.x | (b0.y << 8u) | (b0.z << 16u) | (b0.w << 24u);

@@ -42,11 +42,13 @@ constexpr uint32_t kGemvQ4_0Workgroup = 128;
 // The integer-dot GEMVs (*_gemv_dot.comp): 128 invocations, each taking 2 rows (one row set). H100, 16384x16384,
 // the limb pass included: Q4_0 60.4 us and Q4_K 60.1 (91.5% and 91.9% of copy) against 65.9 and 63.7 with 4 rows,
 // 71.7 and 70.8 with 8, and 67.2 and 65.4 with 4 rows of 256 invocations; the float GEMVs they replace take 90.2
-// and 77.2. Without the limb pass the Q4_K GEMV takes 59.7 us with 4 rows: the decode's instructions, not the
+// and 77.2. Q6_K: 87.9 us (91.6%) against 94.4 with 1 row, 105.2 with 4 and 92.4 with 2 sets of 2; the float
+// GEMV 97.3. Without the limb pass the Q4_K GEMV takes 59.7 us with 4 rows: the decode's instructions, not the
 // memory, bounded the float GEMVs (the comment above kGemvKWorkgroup).
 // The limb pass is a dispatch and a barrier more (about 2.5 us), so small matrices keep the float GEMVs: H100,
 // integer-dot against float, Q4_0 and Q4_K, us: 2048x2048 7.5/7.7 vs 5.0/5.9, 5632x2048 10.0/10.5 vs 8.0/9.7,
-// 4096x4096 10.9/11.3 vs 9.6/10.1, 16384x16384 60.4/60.1 vs 90.2/77.2; the times cross near 2^25 weights.
+// 4096x4096 10.9/11.3 vs 9.6/10.1, 16384x16384 60.4/60.1 vs 90.2/77.2; the times cross near 2^25 weights. Q6_K:
+// 4096x11008 (2^25.4) 22.9 either way, 32000x2048 38.2 vs 42.9.
 constexpr uint32_t kGemvDotWorkgroup = 128;
 constexpr uint32_t kGemvDotRows = 2;
 constexpr int64_t kGemvDotMinWeights = int64_t(1) << 25;
@@ -179,11 +181,11 @@ bool LinearKernels::integer_dot_gemv(int64_t n_out, int64_t n_in) const {
   return integer_dot_ == IntegerDot::Always || n_out * n_in >= kGemvDotMinWeights;
 }
 
-bool LinearKernels::gemv_dot(const char* shader, bool k_layout, uint32_t rows, Sequence& s, const Buffer& y,
+bool LinearKernels::gemv_dot(const char* shader, uint32_t layout, uint32_t rows, Sequence& s, const Buffer& y,
                              const Buffer& w, const Buffer& x, int64_t n_out, int64_t n_in, const Buffer* scratch) {
   if (!integer_dot_gemv(n_out, n_in) || !scratch || scratch->size() < limb_bytes(n_in)) return false;
   struct { uint32_t n_in; } lp{uint32_t(n_in)};
-  s.dispatch(pipeline("x_limbs", 2, sizeof(lp), {k_layout ? 1u : 0u}), {scratch, &x}, lp,
+  s.dispatch(pipeline("x_limbs", 2, sizeof(lp), {layout}), {scratch, &x}, lp,
              groups_1d(ceil_div(n_in, 256)));
   struct { uint32_t n_out, n_in; } push{uint32_t(n_out), uint32_t(n_in)};
   s.dispatch(pipeline(shader, 3, sizeof(push), {kGemvDotWorkgroup, rows, rows}), {&y, &w, scratch}, push,
@@ -202,7 +204,7 @@ void LinearKernels::q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, con
   const char* k = "q4_0_gemm";
   check_q4_0_linear(k, n_out, n_in, T);
   if (T == 1) {
-    if (!gemv_dot("q4_0_gemv_dot", false, kGemvDotRows, s, Y, w, X, n_out, n_in, scratch))
+    if (!gemv_dot("q4_0_gemv_dot", 0, kGemvDotRows, s, Y, w, X, n_out, n_in, scratch))
       q4_0_gemv(s, Y, w, X, n_out, n_in);
     return;
   }
@@ -338,6 +340,7 @@ struct FrozenFormat {
   const char* dx_name;
   const char* gemv_shader;
   const char* gemv_dot_shader;  // nullptr: no integer-dot GEMV
+  uint32_t gemv_dot_layout;     // its limbs' layout (x_limbs.comp)
   const char* gemm_shader;
   const char* dx_gemm_shader;
   const char* dx_split_shader;
@@ -357,7 +360,7 @@ void check_f16_on_gpu(const char* kernel, int64_t n_out, int64_t n_in, int64_t T
   check_f16_pairs(kernel, n_in);
 }
 
-const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", nullptr, "q8_0_gemm", "q8_0_dx_gemm",
+const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", nullptr, 0, "q8_0_gemm", "q8_0_dx_gemm",
                          "q8_0_dx_split", kGemvWorkgroup, 2, kDxQ4_0Cols, 0, q8_0_row_bytes, check_q8_0_linear};
 // K-quant GEMVs: 128 invocations per workgroup, each taking ROWS_PER_INVOCATION rows (q4_k_gemv.comp: 4, so one
 // row set; q6_k_gemv.comp: 2, so one set of 128 as well). Measured at 16384x16384 against other (invocations,
@@ -394,12 +397,12 @@ constexpr uint32_t kGemvQ4_KRows = 4;
 constexpr uint32_t kGemvQ6_KRows = 2;
 constexpr int64_t kDxKCols = 128;
 constexpr int64_t kDxQ6_KCols = 256;  // q6_k_dx_split.comp: whole blocks per workgroup
-const FrozenFormat kQ4_K{"q4_k_gemm", "q4_k_dx", "q4_k_gemv", "q4_k_gemv_dot", "q4_k_gemm", "q4_k_dx_gemm", "q4_k_dx_split",
+const FrozenFormat kQ4_K{"q4_k_gemm", "q4_k_dx", "q4_k_gemv", "q4_k_gemv_dot", 1, "q4_k_gemm", "q4_k_dx_gemm", "q4_k_dx_split",
                          kGemvKWorkgroup, kGemvQ4_KRows, kDxKCols, kDxKRowsInFlight, q4_k_row_bytes, check_q4_k_linear};
-const FrozenFormat kQ6_K{"q6_k_gemm", "q6_k_dx", "q6_k_gemv", nullptr, "q6_k_gemm", "q6_k_dx_gemm", "q6_k_dx_split",
+const FrozenFormat kQ6_K{"q6_k_gemm", "q6_k_dx", "q6_k_gemv", "q6_k_gemv_dot", 2, "q6_k_gemm", "q6_k_dx_gemm", "q6_k_dx_split",
                          kGemvKWorkgroup, kGemvQ6_KRows, kDxQ6_KCols, kDxQ6_KRowsInFlight, q6_k_row_bytes,
                          check_q6_k_linear};
-const FrozenFormat kF16{"f16_gemm", "f16_dx", "f16_gemv", nullptr, "f16_gemm", "f16_dx_gemm",
+const FrozenFormat kF16{"f16_gemm", "f16_dx", "f16_gemv", nullptr, 0, "f16_gemm", "f16_dx_gemm",
                         "f16_dx_split", kGemvWorkgroup, 4, kDxF16Cols, 0, f16_row_bytes, check_f16_on_gpu};
 }  // namespace
 
@@ -413,7 +416,8 @@ void LinearKernels::frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer
   check_min_size(k, "X", X.size(), size_t(T * n_in) * 4);
   check_min_size(k, "Y", Y.size(), size_t(T * n_out) * 4);
   if (T == 1) {
-    if (f.gemv_dot_shader && gemv_dot(f.gemv_dot_shader, true, kGemvDotRows, s, Y, w, X, n_out, n_in, scratch))
+    if (f.gemv_dot_shader &&
+        gemv_dot(f.gemv_dot_shader, f.gemv_dot_layout, kGemvDotRows, s, Y, w, X, n_out, n_in, scratch))
       return;
     struct { uint32_t n_out, n_in; } push{uint32_t(n_out), uint32_t(n_in)};
     const auto& p = pipeline(f.gemv_shader, 3, sizeof(push), {f.gemv_workgroup, f.gemv_rows});

@@ -91,7 +91,7 @@ class LinearKernels {
   // The tiled GEMMs (T > 1 without tensor cores, the dx for T > 1, the f32 GEMMs) pick a 64- or 128-wide tile
   // from the product's shape; tests force one (0: pick) to check both on shapes of any size.
   void force_gemm_tile(uint32_t tile);
-  // When the Q4_0 and Q4_K GEMVs take the integer-dot path (given a scratch and a device with it): Auto for
+  // When the Q4_0, Q4_K and Q6_K GEMVs take the integer-dot path (given a scratch and a device with it): Auto for
   // matrices of at least kGemvDotMinWeights weights, where it is faster; tests force either path to check both
   // on one device.
   enum class IntegerDot { Auto, Always, Never };
@@ -106,9 +106,10 @@ class LinearKernels {
                 int64_t N, int64_t K, uint32_t lda, uint32_t ldb, bool accumulate, const Buffer* scratch);
   void frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
                    int64_t n_out, int64_t n_in, const Buffer* scratch);
-  // The integer-dot GEMV `shader` if integer_dot_gemv(n_out, n_in) and the scratch holds the limbs: x_limbs.comp (with
-  // k_layout) into the scratch, then the GEMV over `rows` rows per workgroup. False (nothing recorded) otherwise.
-  bool gemv_dot(const char* shader, bool k_layout, uint32_t rows, Sequence& s, const Buffer& y, const Buffer& w,
+  // The integer-dot GEMV `shader` if integer_dot_gemv(n_out, n_in) and the scratch holds the limbs: x_limbs.comp
+  // (with `layout`) into the scratch, then the GEMV over `rows` rows per workgroup. False (nothing recorded)
+  // otherwise.
+  bool gemv_dot(const char* shader, uint32_t layout, uint32_t rows, Sequence& s, const Buffer& y, const Buffer& w,
                 const Buffer& x, int64_t n_out, int64_t n_in, const Buffer* scratch);
   // Y = X · Wᵀ for T > 1 with the format's tiled (FP32) shader.
   void tiled_gemm(const char* shader, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
