@@ -389,9 +389,12 @@ int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& ou
   BenchJson json(opt.json_path);
   out << "bench on " << dev.name();
   if (dev.is_cpu()) out << " (" << cpu::num_threads() << " threads)";
-  if (!dev.is_cpu())
+  if (!dev.is_cpu()) {
     out << (dev.vulkan->coop_matrix() ? " (Q4_0 GEMM on tensor cores: VK_NV_cooperative_matrix)"
                                       : " (no cooperative matrices: every GEMM on FP32 FMAs)");
+    if (dev.vulkan->integer_dot())
+      out << " (Q4_0, Q4_K and Q6_K GEMVs of 2^25 weights and more on 8-bit integer dot products)";
+  }
   out << "\n";
 
   std::unique_ptr<vk::LinearKernels> kernels;
