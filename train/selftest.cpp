@@ -150,6 +150,18 @@ void check_f32(HostKernels& k, std::mt19937& rng, HostGemm fn, RefGemm ref_fn, K
   }
 }
 
+// The one-token GEMVs of format f through k, T = 1 shapes only (the integer-dot path, forced).
+void check_gemv(HostKernels& k, std::mt19937& rng, const Format& f, KernelResult& r) {
+  for (const Shape& s : f.shapes) {
+    if (s.T != 1) continue;
+    const auto w = f.make(rng, s.n_out, s.n_in);
+    const auto x = random_floats(rng, s.n_in);
+    std::vector<float> y(size_t(s.n_out));
+    (k.*f.gemm)(y, w, x, 1, s.n_out, s.n_in);
+    r.add(ref::max_rel_error(y.data(), f.ref_gemm(w.data(), x.data(), 1, s.n_out, s.n_in)));
+  }
+}
+
 template <class F>
 void guarded(KernelResult& r, F&& f) {
   try {
@@ -184,6 +196,17 @@ int run_selftest(const DeviceChoice& dev, std::ostream& out) {
   }
   for (FormatResults& r : formats)
     if (!r.all.error.empty()) all.push_back(&r.all);
+  // The GEMVs that large matrices run on 8-bit integer dot products, forced onto that path for these shapes.
+  std::vector<KernelResult> dot_lines;
+  if (dev.vulkan && dev.vulkan->integer_dot()) {
+    const auto dot = make_vulkan_host_kernels(*dev.vulkan, 0, vk::LinearKernels::IntegerDot::Always);
+    for (const Format& f : kFormats)
+      if (std::string(f.name) == "q4_0" || std::string(f.name) == "q4_k" || std::string(f.name) == "q6_k") {
+        dot_lines.push_back({std::string(f.name) + "_gemv (dot)"});
+        guarded(dot_lines.back(), [&] { check_gemv(*dot, rng, f, dot_lines.back()); });
+      }
+  }
+  for (KernelResult& r : dot_lines) all.push_back(&r);
   bool ok = true;
   for (const KernelResult* r : all) {
     const bool pass = r->error.empty() && r->cases > 0 && r->worst <= kBound;
