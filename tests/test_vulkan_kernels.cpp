@@ -360,6 +360,30 @@ TEST_F(VulkanKernels, Q8_0AndF16GemvCoverMoreThan65535RowGroups) {
   }
 }
 
+// The integer-dot GEMVs (2 rows per workgroup) over more than 65535 row groups, numbered over x and y.
+TEST_F(VulkanKernels, IntegerDotGemvsCoverMoreThan65535RowGroups) {
+  if (!device_->integer_dot()) GTEST_SKIP() << device_->name() << " has no 8-bit integer dot products";
+  const auto dot = make_vulkan_host_kernels(*device_, 0, vk::LinearKernels::IntegerDot::Always);
+  const int64_t n_out = 2 * 65535 + 3;
+  {
+    const int64_t n_in = 32;
+    const auto w = random_q4_0(rng_, n_out, n_in);
+    const auto x = random_floats(rng_, n_in);
+    std::vector<float> y(size_t(n_out), NAN);
+    dot->q4_0_gemm(y, w, x, 1, n_out, n_in);
+    EXPECT_LE(ref::max_rel_error(y.data(), ref::q4_0_gemm(w.data(), x.data(), 1, n_out, n_in)), kBound) << "q4_0";
+  }
+  for (const FrozenFormat& f : kFrozenFormats) {
+    if (!f.k_quant) continue;
+    const int64_t n_in = f.n_ins.front();
+    const auto w = f.make(rng_, n_out, n_in);
+    const auto x = random_floats(rng_, n_in);
+    std::vector<float> y(size_t(n_out), NAN);
+    (dot.get()->*f.gemm)(y, w, x, 1, n_out, n_in);
+    EXPECT_LE(ref::max_rel_error(y.data(), f.ref_gemm(w.data(), x.data(), 1, n_out, n_in)), kBound) << f.name;
+  }
+}
+
 TEST_F(VulkanKernels, FrozenFormatsRejectWidthsTheirKernelsCannotRead) {
   std::vector<uint8_t> w(2 * 2 * 33);
   std::vector<float> x(33), y(2);
