@@ -18,18 +18,14 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint NUM_ROWS = 8;
 layout(constant_id = 2) const uint ROWS_PER_INVOCATION = 4;  // NUM_ROWS must be a multiple
-const uint N_SETS = NUM_ROWS / ROWS_PER_INVOCATION;
-const uint SET_SIZE = gl_WorkGroupSize.x / N_SETS;
-const uint MAX_SUBGROUPS = 64;
 
 layout(std430, binding = 0) writeonly buffer Y { float y[]; };
 layout(std430, binding = 1) readonly buffer W { uvec4 w4[]; };  // 9 per block
 layout(std430, binding = 2) readonly buffer X { vec4 x4[]; };
 layout(push_constant) uniform Push { uint n_out; uint n_in; } p;
+#include "gemv_row_sets.glsl"
 
 #include "q4_k.glsl"
-
-shared float partial[NUM_ROWS * MAX_SUBGROUPS];
 
 void main() {
   const uint row0 = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * NUM_ROWS;
@@ -69,18 +65,5 @@ void main() {
     }
   }
 
-  // A subgroup may hold invocations of several sets: each set's sums are taken over the whole subgroup with
-  // the other sets' invocations contributing 0.
-  for (uint s = 0u; s < N_SETS; ++s)
-    for (uint r = 0u; r < ROWS_PER_INVOCATION; ++r) {
-      const float v = subgroupAdd(set == s ? acc[r] : 0.0);
-      if (subgroupElect()) partial[(s * ROWS_PER_INVOCATION + r) * MAX_SUBGROUPS + gl_SubgroupID] = v;
-    }
-  barrier();
-  if (gl_LocalInvocationID.x < NUM_ROWS) {
-    const uint r = gl_LocalInvocationID.x;
-    float v = 0.0;
-    for (uint g = 0u; g < gl_NumSubgroups; ++g) v += partial[r * MAX_SUBGROUPS + g];
-    if (row0 + r < p.n_out) y[row0 + r] = v;
-  }
+  write_row_sums(acc, set, row0);
 }

@@ -41,6 +41,17 @@ float q6_k_d_known(uint bb, bool odd) {
   return unpackHalf2x16(Q6_K_WORDS[(bb + Q6_K_D) >> 2u] >> (odd ? 16u : 0u)).x;
 }
 
+// The GEMVs' unit (8 per block: half h, l-group g) that invocation `lane` of a set of set_size starts at, then
+// striding by set_size. In each run of 64 invocations, invocations 0-31 take the 8 units of blocks 0, 2, 4, 6 of
+// the run's 8 blocks and 32-63 those of blocks 1, 3, 5, 7; the stride is a multiple of 8 blocks, so an
+// invocation's blocks all have one parity (and a 32-wide subgroup's too). Sets whose size is not a multiple of
+// 64 take units in order.
+uint q6_k_unit_of(uint lane, uint set_size) {
+  if (set_size % 64u != 0u) return lane;
+  const uint q = lane % 32u, half_ = (lane / 32u) % 2u, run = lane / 64u;
+  return 8u * (8u * run + 2u * (q / 8u) + half_) + q % 8u;
+}
+
 // Signed byte i (0..3) of a word, as a float.
 float q6_k_i8(uint word, uint i) { return float(bitfieldExtract(int(word), int(8u * i), 8)); }
 

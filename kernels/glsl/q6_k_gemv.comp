@@ -10,8 +10,9 @@
 // then across subgroups through shared memory. Workgroups are numbered over x and y.
 //
 // A 210-byte block starts on a 32-bit word or halfway into one, by the parity of its index in the matrix. The
-// set's invocations take units in an order (unit_of) that gives each run of 32 of them blocks of one parity, so
-// that for every row a 32-wide subgroup branches one way: aligned loads, or loads shifted by a constant.
+// set's invocations take units in an order (q6_k_unit_of, q6_k.glsl) that gives each run of 32 of them blocks
+// of one parity, so that for every row a 32-wide subgroup branches one way: aligned loads, or loads shifted by
+// a constant.
 // Subgroups of other widths get the same results, only with both branches taken.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -20,19 +21,15 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint NUM_ROWS = 8;
 layout(constant_id = 2) const uint ROWS_PER_INVOCATION = 2;  // NUM_ROWS must be a multiple
-const uint N_SETS = NUM_ROWS / ROWS_PER_INVOCATION;
-const uint SET_SIZE = gl_WorkGroupSize.x / N_SETS;
-const uint MAX_SUBGROUPS = 64;
 
 layout(std430, binding = 0) writeonly buffer Y { float y[]; };
 layout(std430, binding = 1) readonly buffer W { uint w[]; };
 layout(std430, binding = 2) readonly buffer X { vec4 x4[]; };
 layout(push_constant) uniform Push { uint n_out; uint n_in; } p;
+#include "gemv_row_sets.glsl"
 
 #define Q6_K_WORDS w
 #include "q6_k.glsl"
-
-shared float partial[NUM_ROWS * MAX_SUBGROUPS];
 
 // Σ over the unit's 32 weights of (q − 32)·x, each quadrant times its scale, for the block at byte bb.
 // x: the unit's activations times Q6_K_SCALE (q6_k_unpack_scaled). odd: the block's alignment (q6_k.glsl).
@@ -52,16 +49,6 @@ float unit_dot(uint bb, uint h, uint g, vec4 x[8], bool odd) {
   return q6_k_d_known(bb, odd) * sum;
 }
 
-// The unit an invocation of the set starts at (then it strides by SET_SIZE). In each run of 64 invocations,
-// invocations 0-31 take the 8 units of blocks 0, 2, 4, 6 of the run's 8 blocks and 32-63 those of blocks 1, 3,
-// 5, 7; the stride is a multiple of 8 blocks, so an invocation's blocks all have one parity. Sets whose size
-// is not a multiple of 64 take units in order.
-uint unit_of(uint lane) {
-  if (SET_SIZE % 64u != 0u) return lane;
-  const uint q = lane % 32u, half_ = (lane / 32u) % 2u, run = lane / 64u;
-  return 8u * (8u * run + 2u * (q / 8u) + half_) + q % 8u;
-}
-
 void main() {
   const uint row0 = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * NUM_ROWS;
   if (row0 >= p.n_out) return;  // whole workgroup: the barrier below stays uniform
@@ -73,7 +60,7 @@ void main() {
   float acc[ROWS_PER_INVOCATION];
   for (uint r = 0u; r < ROWS_PER_INVOCATION; ++r) acc[r] = 0.0;
 
-  for (uint u = unit_of(lane); u < n_units; u += SET_SIZE) {
+  for (uint u = q6_k_unit_of(lane, SET_SIZE); u < n_units; u += SET_SIZE) {
     const uint b = u >> 3u, h = (u >> 2u) & 1u, g = u & 3u;
     // Activations 128h + 32·k4 + 8g + [0, 8) of block b, two vec4s per quadrant.
     vec4 x[8];
@@ -92,18 +79,5 @@ void main() {
     }
   }
 
-  // A subgroup may hold invocations of several sets: each set's sums are taken over the whole subgroup with
-  // the other sets' invocations contributing 0.
-  for (uint s = 0u; s < N_SETS; ++s)
-    for (uint r = 0u; r < ROWS_PER_INVOCATION; ++r) {
-      const float v = subgroupAdd(set == s ? acc[r] : 0.0);
-      if (subgroupElect()) partial[(s * ROWS_PER_INVOCATION + r) * MAX_SUBGROUPS + gl_SubgroupID] = v;
-    }
-  barrier();
-  if (gl_LocalInvocationID.x < NUM_ROWS) {
-    const uint r = gl_LocalInvocationID.x;
-    float v = 0.0;
-    for (uint g = 0u; g < gl_NumSubgroups; ++g) v += partial[r * MAX_SUBGROUPS + g];
-    if (row0 + r < p.n_out) y[row0 + r] = v;
-  }
+  write_row_sums(acc, set, row0);
 }

@@ -13,21 +13,17 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint NUM_ROWS = 2;
 layout(constant_id = 2) const uint ROWS_PER_INVOCATION = 2;  // NUM_ROWS must be a multiple
-const uint N_SETS = NUM_ROWS / ROWS_PER_INVOCATION;
-const uint SET_SIZE = gl_WorkGroupSize.x / N_SETS;
-const uint MAX_SUBGROUPS = 64;
 
 layout(std430, binding = 0) writeonly buffer Y { float y[]; };
 layout(std430, binding = 1) readonly buffer W { uint w[]; };
 layout(std430, binding = 2) readonly buffer Limbs { uvec4 limb4[]; };
 layout(std430, binding = 2) readonly buffer LimbFloats { float limbf[]; };
 layout(push_constant) uniform Push { uint n_out; uint n_in; } p;
+#include "gemv_row_sets.glsl"
 
 #define Q6_K_WORDS w
 #include "int_dot.glsl"
 #include "q6_k.glsl"
-
-shared float partial[NUM_ROWS * MAX_SUBGROUPS];
 
 // Σ over the unit's 32 weights of sc·(q − 32)·A for the block at byte bb, as the three limb sums. l[i][j]:
 // limb plane i, quadrants 2j and 2j + 1 (two words each). odd: the block's alignment (q6_k.glsl).
@@ -49,13 +45,6 @@ ivec3 unit_dot(uint bb, uint h, uint g, uvec4 l[3][2], bool odd) {
   return sum;
 }
 
-// The unit an invocation of the set starts at (q6_k_gemv.comp: runs of 32 invocations take blocks of one parity).
-uint unit_of(uint lane) {
-  if (SET_SIZE % 64u != 0u) return lane;
-  const uint q = lane % 32u, half_ = (lane / 32u) % 2u, run = lane / 64u;
-  return 8u * (8u * run + 2u * (q / 8u) + half_) + q % 8u;
-}
-
 void main() {
   const uint row0 = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * NUM_ROWS;
   if (row0 >= p.n_out) return;  // whole workgroup: the barrier below stays uniform
@@ -69,7 +58,7 @@ void main() {
   float acc[ROWS_PER_INVOCATION];
   for (uint r = 0u; r < ROWS_PER_INVOCATION; ++r) acc[r] = 0.0;
 
-  for (uint u = unit_of(lane); u < n_units; u += SET_SIZE) {
+  for (uint u = q6_k_unit_of(lane, SET_SIZE); u < n_units; u += SET_SIZE) {
     const uint b = u >> 3u, h = (u >> 2u) & 1u, g = u & 3u;
     uvec4 l[3][2];
     for (uint i = 0u; i < 3u; ++i)
@@ -86,16 +75,5 @@ void main() {
     }
   }
 
-  for (uint s = 0u; s < N_SETS; ++s)
-    for (uint r = 0u; r < ROWS_PER_INVOCATION; ++r) {
-      const float v = subgroupAdd(set == s ? acc[r] : 0.0);
-      if (subgroupElect()) partial[(s * ROWS_PER_INVOCATION + r) * MAX_SUBGROUPS + gl_SubgroupID] = v;
-    }
-  barrier();
-  if (gl_LocalInvocationID.x < NUM_ROWS) {
-    const uint r = gl_LocalInvocationID.x;
-    float v = 0.0;
-    for (uint g = 0u; g < gl_NumSubgroups; ++g) v += partial[r * MAX_SUBGROUPS + g];
-    if (row0 + r < p.n_out) y[row0 + r] = v;
-  }
+  write_row_sums(acc, set, row0);
 }
