@@ -73,17 +73,28 @@ Shape attention_shape(const Graph& g, const Node& n) {
 
 // How the fused Vulkan kernels split a head's D dims over the invocations of a row (attention_flash.glsl).
 struct FlashLayout {
-  uint32_t split = 1, dpl = 1, tile = 32;
+  uint32_t split = 1, dpl = 1, tile = 16;
 };
 
-// Rows of up to `dims` head dims per invocation, SPLIT a power of two within the subgroup (and at most 64, the
-// workgroup), DPL rounded up to whole vec4s; shared tiles of TILE rows keep two [TILE, DP] arrays within 32 KiB.
-FlashLayout flash_layout(int64_t D, uint32_t dims, uint32_t subgroup) {
+// The fused kernels' passes, and the head dims each gives one invocation (kFlashDims) at most. Shared tiles of
+// kFlashTile rows at most. Each workgroup is 64 invocations, so the shared tiles bound how many run on an SM:
+// H100, tinyllama-1.1b at batch 4 (2048 tokens, D = 64), forward + backward ms per step: tiles of 32 rows with
+// 32/32/16 dims 22.6 + 65.9, tiles of 16 14.0 + 40.5, of 8 13.9 + 42.4, of 64 38.9 + 117.8; with tiles of 16,
+// 64 dims in the forward 12.6 (16: 40.6), 32 in the dK/dV pass 32.7 (64: 85.1), 64 in the dq pass 42.0.
+enum FlashPass { kFlashForward, kFlashDq, kFlashDkv };
+constexpr uint32_t kFlashDims[3] = {64, 32, 32};
+constexpr uint32_t kFlashTile = 16;
+
+// Rows of up to kFlashDims[pass] head dims per invocation, SPLIT a power of two within the subgroup (and at most
+// 64, the workgroup), DPL rounded up to whole vec4s; shared tiles of TILE rows keep two [TILE, DP] arrays
+// within 32 KiB.
+FlashLayout flash_layout(int64_t D, FlashPass pass, uint32_t subgroup) {
   FlashLayout f;
+  const uint32_t dims = kFlashDims[pass];
   while (f.split < 64 && f.split * 2 <= subgroup && (uint32_t(D) + f.split - 1) / f.split > dims) f.split *= 2;
   f.dpl = ((uint32_t(D) + f.split - 1) / f.split + 3) / 4 * 4;
   const uint32_t dp = f.split * f.dpl;
-  f.tile = 32;
+  f.tile = kFlashTile;
   while (f.tile > 4 && 2 * f.tile * dp * 4 > 32768) f.tile /= 2;
   return f;
 }
@@ -96,7 +107,7 @@ uint32_t row_groups(int64_t T, const FlashLayout& f) {
 
 // Whether the dK/dV pass runs one workgroup per query head of each kv group (then adds the heads in a second
 // pass): when G > 1 and the key tiles times the kv heads make fewer than kSplitBelowGroups workgroups, which
-// leaves a large GPU idle (tinyllama's 4 kv heads: 128 at 512 tokens, 512 at 2048). The per-head sums cost
+// leaves a large GPU idle (tinyllama's 4 kv heads: 64 at 512 tokens, 256 at 2048). The per-head sums cost
 // 2G·T·Hkv·D floats per attention node. H100, tinyllama-1.1b: backward 45 -> 22 ms per bs1 step, 179 -> 132 at bs4.
 constexpr int64_t kSplitBelowGroups = 4096;
 bool split_dkv(const Dims& n, const FlashLayout& fk) {
@@ -112,9 +123,11 @@ void attention_prepare(OpContext& c) {
     c.node.saved.push_back(c.scratch({n.H, n.T, n.T}, c.be.real(), Scratch::Saved));
     return;
   }
-  const FlashLayout f = flash_layout(n.D, 32, c.be.device().subgroup_size());
-  if (f.tile * f.split * f.dpl * 4 * 2 > 32768)
-    throw GraphError("attention: head dim " + std::to_string(n.D) + " is too large for the Vulkan kernels' shared tiles");
+  for (FlashPass pass : {kFlashForward, kFlashDq, kFlashDkv}) {
+    const FlashLayout f = flash_layout(n.D, pass, c.be.device().subgroup_size());
+    if (f.tile * f.split * f.dpl * 4 * 2 > 32768)
+      throw GraphError("attention: head dim " + std::to_string(n.D) + " is too large for the Vulkan kernels' shared tiles");
+  }
   if (n.H * n.T > int64_t(std::numeric_limits<uint32_t>::max()) / 2 || n.T * n.H * n.D > int64_t(std::numeric_limits<uint32_t>::max()))
     throw GraphError("attention: " + std::to_string(n.T) + " tokens of " + std::to_string(n.H * n.D) +
                      " values exceed the 32-bit indexing of the Vulkan kernels; use fewer tokens");
@@ -123,7 +136,7 @@ void attention_prepare(OpContext& c) {
   c.node.saved.push_back(c.scratch({n.H, n.T}, c.be.real(), Scratch::Pass));
   c.node.saved.push_back(c.scratch(c.needs_grad(0) ? Shape{1} : c.in(0).shape(), c.be.real(), Scratch::Pass));
   const bool split = (c.needs_grad(1) || c.needs_grad(2)) &&
-                     split_dkv(n, flash_layout(n.D, 16, c.be.device().subgroup_size()));
+                     split_dkv(n, flash_layout(n.D, kFlashDkv, c.be.device().subgroup_size()));
   c.node.saved.push_back(c.scratch(split ? Shape{2 * n.G(), n.T, n.Hkv * n.D} : Shape{1}, c.be.real(), Scratch::Pass));
 }
 
@@ -230,7 +243,7 @@ std::vector<uint32_t> flash_spec(const FlashLayout& f) { return {f.split, f.dpl,
 
 void attention_forward_flash(OpContext& c) {
   const Dims n = attention_dims(c);
-  const FlashLayout f = flash_layout(n.D, 32, c.be.device().subgroup_size());
+  const FlashLayout f = flash_layout(n.D, kFlashForward, c.be.device().subgroup_size());
   const FlashPush push = flash_push(c, 0);
   c.seq->dispatch(c.be.pipeline("attention_flash_fwd", 6, sizeof(push), flash_spec(f)),
                   {&c.node.value.buffer(), &c.node.saved.at(0).buffer(), &c.in(0).buffer(), &c.in(1).buffer(),
@@ -242,7 +255,7 @@ void attention_backward_flash(OpContext& c) {
   const Dims n = attention_dims(c);
   const Tensor &lse = c.node.saved.at(0), &delta = c.node.saved.at(1);
   // Δ comes from the dq pass, which therefore always runs; its dq goes to a stand-in when q needs none.
-  const FlashLayout fq = flash_layout(n.D, 32, c.be.device().subgroup_size());
+  const FlashLayout fq = flash_layout(n.D, kFlashDq, c.be.device().subgroup_size());
   const FlashPush pq = flash_push(c, 0);
   const Tensor& dq = c.needs_grad(0) ? c.in_grad(0) : c.node.saved.at(2);
   c.seq->dispatch(c.be.pipeline("attention_flash_dq", 9, sizeof(pq), flash_spec(fq)),
@@ -250,7 +263,7 @@ void attention_backward_flash(OpContext& c) {
                    &c.node.value.buffer(), &c.node.grad.buffer(), &lse.buffer(), &segment_buffer(c)},
                   pq, {row_groups(n.T, fq), uint32_t(n.H), 1});
   if (!c.needs_grad(1) && !c.needs_grad(2)) return;
-  const FlashLayout fk = flash_layout(n.D, 16, c.be.device().subgroup_size());
+  const FlashLayout fk = flash_layout(n.D, kFlashDkv, c.be.device().subgroup_size());
   const uint32_t want = (c.needs_grad(1) ? 1u : 0u) | (c.needs_grad(2) ? 2u : 0u);
   // A gradient not needed gets the other one's buffer as an unwritten stand-in.
   const Tensor& dk = c.needs_grad(1) ? c.in_grad(1) : c.in_grad(2);

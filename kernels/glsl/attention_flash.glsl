@@ -16,7 +16,7 @@
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const uint SPLIT = 2;
 layout(constant_id = 1) const uint DPL = 32;  // a multiple of 4
-layout(constant_id = 2) const uint TILE = 32;
+layout(constant_id = 2) const uint TILE = 16;
 const uint DPL4 = DPL / 4u;     // vec4s per invocation
 const uint DP = SPLIT * DPL;    // the padded head dim of a shared row
 const uint DP4 = DP / 4u;
