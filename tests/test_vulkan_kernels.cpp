@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -628,6 +629,37 @@ TEST_F(VulkanKernels, DxSplitOverRowsMatchesReference) {
     }
   }
   EXPECT_GT(vk::LinearKernels::q4_0_dx_scratch_bytes(T, n_out - j0, 1056), size_t(0));  // the split does apply
+}
+
+// The dx GEMM where values span many decades: dY's rows twelve, W's scales large (weights up to 300); a partial
+// tile of tokens (130), a row range that starts past row 0 and ends short of the last, with and without
+// accumulate. Each token's row is checked against its own largest value, so a small row cannot hide behind a
+// large one.
+TEST_F(VulkanKernels, Q4_0DxMatchesReferenceRowByRowAcrossDecades) {
+  for (const auto& [T, n_out, n_in] : {std::array<int64_t, 3>{32, 260, 32}, std::array<int64_t, 3>{130, 1100, 1056}})
+    for (const auto& [j0, j1] : {std::pair<int64_t, int64_t>{0, n_out}, {4, n_out - 8}}) {
+      auto wf = random_floats(rng_, n_out * n_in);
+      for (float& v : wf) v *= 300.0f;
+      std::vector<uint8_t> w(size_t(n_out * q4_0_row_bytes(n_in)));
+      quant::quantize_q4_0(w, wf, n_out, n_in);
+      auto dy = random_floats(rng_, T * n_out);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < n_out; ++j) dy[size_t(t * n_out + j)] *= float(std::pow(10.0, double(t % 13) - 6.0));
+      for (bool acc : {false, true}) {
+        auto dx = random_floats(rng_, T * n_in);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t i = 0; i < n_in; ++i) dx[size_t(t * n_in + i)] *= float(std::pow(10.0, double(t % 13) - 3.0));
+        const auto dx0 = dx;
+        kernels_->q4_0_dx(dx, w, dy, T, n_out, n_in, j0, j1, acc);
+        const auto want = ref::q4_0_dx(w.data(), dy.data(), acc ? dx0.data() : nullptr, T, n_out, n_in, j0, j1);
+        for (int64_t t = 0; t < T; ++t) {
+          const std::vector<double> row(want.begin() + t * n_in, want.begin() + (t + 1) * n_in);
+          EXPECT_LE(ref::max_rel_error(dx.data() + t * n_in, row), kBound)
+              << "T=" << T << " n_out=" << n_out << " n_in=" << n_in << " rows " << j0 << ".." << j1
+              << " accumulate=" << acc << " token " << t;
+        }
+      }
+    }
 }
 
 TEST_F(VulkanKernels, ForcingAGemmTileOtherThan64Or128IsRefused) {

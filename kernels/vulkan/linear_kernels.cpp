@@ -295,7 +295,11 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
     // the sum of two exact f16 products; the hi x hi and the cross products in two sets of accumulators, which
     // doubled its speed over one set): 25 TFLOPS at 16384 x 16384 and 24-26 at tinyllama's shapes, against 27
     // and 20-26 here, and linear backward 161 against 147 ms per step at batch 4. d varies along K here, so W
-    // cannot enter as its exact codes with the scales applied per K step as in the forward GEMM.
+    // cannot enter as its exact codes with the scales applied per K step as in the forward GEMM. The third took
+    // one block column of W per workgroup (128 x 32 tiles, 4 subgroups) so that its scales could be folded into
+    // dY (A' = dY·d, split into f16 hi + lo; W as its exact codes; two products per step): correct, but 14.2
+    // TFLOPS at 16384 x 16384 and 12-13 at tinyllama's shapes against 27.5 and 20 here, and no faster with the
+    // hi and lo products in separate accumulators or the code tile stored [n][k].
     dx_gemm("q4_0_dx_gemm", s, dX, w, dY, scratch, T, n_out, n_in, j_start, j_end, accumulate);
     return;
   }
