@@ -73,20 +73,22 @@ Shape attention_shape(const Graph& g, const Node& n) {
 
 // How the fused Vulkan kernels split a head's D dims over the invocations of a row (attention_flash.glsl).
 struct FlashLayout {
-  uint32_t split = 1, dpl = 1, tile = 16;
+  uint32_t split = 1, dpl = 1, tile = 32;
 };
 
-// The fused kernels' passes, and the head dims each gives one invocation (kFlashDims) at most. Shared tiles of
-// kFlashTile rows at most. Each workgroup is 64 invocations, so the shared tiles bound how many run on an SM:
-// H100, tinyllama-1.1b at batch 4 (2048 tokens, D = 64), forward + backward ms per step: tiles of 32 rows with
-// 32/32/16 dims 22.6 + 65.9, tiles of 16 14.0 + 40.5, of 8 13.9 + 42.4, of 64 38.9 + 117.8; with tiles of 16,
-// 64 dims in the forward 12.6 (16: 40.6), 32 in the dK/dV pass 32.7 (64: 85.1), 64 in the dq pass 42.0.
+// The fused kernels' passes, and the head dims each gives one invocation (kFlashDims) at most; shared tiles of
+// kFlashTile rows at most; workgroups of kFlashWorkgroup invocations (attention_flash.glsl's WG). H100,
+// tinyllama-1.1b at batch 4 (2048 tokens, D = 64), forward + backward ms per step: with 64 invocations and tiles
+// of 32 rows, 32/32/16 dims, 22.6 + 65.9; tiles of 16 14.0 + 40.5 (8: 13.9 + 42.4; 64: 38.9 + 117.8); then 64 dims
+// in the forward 12.6 (16: 40.6), 32 in the dK/dV pass 32.7 (64: 85.1; 64 in the dq pass 42.0). With 128
+// invocations and tiles of 32, 11.1 + 27.6 (tiles of 16: 11.2 + 29.8; 256 invocations: 12.9 + 30.0).
 enum FlashPass { kFlashForward, kFlashDq, kFlashDkv };
 constexpr uint32_t kFlashDims[3] = {64, 32, 32};
-constexpr uint32_t kFlashTile = 16;
+constexpr uint32_t kFlashTile = 32;
+constexpr uint32_t kFlashWorkgroup = 128;
 
 // Rows of up to kFlashDims[pass] head dims per invocation, SPLIT a power of two within the subgroup (and at most
-// 64, the workgroup), DPL rounded up to whole vec4s; shared tiles of TILE rows keep two [TILE, DP] arrays
+// 64), DPL rounded up to whole vec4s; shared tiles of TILE rows keep two [TILE, DP] arrays
 // within 32 KiB.
 FlashLayout flash_layout(int64_t D, FlashPass pass, uint32_t subgroup) {
   FlashLayout f;
@@ -99,15 +101,15 @@ FlashLayout flash_layout(int64_t D, FlashPass pass, uint32_t subgroup) {
   return f;
 }
 
-// Workgroups covering T rows, 64 / SPLIT rows each (attention_flash.glsl's ROWS).
+// Workgroups covering T rows, kFlashWorkgroup / SPLIT rows each (attention_flash.glsl's ROWS).
 uint32_t row_groups(int64_t T, const FlashLayout& f) {
-  const int64_t rows = 64 / f.split;
+  const int64_t rows = kFlashWorkgroup / f.split;
   return uint32_t((T + rows - 1) / rows);
 }
 
 // Whether the dK/dV pass runs one workgroup per query head of each kv group (then adds the heads in a second
 // pass): when G > 1 and the key tiles times the kv heads make fewer than kSplitBelowGroups workgroups, which
-// leaves a large GPU idle (tinyllama's 4 kv heads: 64 at 512 tokens, 256 at 2048). The per-head sums cost
+// leaves a large GPU idle (tinyllama's 4 kv heads: 32 at 512 tokens, 128 at 2048). The per-head sums cost
 // 2G·T·Hkv·D floats per attention node. H100, tinyllama-1.1b: backward 45 -> 22 ms per bs1 step, 179 -> 132 at bs4.
 constexpr int64_t kSplitBelowGroups = 4096;
 bool split_dkv(const Dims& n, const FlashLayout& fk) {
@@ -239,7 +241,7 @@ FlashPush flash_push(const OpContext& c, uint32_t flags) {
           is_segmented(c) ? 1u : 0u, flags};
 }
 
-std::vector<uint32_t> flash_spec(const FlashLayout& f) { return {f.split, f.dpl, f.tile}; }
+std::vector<uint32_t> flash_spec(const FlashLayout& f) { return {f.split, f.dpl, f.tile, kFlashWorkgroup}; }
 
 void attention_forward_flash(OpContext& c) {
   const Dims n = attention_dims(c);

@@ -13,14 +13,15 @@
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 
-layout(local_size_x = 64) in;
+layout(local_size_x_id = 3) in;
 layout(constant_id = 0) const uint SPLIT = 2;
 layout(constant_id = 1) const uint DPL = 32;  // a multiple of 4
-layout(constant_id = 2) const uint TILE = 16;
+layout(constant_id = 2) const uint TILE = 32;
+layout(constant_id = 3) const uint WG = 128;  // invocations per workgroup, at least TILE
 const uint DPL4 = DPL / 4u;     // vec4s per invocation
 const uint DP = SPLIT * DPL;    // the padded head dim of a shared row
 const uint DP4 = DP / 4u;
-const uint ROWS = 64u / SPLIT;  // rows per workgroup
+const uint ROWS = WG / SPLIT;  // rows per workgroup
 
 // flags (the dK/dV pass): bit 0 writes dK, bit 1 writes dV.
 layout(push_constant) uniform Push { uint T; uint H; uint Hkv; uint D; float s; uint segmented; uint flags; } u;
@@ -87,7 +88,7 @@ bool stage_key_tile(uint j0, uint hk) {
     barrier();
     if (range[3] < range[0] || range[2] > range[1]) return false;
   }
-  for (uint e = lid; e < TILE * DP4; e += 64u) {
+  for (uint e = lid; e < TILE * DP4; e += WG) {
     const uint c = e / DP4, slot = e % DP4, j = j0 + c;
     const uint base = min(j, u.T - 1u) * kvs + hk * u.D;
     ks[e] = j < u.T ? LOAD_DIMS4(k, base, slot, 1.0) : vec4(0.0);

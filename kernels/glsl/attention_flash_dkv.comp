@@ -54,7 +54,7 @@ void main() {
         barrier();
         if (range[3] < range[0] || range[2] > range[1]) continue;  // uniform
       }
-      for (uint e = lid; e < TILE * DP4; e += 64u) {
+      for (uint e = lid; e < TILE * DP4; e += WG) {
         const uint c = e / DP4, slot = e % DP4, i = i0 + c;
         const uint base = min(i, u.T - 1u) * qs + h * u.D;
         qsh[e] = i < u.T ? LOAD_DIMS4(q, base, slot, u.s) : vec4(0.0);
