@@ -17,7 +17,9 @@
 // BK, the K step, is GEMM_BK (default 32) where the including shader defines it: the forward quantised GEMMs
 // need 32 (one block, or sub-block, of each row per step); the dx and f32 GEMMs take 16, which measured faster
 // (H100, Q4_0 dx 16384x16384 at T = 512: 27.2 TFLOPS with 128-tiles and BK 16 against 20.8 with BK 32; with
-// 64-tiles 17.9 against 14.2).
+// 64-tiles 17.9 against 14.2). Fetching the next K step into registers before the FMAs and storing it to the
+// tiles after them (as the tensor-core GEMM does) measured slower there: 25.5 against 27.3 TFLOPS, and 16.7
+// against 20.3 at 2048 x 5632.
 #extension GL_EXT_control_flow_attributes : require
 layout(constant_id = 0) const uint BM = 64;
 layout(constant_id = 1) const uint BN = 64;
