@@ -88,8 +88,7 @@ constexpr uint32_t kFlashTile = 32;
 constexpr uint32_t kFlashWorkgroup = 128;
 
 // Rows of up to kFlashDims[pass] head dims per invocation, SPLIT a power of two within the subgroup (and at most
-// 64), DPL rounded up to whole vec4s; shared tiles of TILE rows keep two [TILE, DP] arrays
-// within 32 KiB.
+// 64), DPL rounded up to whole vec4s; shared tiles of TILE rows keep two [TILE, DP] arrays within 32 KiB.
 FlashLayout flash_layout(int64_t D, FlashPass pass, uint32_t subgroup) {
   FlashLayout f;
   const uint32_t dims = kFlashDims[pass];
