@@ -86,6 +86,7 @@ enum FlashPass { kFlashForward, kFlashDq, kFlashDkv };
 constexpr uint32_t kFlashDims[3] = {64, 32, 32};
 constexpr uint32_t kFlashTile = 32;
 constexpr uint32_t kFlashWorkgroup = 128;
+static_assert(kFlashTile <= kFlashWorkgroup, "a tile's segment ids are staged one per invocation");
 
 // Rows of up to kFlashDims[pass] head dims per invocation, SPLIT a power of two within the subgroup (and at most
 // 64), DPL rounded up to whole vec4s; shared tiles of TILE rows keep two [TILE, DP] arrays within 32 KiB.
