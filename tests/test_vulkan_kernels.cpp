@@ -268,6 +268,16 @@ TEST_F(VulkanKernels, ForwardGemmsSplitOverKMatchReference) {
     EXPECT_LE(frozen_gemm_error(*kernels_, rng_, f, T, n_out, 4608), kBound) << f.name;
 }
 
+// Tile shapes of the tensor-core GEMM's way out (where the device has it; the FP32 kernels elsewhere): output
+// tiles wholly inside Y, whose rows go straight to memory, beside edge tiles cut by T or n_out, with and without
+// a split over K, and an n_out that is not a multiple of 4 (every tile through the staging path).
+TEST_F(VulkanKernels, Q4_0GemmTilesInsideAndAtTheEdgesMatchReference) {
+  struct Case { int64_t T, n_out, n_in; };
+  for (const Case& c : {Case{64, 128, 256}, Case{129, 260, 4128}, Case{96, 384, 2048}, Case{128, 258, 1024}})
+    EXPECT_LE(q4_0_gemm_error(*kernels_, rng_, random_q4_0(rng_, c.n_out, c.n_in), c.T, c.n_out, c.n_in), kBound)
+        << "T=" << c.T << " n_out=" << c.n_out << " n_in=" << c.n_in;
+}
+
 // A window of W's rows on the tensor cores (the vocab-tiled loss's Q4_0 logits): where the device has cooperative
 // matrices, windows that start mid-matrix and end short of a tile match the reference for those rows; elsewhere
 // the call declines and records nothing.
