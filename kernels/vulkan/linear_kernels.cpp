@@ -116,12 +116,12 @@ std::pair<int64_t, int64_t> forward_split(int64_t T, int64_t n_out, int64_t n_in
   return split_k(tiles, kCoopSplitTarget, n_in, kCoopMinSliceK, 64);
 }
 
-// The dx GEMM's split (K = n_rows; K steps of GEMM_BK = 16). Depends on the shape alone (the scratch is sized
+// The dx GEMM's split (K = n_rows; K steps of GEMM_BK = 16 in the FP32 kernels, 32 on the tensor cores). Depends on the shape alone (the scratch is sized
 // from it).
 std::pair<int64_t, int64_t> dx_gemm_split(int64_t T, int64_t n_rows, int64_t n_in) {
   const int64_t tiles = int64_t(ceil_div(T, kGemmTileLarge)) * ceil_div(n_in, kGemmTileLarge);
   if (T <= 1 || tiles >= kLargeTileMinGroups || tiles < kMinDxSplitTiles) return {1, 0};
-  return split_k(tiles, kLargeTileMinGroups, n_rows, kMinDxSliceRows, 16);
+  return split_k(tiles, kLargeTileMinGroups, n_rows, kMinDxSliceRows, 32);  // 32: q4_0_dx_coop.comp's K step
 }
 
 size_t dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in, int64_t cols_per_group) {
@@ -288,18 +288,28 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
   check_min_size(k, "dY", dY.size(), size_t(T * n_out) * 4);
   check_min_size(k, "dX", dX.size(), size_t(T * n_in) * 4);
   if (T > 1) {
-    // FP32 FMAs on every device. Tensor-core versions measured slower on an H100. The first (dY scaled per row
-    // and split into f16 hi + lo; each weight d·(q - 8), scaled by one power of two per workgroup, split
-    // likewise; three products per step): 9.0-10.8 TFLOPS at T = 512 against 14.2 here then. The second, on
-    // the forward GEMM's uvec4 tiles (d split exactly into an 8-bit and a 3-bit f16 part, so each weight is
-    // the sum of two exact f16 products; the hi x hi and the cross products in two sets of accumulators, which
-    // doubled its speed over one set): 25 TFLOPS at 16384 x 16384 and 24-26 at tinyllama's shapes, against 27
-    // and 20-26 here, and linear backward 161 against 147 ms per step at batch 4. d varies along K here, so W
-    // cannot enter as its exact codes with the scales applied per K step as in the forward GEMM. The third took
-    // one block column of W per workgroup (128 x 32 tiles, 4 subgroups) so that its scales could be folded into
-    // dY (A' = dY·d, split into f16 hi + lo; W as its exact codes; two products per step): correct, but 14.2
-    // TFLOPS at 16384 x 16384 and 12-13 at tinyllama's shapes against 27.5 and 20 here, and no faster with the
-    // hi and lo products in separate accumulators or the code tile stored [n][k].
+    // On devices with cooperative matrices, q4_0_dx_coop.comp (each weight as two exact f16 parts, dY as f16
+    // hi + lo; three products per K slice). H100, T = 512: 33.3 TFLOPS at 16384 x 16384 against 27.5 for the
+    // FP32 kernel, 30-33 against 20-26 at tinyllama's shapes; tinyllama batch 4 with --grad-checkpoint 5161 ->
+    // 5720 tok/s. Three earlier tensor-core versions measured slower than the FP32 kernel; that was before the
+    // way out that slowed q4_0_gemm_coop.comp's main loop was found, and their code is gone, so whether it
+    // slowed them too is not known:
+    // - dY split into f16 hi + lo, each weight d·(q - 8) scaled by one power of two per workgroup and split
+    //   likewise, three products per step: 9.0-10.8 TFLOPS at T = 512 against 14.2 for the FP32 kernel then;
+    // - on the forward GEMM's uvec4 tiles, d split exactly into an 8-bit and a 3-bit f16 part, the hi x hi and
+    //   the cross products in two sets of accumulators (which doubled its speed over one set): 25 TFLOPS at
+    //   16384 x 16384 and 24-26 at tinyllama's shapes, against 27 and 20-26;
+    // - one block column of W per workgroup (128 x 32 tiles, 4 subgroups), its scales folded into dY (two
+    //   products per step): 14.2 TFLOPS at 16384 x 16384 and 12-13 at tinyllama's shapes against 27.5 and 20,
+    //   and no faster with the hi and lo products in separate accumulators or the code tile stored [n][k].
+    if (dev_.coop_matrix() && T >= kCoopMinTokens) {
+      const GemmPush push{uint32_t(T), uint32_t(n_in), uint32_t(j_start), uint32_t(j_end), uint32_t(n_out), 0,
+                          accumulate ? 1u : 0u};
+      const auto& p = pipeline("q4_0_dx_coop", 3, sizeof(GemmPush));
+      dispatch_gemm(k, p, s, dX, dY, w, push, T, n_in, dx_gemm_split(T, j_end - j_start, n_in),
+                    {ceil_div(n_in, kCoopTileN), ceil_div(T, kCoopTileM)}, scratch);
+      return;
+    }
     dx_gemm("q4_0_dx_gemm", s, dX, w, dY, scratch, T, n_out, n_in, j_start, j_end, accumulate);
     return;
   }

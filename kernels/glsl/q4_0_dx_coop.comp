@@ -1,0 +1,247 @@
+#version 450
+// dX[T, n_in] (+)= dY[T, j_start:j_end] · W[j_start:j_end, :] on cooperative matrices (tensor cores), for
+// devices with VK_NV_cooperative_matrix: the tiled dx of q4_0_dx_gemm.comp with M = T, N = n_in and K = the rows
+// j of W in [k_begin, k_end). A K step of BK = 32 rows covers BN / 32 = 4 Q4_0 blocks of each of those rows.
+//
+// The block scales d vary along K here, so they cannot be applied after the products as in the forward GEMM;
+// each weight enters as two exact f16 parts instead. d (f16, 11 significant bits) is cut into d8, its top 8
+// bits, and d3 = d - d8, the last 3; d8·(q - 8) and d3·(q - 8) then each fit f16's significand exactly. The d3
+// part is scaled by 2^12 (D3_SCALE) so that it is a normal f16 for every normal d (no reliance on f16
+// subnormals), and its products go to a second set of accumulators, scaled back at the end. dY is scaled per
+// row and split into f16 hi + lo as X is in the forward GEMM (q4_0_coop.glsl), so per K slice of 16:
+//   acc += dY_hi·W8 + dY_lo·W8,   acc3 += dY_hi·W3   (dY_lo·W3 is below f32's rounding of the sum).
+// 256 invocations = 8 subgroups of 32; the workgroup tile is BM x BN = 64 x 128, each subgroup owning a
+// 32 x 32 corner. The global loads of step s + 1 go to registers before the products of step s and to the
+// tiles after them, as in q4_0_gemm_coop.comp, whose way out (and the reason for it) this shares.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_NV_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_EXT_control_flow_attributes : require
+#define SG_M 2u  // subgroups along M
+#define SG_N 4u  // ... and along N
+layout(local_size_x = 32u * SG_M * SG_N) in;
+layout(std430, binding = 0) buffer C { float c[]; };
+layout(std430, binding = 1) readonly buffer A { float a[]; };  // dY, rows of lda floats
+layout(std430, binding = 2) readonly buffer W { uint w[]; };
+#include "gemm_push.glsl"
+#define Q4_0_WORDS w
+#include "q4_0.glsl"
+
+const uint NT = 32u * SG_M * SG_N, BM = 32u * SG_M, BN = 32u * SG_N, BK = 32u, FN = 2u;
+const uint NBLK = BN / 32u;                  // blocks per row of the W tile
+const uint RSA = BK / 8u + 1u;               // dY tile row stride in uvec4s: 32 halves and one of padding
+const uint RSB = BN / 8u + 1u;               // W tile row stride: 128 halves and one of padding
+const uint A_HI = 0u, A_LO = BM * RSA, B_8 = 2u * BM * RSA, B_3 = B_8 + BK * RSB;
+const uint XU = BM * BK / 8u / NT;           // runs of 8 dY values per invocation and step (1)
+const uint WU = BK * NBLK * 2u / NT;         // half blocks of W per invocation and step (1)
+const float D3_SCALE = 4096.0;
+#define F32_MAT fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+#define F16_MAT fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+
+// The tiles: dY hi [m][k], dY lo [m][k], W8 [k][n], W3 [k][n] (row-major: a row of W is contiguous in n).
+shared uvec4 tiles[2u * BM * RSA + 2u * BK * RSB];
+shared float row_scale[BM], row_unscale[BM];
+
+float px[XU][8];
+uint pw[WU][3], pd[WU];
+uint pmid;  // bit i: half block i's block starts mid-word
+
+// s_m for rows m0 .. m0 + BM of dY over the K range (any alignment: scalar loads): the row's largest |value|
+// brought near 2^13, as find_row_scales in q4_0_coop.glsl. Needs a barrier before row_scale is read.
+void dy_row_scales(uint m0, uint k_first, uint k_last) {
+  const uint lane = gl_SubgroupInvocationID;
+  for (uint r0 = gl_SubgroupID * 8u; r0 < BM; r0 += 8u * gl_NumSubgroups) {
+    float amax[8];
+    [[unroll]] for (uint r = 0u; r < 8u; ++r) amax[r] = 0.0;
+    for (uint k = k_first + lane; k < k_last; k += gl_SubgroupSize)
+      [[unroll]] for (uint r = 0u; r < 8u; ++r) {
+        const uint row = min(m0 + r0 + r, p.M - 1u);  // rows past M: any row; their dY is never used
+        amax[r] = max(amax[r], abs(a[row * p.lda + k]));
+      }
+    [[unroll]] for (uint r = 0u; r < 8u; ++r) {
+      const float v = subgroupMax(amax[r]);
+      if (subgroupElect()) {
+        int e = 0;
+        frexp(v, e);
+        e = v > 0.0 ? clamp(13 - e, -120, 120) : 0;
+        row_scale[r0 + r] = ldexp(1.0, e);
+        row_unscale[r0 + r] = ldexp(1.0, -e);
+      }
+    }
+  }
+}
+
+void fetch(uint m0, uint n0, uint k0, uint k_last, uint n_blocks) {
+  const uint t = gl_LocalInvocationID.x;
+  [[unroll]] for (uint i = 0u; i < XU; ++i) {
+    const uint idx = t + NT * i, m = idx / (BK / 8u), g = idx % (BK / 8u);
+    const uint k = k0 + 8u * g;
+    const bool row_ok = m0 + m < p.M;
+    const uint base = (m0 + m) * p.lda + k;
+    [[unroll]] for (uint e = 0u; e < 8u; ++e) px[i][e] = row_ok && k + e < k_last ? a[base + e] : 0.0;
+  }
+  pmid = 0u;
+  [[unroll]] for (uint i = 0u; i < WU; ++i) {
+    const uint idx = t + NT * i, r = idx / (2u * NBLK), blk = (idx / 2u) % NBLK, h = idx % 2u;
+    const uint b = n0 / 32u + blk;
+    if (k0 + r < k_last && b < n_blocks) {
+      const uint B = (k0 + r) * n_blocks + b, bb = B * Q4_0_BLOCK_BYTES;
+      const uint par = B & 1u;  // odd block: scale in the high half of its word, quants word-aligned
+      const uint wa = (bb + 2u + 8u * h) >> 2u;
+      pw[i][0] = w[wa];
+      pw[i][1] = w[wa + 1u];
+      pw[i][2] = w[wa + 2u - par];  // aligned: the second word again, so nothing past the block is read
+      pd[i] = w[bb >> 2u] >> (16u * par);
+      if (par == 0u) pmid |= 1u << i;
+    } else {
+      pw[i][0] = 0x88888888u;  // codes 0, scale 0
+      pw[i][1] = 0x88888888u;
+      pw[i][2] = 0x88888888u;
+      pd[i] = 0u;
+    }
+  }
+}
+
+// Two f16 codes q - 8 from the nibbles at bits s..s+3 and s+8..s+11 of v (neighbouring bytes: positions in order).
+f16vec2 codes_pair(uint v, uint s) {
+  const uint biased = ((v >> s) & 0x0000000Fu) | (((v >> (s + 8u)) & 0x0000000Fu) << 16u) | 0x64006400u;
+  return unpackFloat2x16(biased) - f16vec2(1032.0hf);  // 1024 + q, minus 1032
+}
+
+void stash() {
+  const uint t = gl_LocalInvocationID.x;
+  [[unroll]] for (uint i = 0u; i < XU; ++i) {
+    const uint idx = t + NT * i, m = idx / (BK / 8u), g = idx % (BK / 8u);
+    const float s = row_scale[m];
+    uint hi[4], lo[4];
+    [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+      const vec2 v = vec2(px[i][2u * e], px[i][2u * e + 1u]) * s;
+      const vec2 h = uintBitsToFloat(floatBitsToUint(v) & 0xFFFFE000u);  // cut to f16's 11 significant bits
+      hi[e] = packHalf2x16(h);
+      lo[e] = packHalf2x16(v - h);
+    }
+    tiles[A_HI + m * RSA + g] = uvec4(hi[0], hi[1], hi[2], hi[3]);
+    tiles[A_LO + m * RSA + g] = uvec4(lo[0], lo[1], lo[2], lo[3]);
+  }
+  [[unroll]] for (uint i = 0u; i < WU; ++i) {
+    const uint idx = t + NT * i, r = idx / (2u * NBLK), blk = (idx / 2u) % NBLK, h = idx % 2u;
+    const bool mid = ((pmid >> i) & 1u) != 0u;
+    const uint q0 = mid ? (pw[i][0] >> 16u) | (pw[i][1] << 16u) : pw[i][0];
+    const uint q1 = mid ? (pw[i][1] >> 16u) | (pw[i][2] << 16u) : pw[i][1];
+    // d = d8 + d3: d8 keeps the top 8 significant bits (3 low mantissa bits cleared), d3 the rest, scaled.
+    const uint dbits = pd[i] & 0xFFFFu;
+    const float d = unpackHalf2x16(dbits).x, d8 = unpackHalf2x16(dbits & 0xFFF8u).x;
+    const f16vec2 s8 = f16vec2(float16_t(d8)), s3 = f16vec2(float16_t((d - d8) * D3_SCALE));
+    // Low nibbles: block positions 8h .. 8h + 7; high nibbles: 16 + 8h .. 16 + 8h + 7.
+    f16vec2 cl[4] = {codes_pair(q0, 0u), codes_pair(q0, 16u), codes_pair(q1, 0u), codes_pair(q1, 16u)};
+    f16vec2 ch[4] = {codes_pair(q0, 4u), codes_pair(q0, 20u), codes_pair(q1, 4u), codes_pair(q1, 20u)};
+    uvec4 l8, l3, h8, h3;
+    [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+      l8[e] = packFloat2x16(cl[e] * s8);
+      l3[e] = packFloat2x16(cl[e] * s3);
+      h8[e] = packFloat2x16(ch[e] * s8);
+      h3[e] = packFloat2x16(ch[e] * s3);
+    }
+    const uint o = r * RSB + blk * 4u + h;  // uvec4 of positions 8h .. 8h + 7 of block blk in row r
+    tiles[B_8 + o] = l8;
+    tiles[B_3 + o] = l3;
+    tiles[B_8 + o + 2u] = h8;
+    tiles[B_3 + o + 2u] = h3;
+  }
+}
+
+void main() {
+  const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
+  const uint sm = sg / SG_N, sn = sg % SG_N;  // this subgroup's corner: rows sm*32.., columns sn*32..
+  const uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
+  const uint n_blocks = p.N / 32u;
+  // Split K (p.k_slice != 0, a multiple of BK): workgroup z sums its slice of rows only and writes it, without
+  // accumulating, to slice z of C (then [slices, M, N]); q4_0_dx_reduce.comp adds the slices in order.
+  uint k_first = p.k_begin, k_last = p.k_end, c0 = 0u;
+  bool add_to_c = p.accumulate != 0u;
+  if (p.k_slice != 0u) {
+    k_first = p.k_begin + gl_WorkGroupID.z * p.k_slice;
+    k_last = min(p.k_end, k_first + p.k_slice);
+    c0 = gl_WorkGroupID.z * p.M * p.N;
+    add_to_c = false;
+  }
+
+  dy_row_scales(m0, k_first, k_last);
+
+  F32_MAT acc[2][FN], acc3[2][FN];
+  [[unroll]] for (uint i = 0u; i < 2u; ++i)
+    [[unroll]] for (uint j = 0u; j < FN; ++j) {
+      acc[i][j] = F32_MAT(0.0);
+      acc3[i][j] = F32_MAT(0.0);
+    }
+
+  fetch(m0, n0, k_first, k_last, n_blocks);
+  barrier();  // row_scale
+  stash();
+  barrier();
+  for (uint k0 = k_first; k0 < k_last; k0 += BK) {
+    const bool more = k0 + BK < k_last;
+    if (more) fetch(m0, n0, k0 + BK, k_last, n_blocks);
+    [[unroll]] for (uint kk = 0u; kk < BK / 16u; ++kk) {  // K slices of 16: dY uvec4 offset 2kk, W row 16kk
+      F16_MAT xh[2], xl[2], b8[FN], b3[FN];
+      [[unroll]] for (uint i = 0u; i < 2u; ++i) {
+        coopMatLoadNV(xh[i], tiles, A_HI + (sm * 32u + 16u * i) * RSA + 2u * kk, RSA, false);
+        coopMatLoadNV(xl[i], tiles, A_LO + (sm * 32u + 16u * i) * RSA + 2u * kk, RSA, false);
+      }
+      [[unroll]] for (uint j = 0u; j < FN; ++j) {
+        coopMatLoadNV(b8[j], tiles, B_8 + 16u * kk * RSB + (sn * 32u + 16u * j) / 8u, RSB, false);
+        coopMatLoadNV(b3[j], tiles, B_3 + 16u * kk * RSB + (sn * 32u + 16u * j) / 8u, RSB, false);
+      }
+      [[unroll]] for (uint i = 0u; i < 2u; ++i)
+        [[unroll]] for (uint j = 0u; j < FN; ++j) {
+          acc[i][j] = coopMatMulAddNV(xh[i], b8[j], acc[i][j]);
+          acc[i][j] = coopMatMulAddNV(xl[i], b8[j], acc[i][j]);
+          acc3[i][j] = coopMatMulAddNV(xh[i], b3[j], acc3[i][j]);
+        }
+    }
+    barrier();  // every subgroup is done with the tiles
+    if (more) {
+      stash();
+      barrier();
+    }
+  }
+
+  // dX (+)= (acc + acc3 / D3_SCALE) / s_m, out as in q4_0_gemm_coop.comp.
+  [[unroll]] for (uint i = 0u; i < 2u; ++i) {
+    F32_MAT u;
+    coopMatLoadNV(u, row_unscale, sm * 32u + 16u * i, 0u, true);  // column-major, stride 0: u[m][n] = 1 / s_m
+    [[unroll]] for (uint j = 0u; j < FN; ++j)
+      [[unroll]] for (int e = 0; e < acc[i][j].length(); ++e)
+        acc[i][j][e] = (acc[i][j][e] + acc3[i][j][e] * (1.0 / D3_SCALE)) * u[e];
+  }
+  if (m0 + BM <= p.M && n0 + BN <= p.N && p.N % 4u == 0u) {
+    [[unroll]] for (uint i = 0u; i < 2u; ++i)
+      [[unroll]] for (uint j = 0u; j < FN; ++j) {
+        const uint idx = c0 + (m0 + sm * 32u + 16u * i) * p.N + n0 + sn * 32u + 16u * j;
+        if (add_to_c) {
+          F32_MAT old;
+          coopMatLoadNV(old, c, idx, p.N, false);
+          [[unroll]] for (int e = 0; e < acc[i][j].length(); ++e) acc[i][j][e] += old[e];
+        }
+        coopMatStoreNV(acc[i][j], c, idx, p.N, false);
+      }
+    return;
+  }
+  [[unroll]] for (uint i = 0u; i < 2u; ++i)
+    [[unroll]] for (uint j = 0u; j < FN; ++j) {
+      coopMatStoreNV(acc[i][j], tiles, sg * 64u, 4u, false);  // 16 rows of 4 uvec4s
+      subgroupMemoryBarrierShared();
+      subgroupBarrier();
+      [[unroll]] for (uint e0 = 0u; e0 < 256u; e0 += 32u) {
+        const uint e = e0 + lane;
+        const uint ml = sm * 32u + 16u * i + e / 16u, n = n0 + sn * 32u + 16u * j + e % 16u;
+        const uint idx = c0 + (m0 + ml) * p.N + n;
+        const float v = uintBitsToFloat(tiles[sg * 64u + e / 4u][e % 4u]);
+        if (m0 + ml < p.M && n < p.N) c[idx] = (add_to_c ? c[idx] : 0.0) + v;
+      }
+      subgroupBarrier();
+    }
+}
