@@ -176,7 +176,7 @@ class VulkanHostKernels final : public HostKernels {
     check_size(f.gemm_name, "X", X.size(), size_t(T * n_in), "floats");
     check_size(f.gemm_name, "Y", Y.size(), size_t(T * n_out), "floats");
     vk::Buffer bw = upload(w), bx = upload(X), by(dev_, Y.size_bytes());
-    const size_t split = vk::LinearKernels::gemm_scratch_bytes(T, n_out, n_in);
+    const size_t split = kernels_.forward_scratch_bytes(T, n_out, n_in);
     vk::Buffer scratch(dev_, std::max<size_t>(split, 4));
     run([&](vk::Sequence& s) { (kernels_.*fn)(s, by, bw, bx, T, n_out, n_in, split ? &scratch : nullptr); });
     by.download(Y.data(), Y.size_bytes());

@@ -282,7 +282,7 @@ Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, d
   out.fill_zero();
   const FormatKernels& fk = format_kernels(c.weights);
   vk::Buffer scratch(dev, std::max<size_t>({4, fk.vk_dx_scratch_bytes(c.T, c.n_out, c.n_in),
-                                            vk::LinearKernels::gemm_scratch_bytes(c.T, c.n_out, c.n_in)}));
+                                            k.forward_scratch_bytes(c.T, c.n_out, c.n_in)}));
   const double s = time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int i) {
     const vk::Buffer& w = ws[size_t(i) % ws.size()];
     if (dx)

@@ -11,6 +11,8 @@
 //
 // The including shader defines BM (rows of the workgroup tile, 8 per subgroup for find_row_scales) and binds
 // `a4` (vec4[] activations) and `w` (uint[] blocks, as Q4_0_WORDS).
+#include "f16_split.glsl"
+
 shared float row_scale[BM], row_unscale[BM];
 
 // s_m for rows m0 .. m0 + BM of A (row stride lda, K range [k_begin, k_end), both multiples of 4): each
@@ -37,16 +39,6 @@ void find_row_scales(uint m0, uint M, uint lda, uint k_begin, uint k_end) {
       }
     }
   }
-}
-
-// hi and lo halves of 8 scaled activations (a = positions 0-3, b = 4-7), in the order 0 2 1 3 4 6 5 7 of the
-// codes. hi is the value cut to f16's 11 significant bits with an integer mask; lo = value - hi is exact in f32.
-void split8(vec4 a, vec4 b, out uvec4 hi, out uvec4 lo) {
-  const vec4 ha = uintBitsToFloat(floatBitsToUint(a) & 0xFFFFE000u);
-  const vec4 hb = uintBitsToFloat(floatBitsToUint(b) & 0xFFFFE000u);
-  const vec4 la = a - ha, lb = b - hb;
-  hi = uvec4(packHalf2x16(ha.xz), packHalf2x16(ha.yw), packHalf2x16(hb.xz), packHalf2x16(hb.yw));
-  lo = uvec4(packHalf2x16(la.xz), packHalf2x16(la.yw), packHalf2x16(lb.xz), packHalf2x16(lb.yw));
 }
 
 // Two f16 codes q - 8 from the nibbles at bits s..s+3 and s+16..s+19 of v.

@@ -33,6 +33,11 @@
 layout(local_size_x = 32u * SG_M * SG_N) in;
 layout(std430, binding = 0) buffer C { float c[]; };
 layout(std430, binding = 1) readonly buffer A { vec4 a4[]; };
+layout(std430, binding = 1) readonly buffer AF { float af[]; };
+// A_SPLIT: A comes already scaled and split (coop_split_rows.comp, from uvec4 p.ldb on, rows of p.lda values),
+// made once per product instead of once per workgroup along N. H100, T = 512, the split pass included: 50.6 ->
+// 68.0 TFLOPS at 16384 x 16384, 51-56 -> 60-66 at tinyllama's shapes (linear_kernels.cpp: kCoopSplitAMinTilesN).
+layout(constant_id = 0) const bool A_SPLIT = false;
 layout(std430, binding = 2) readonly buffer W { uint w[]; };
 #include "gemm_push.glsl"
 #define Q4_0_WORDS w
@@ -64,7 +69,8 @@ void fetch(uint m0, uint n0, uint k0, uint k_last, uint n_blocks) {
   [[unroll]] for (uint i = 0u; i < XU; ++i) {
     const uint idx = t + NT * i, m = idx / (BK / 8u), g = idx % (BK / 8u);
     const bool ok = idx < X_RUNS && m0 + m < p.M && k0 + 8u * g < k_last;
-    const uint base = ((m0 + m) * p.lda + k0) / 4u + 2u * g;
+    const uint base = A_SPLIT ? p.ldb + 2u * ((m0 + m) * (p.lda / 8u) + k0 / 8u + g)  // the (hi, lo) pair
+                              : ((m0 + m) * p.lda + k0) / 4u + 2u * g;                  // 8 floats
     px[i][0] = ok ? a4[base] : vec4(0.0);
     px[i][1] = ok ? a4[base + 1u] : vec4(0.0);
   }
@@ -88,9 +94,8 @@ void stash() {
   [[unroll]] for (uint i = 0u; i < XU; ++i) {
     const uint idx = t + NT * i, m = idx / (BK / 8u), g = idx % (BK / 8u);
     if (idx >= X_RUNS) break;
-    const float s = row_scale[m];
-    uvec4 hi, lo;
-    split8(px[i][0] * s, px[i][1] * s, hi, lo);
+    uvec4 hi = floatBitsToUint(px[i][0]), lo = floatBitsToUint(px[i][1]);
+    if (!A_SPLIT) split8(px[i][0] * row_scale[m], px[i][1] * row_scale[m], hi, lo);
     tiles[A_HI + m * RS + g] = hi;
     tiles[A_LO + m * RS + g] = lo;
   }
@@ -122,7 +127,12 @@ void main() {
     add_to_c = false;
   }
 
-  find_row_scales(m0, p.M, p.lda, k_first, k_last);
+  if (A_SPLIT) {
+    for (uint m = gl_LocalInvocationID.x; m < BM; m += NT)
+      row_unscale[m] = af[4u * p.ldb + p.M * p.lda + min(m0 + m, p.M - 1u)];
+  } else {
+    find_row_scales(m0, p.M, p.lda, k_first, k_last);
+  }
 
   F32_MAT acc[2][FN];
   [[unroll]] for (uint i = 0u; i < 2u; ++i)

@@ -34,6 +34,10 @@ constexpr int64_t kCoopMinTokens = 32;
 constexpr int64_t kCoopSplitBelowTiles = 64;
 constexpr int64_t kCoopSplitTarget = 128;
 constexpr int64_t kCoopMinSliceK = 256;
+// The tensor-core GEMM takes X split once per product (coop_split_rows.comp) where at least this many tiles
+// along N would each split it again. H100, T = 512: 2048x2048 (16 such tiles) 81.6 -> 71.2 us, 16384x16384
+// 50.6 -> 68.0 TFLOPS; 256x2048 (2 tiles) 21.2 -> 24.5 us, so it keeps splitting X per workgroup.
+constexpr int64_t kCoopSplitAMinTilesN = 4;
 constexpr uint32_t kGemvWorkgroup = 256;
 constexpr uint32_t kGemvRows = 2;
 // Q4_0 GEMV: 128 invocations, 2 rows (H100, 16384x16384: 90.0 us vs 92.9 with 256 invocations; 4 or 8 rows, and
@@ -199,6 +203,19 @@ size_t LinearKernels::gemm_scratch_bytes(int64_t T, int64_t n_out, int64_t n_in)
   return slices > 1 ? size_t(slices * T * n_out) * 4 : 0;
 }
 
+namespace {
+// The split X of the tensor-core GEMM in a scratch whose first `split_bytes` hold the split-K slices: its first
+// uvec4, and the scratch bytes in all.
+int64_t coop_a_base(size_t split_bytes) { return int64_t((split_bytes + 15) / 16); }
+size_t coop_a_bytes(int64_t T, int64_t n_in) { return size_t(T * n_in + T) * 4; }
+}  // namespace
+
+size_t LinearKernels::forward_scratch_bytes(int64_t T, int64_t n_out, int64_t n_in) const {
+  const size_t split = gemm_scratch_bytes(T, n_out, n_in);
+  if (!dev_.coop_matrix() || T < kCoopMinTokens || ceil_div(n_out, kCoopTileN) < kCoopSplitAMinTilesN) return split;
+  return size_t(coop_a_base(split)) * 16 + coop_a_bytes(T, n_in);
+}
+
 void LinearKernels::q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
                               int64_t n_out, int64_t n_in, const Buffer* scratch) {
   const char* k = "q4_0_gemm";
@@ -214,6 +231,19 @@ void LinearKernels::q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, con
   check_min_size(k, "X", X.size(), size_t(T * n_in) * 4);
   check_min_size(k, "Y", Y.size(), size_t(T * n_out) * 4);
   if (dev_.coop_matrix() && T >= kCoopMinTokens) {
+    const size_t split_bytes = gemm_scratch_bytes(T, n_out, n_in);
+    const size_t need = forward_scratch_bytes(T, n_out, n_in);
+    if (need > split_bytes && scratch && scratch->size() >= need) {
+      // X split once into the scratch past the slices (the same buffer serves as C's slices and as A).
+      const int64_t base = coop_a_base(split_bytes);
+      check_fits_u32(k, "the scratch", base * 4 + T * n_in + T);
+      struct { uint32_t M, K, lda, base; } sp{uint32_t(T), uint32_t(n_in), uint32_t(n_in), uint32_t(base)};
+      s.dispatch(pipeline("coop_split_rows", 2, sizeof(sp)), {scratch, &X}, sp, groups_1d(T));
+      GemmPush push{uint32_t(T), uint32_t(n_out), 0, uint32_t(n_in), uint32_t(n_in), uint32_t(base), 0};
+      dispatch_gemm(k, pipeline("q4_0_gemm_coop", 3, sizeof(GemmPush), {1}), s, Y, *scratch, w, push, T, n_out,
+                    forward_split(T, n_out, n_in), {ceil_div(n_out, kCoopTileN), ceil_div(T, kCoopTileM)}, scratch);
+      return;
+    }
     const auto& p = pipeline("q4_0_gemm_coop", 3, sizeof(GemmPush));
     return dispatch_forward(k, p, s, Y, w, X, T, n_out, n_in, ceil_div(n_out, kCoopTileN), ceil_div(T, kCoopTileM),
                             scratch);

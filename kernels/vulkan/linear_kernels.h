@@ -35,6 +35,10 @@ class LinearKernels {
   void q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
                  int64_t n_in, const Buffer* scratch = nullptr);
   static size_t gemm_scratch_bytes(int64_t T, int64_t n_out, int64_t n_in);
+  // The scratch that also lets q4_0_gemm's tensor-core GEMM take X split once per product (coop_split_rows.comp)
+  // on this device: gemm_scratch_bytes, and where the device has cooperative matrices and T takes them, room
+  // for X as f16 hi + lo and its row scales. q4_0_gemm takes either size; the other formats need only the first.
+  size_t forward_scratch_bytes(int64_t T, int64_t n_out, int64_t n_in) const;
   // Y[T, n] = X[T, n_in] · W[row0 : row0 + n, :]ᵀ for a window of the rows of a Q4_0 W [n_rows, n_in] (a
   // vocabulary tile of the loss), on the tensor cores. Records nothing and returns false where the device has
   // none or T is below the fewest tokens that take them.

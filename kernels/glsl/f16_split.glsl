@@ -1,0 +1,11 @@
+// Scaled activations as f16 hi + lo for the tensor-core GEMMs (q4_0_coop.glsl, coop_split_rows.comp).
+
+// hi and lo halves of 8 scaled activations (a = positions 0-3, b = 4-7), in the order 0 2 1 3 4 6 5 7 of the
+// codes. hi is the value cut to f16's 11 significant bits with an integer mask; lo = value - hi is exact in f32.
+void split8(vec4 a, vec4 b, out uvec4 hi, out uvec4 lo) {
+  const vec4 ha = uintBitsToFloat(floatBitsToUint(a) & 0xFFFFE000u);
+  const vec4 hb = uintBitsToFloat(floatBitsToUint(b) & 0xFFFFE000u);
+  const vec4 la = a - ha, lb = b - hb;
+  hi = uvec4(packHalf2x16(ha.xz), packHalf2x16(ha.yw), packHalf2x16(hb.xz), packHalf2x16(hb.yw));
+  lo = uvec4(packHalf2x16(la.xz), packHalf2x16(la.yw), packHalf2x16(lb.xz), packHalf2x16(lb.yw));
+}
