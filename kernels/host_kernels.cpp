@@ -190,7 +190,9 @@ class VulkanHostKernels final : public HostKernels {
     check_size(f.dx_name, "dY", dY.size(), size_t(T * n_out), "floats");
     check_size(f.dx_name, "dX", dX.size(), size_t(T * n_in), "floats");
     vk::Buffer bw = upload(w), bdy = upload(dY), bdx = upload(std::span<const float>(dX));
-    vk::Buffer scratch(dev_, std::max<size_t>(f.dx_scratch_bytes(T, j_end - j_start, n_in), 4));
+    size_t bytes = f.dx_scratch_bytes(T, j_end - j_start, n_in);
+    if (&f == &kQ4_0) bytes = std::max(bytes, kernels_.q4_0_dx_device_scratch_bytes(T, j_end - j_start, n_in));
+    vk::Buffer scratch(dev_, std::max<size_t>(bytes, 4));
     run([&](vk::Sequence& s) {
       (kernels_.*fn)(s, bdx, bw, bdy, &scratch, T, n_out, n_in, j_start, j_end, accumulate);
     });

@@ -281,8 +281,9 @@ Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, d
   in.upload(random_acts(in_elems));
   out.fill_zero();
   const FormatKernels& fk = format_kernels(c.weights);
-  vk::Buffer scratch(dev, std::max<size_t>({4, fk.vk_dx_scratch_bytes(c.T, c.n_out, c.n_in),
-                                            k.forward_scratch_bytes(c.T, c.n_out, c.n_in)}));
+  const size_t dx_bytes = c.weights == Weights::Q4_0 ? k.q4_0_dx_device_scratch_bytes(c.T, c.n_out, c.n_in)
+                                                     : fk.vk_dx_scratch_bytes(c.T, c.n_out, c.n_in);
+  vk::Buffer scratch(dev, std::max<size_t>({4, dx_bytes, k.forward_scratch_bytes(c.T, c.n_out, c.n_in)}));
   const double s = time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int i) {
     const vk::Buffer& w = ws[size_t(i) % ws.size()];
     if (dx)

@@ -126,15 +126,19 @@ void linear_backward(OpContext& c) {
 
 // The Vulkan dx of a frozen weight needs scratch for its row-chunk partial sums (one token) or for the slices of a
 // small product split over many rows (several tokens; see LinearKernels::dx_gemm); the forward, for the slices of
-// a product of few output tiles split over K (LinearKernels::gemm_scratch_bytes) and, for a Q4_0 W on the
-// tensor cores, X split once (LinearKernels::forward_scratch_bytes). One scratch serves both passes.
+// a product of few output tiles split over K (LinearKernels::gemm_scratch_bytes). For a Q4_0 W on the tensor
+// cores, X and dY split once as well (forward_scratch_bytes, q4_0_dx_device_scratch_bytes). One scratch serves
+// both passes.
 void linear_prepare(OpContext& c) {
   const FrozenKernels* k = frozen_kernels(c.in(1).dtype());
   if (c.be.is_cpu() || !k) return;
   const int64_t T_ = c.in(0).rows(), n_out = c.in(1).dim(0), n_in = c.in(1).dim(1);
-  const size_t fwd = c.in(1).dtype() == DType::Q4_0 ? c.be.linear().forward_scratch_bytes(T_, n_out, n_in)
-                                                     : vk::LinearKernels::gemm_scratch_bytes(T_, n_out, n_in);
-  const size_t bytes = std::max(k->vk_dx_scratch_bytes(T_, n_out, n_in), fwd);
+  const bool q4_0 = c.in(1).dtype() == DType::Q4_0;  // the tensor-core GEMMs' split activations
+  const size_t fwd = q4_0 ? c.be.linear().forward_scratch_bytes(T_, n_out, n_in)
+                          : vk::LinearKernels::gemm_scratch_bytes(T_, n_out, n_in);
+  const size_t bwd = q4_0 ? c.be.linear().q4_0_dx_device_scratch_bytes(T_, n_out, n_in)
+                          : k->vk_dx_scratch_bytes(T_, n_out, n_in);
+  const size_t bytes = std::max(bwd, fwd);
   c.node.saved.push_back(c.scratch({int64_t(std::max<size_t>(bytes, 4) / 4)}, DType::F32, Scratch::Pass));
 }
 

@@ -1,4 +1,5 @@
-// Scaled activations as f16 hi + lo for the tensor-core GEMMs (q4_0_coop.glsl, coop_split_rows.comp).
+// Scaled activations as f16 hi + lo for the tensor-core GEMMs (q4_0_coop.glsl, q4_0_dx_coop.comp,
+// coop_split_rows.comp).
 
 // hi and lo halves of 8 scaled activations (a = positions 0-3, b = 4-7), in the order 0 2 1 3 4 6 5 7 of the
 // codes. hi is the value cut to f16's 11 significant bits with an integer mask; lo = value - hi is exact in f32.
@@ -8,4 +9,13 @@ void split8(vec4 a, vec4 b, out uvec4 hi, out uvec4 lo) {
   const vec4 la = a - ha, lb = b - hb;
   hi = uvec4(packHalf2x16(ha.xz), packHalf2x16(ha.yw), packHalf2x16(hb.xz), packHalf2x16(hb.yw));
   lo = uvec4(packHalf2x16(la.xz), packHalf2x16(la.yw), packHalf2x16(lb.xz), packHalf2x16(lb.yw));
+}
+
+// The same with the 8 values in order (the dx's dY tiles, whose K runs along W's rows).
+void split8_in_order(vec4 a, vec4 b, out uvec4 hi, out uvec4 lo) {
+  const vec4 ha = uintBitsToFloat(floatBitsToUint(a) & 0xFFFFE000u);
+  const vec4 hb = uintBitsToFloat(floatBitsToUint(b) & 0xFFFFE000u);
+  const vec4 la = a - ha, lb = b - hb;
+  hi = uvec4(packHalf2x16(ha.xy), packHalf2x16(ha.zw), packHalf2x16(hb.xy), packHalf2x16(hb.zw));
+  lo = uvec4(packHalf2x16(la.xy), packHalf2x16(la.zw), packHalf2x16(lb.xy), packHalf2x16(lb.zw));
 }

@@ -25,10 +25,15 @@
 layout(local_size_x = 32u * SG_M * SG_N) in;
 layout(std430, binding = 0) buffer C { float c[]; };
 layout(std430, binding = 1) readonly buffer A { float a[]; };  // dY, rows of lda floats
+layout(std430, binding = 1) readonly buffer A4 { vec4 a4[]; };
+// A_SPLIT: dY comes already scaled and split (coop_split_rows.comp with DY, from uvec4 p.ldb on, runs of 8
+// from row k_begin on), made once per product instead of once per workgroup along N.
+layout(constant_id = 0) const bool A_SPLIT = false;
 layout(std430, binding = 2) readonly buffer W { uint w[]; };
 #include "gemm_push.glsl"
 #define Q4_0_WORDS w
 #include "q4_0.glsl"
+#include "f16_split.glsl"
 
 const uint NT = 32u * SG_M * SG_N, BM = 32u * SG_M, BN = 32u * SG_N, BK = 32u, FN = 2u;
 const uint NBLK = BN / 32u;                  // blocks per row of the W tile
@@ -45,7 +50,7 @@ const float D3_SCALE = 4096.0;
 shared uvec4 tiles[2u * BM * RSA + 2u * BK * RSB];
 shared float row_scale[BM], row_unscale[BM];
 
-float px[XU][8];
+vec4 px[XU][2];
 uint pw[WU][3], pd[WU];
 uint pmid;  // bit i: half block i's block starts mid-word
 
@@ -80,8 +85,18 @@ void fetch(uint m0, uint n0, uint k0, uint k_last, uint n_blocks) {
     const uint idx = t + NT * i, m = idx / (BK / 8u), g = idx % (BK / 8u);
     const uint k = k0 + 8u * g;
     const bool row_ok = m0 + m < p.M;
-    const uint base = (m0 + m) * p.lda + k;
-    [[unroll]] for (uint e = 0u; e < 8u; ++e) px[i][e] = row_ok && k + e < k_last ? a[base + e] : 0.0;
+    if (A_SPLIT) {
+      const uint runs = (p.k_end - p.k_begin + 7u) / 8u;
+      const uint base = p.ldb + 2u * ((m0 + m) * runs + (k - p.k_begin) / 8u);  // the (hi, lo) pair
+      px[i][0] = row_ok && k < k_last ? a4[base] : vec4(0.0);
+      px[i][1] = row_ok && k < k_last ? a4[base + 1u] : vec4(0.0);
+    } else {
+      const uint base = (m0 + m) * p.lda + k;
+      float v[8];
+      [[unroll]] for (uint e = 0u; e < 8u; ++e) v[e] = row_ok && k + e < k_last ? a[base + e] : 0.0;
+      px[i][0] = vec4(v[0], v[1], v[2], v[3]);
+      px[i][1] = vec4(v[4], v[5], v[6], v[7]);
+    }
   }
   pmid = 0u;
   [[unroll]] for (uint i = 0u; i < WU; ++i) {
@@ -115,16 +130,10 @@ void stash() {
   const uint t = gl_LocalInvocationID.x;
   [[unroll]] for (uint i = 0u; i < XU; ++i) {
     const uint idx = t + NT * i, m = idx / (BK / 8u), g = idx % (BK / 8u);
-    const float s = row_scale[m];
-    uint hi[4], lo[4];
-    [[unroll]] for (uint e = 0u; e < 4u; ++e) {
-      const vec2 v = vec2(px[i][2u * e], px[i][2u * e + 1u]) * s;
-      const vec2 h = uintBitsToFloat(floatBitsToUint(v) & 0xFFFFE000u);  // cut to f16's 11 significant bits
-      hi[e] = packHalf2x16(h);
-      lo[e] = packHalf2x16(v - h);
-    }
-    tiles[A_HI + m * RSA + g] = uvec4(hi[0], hi[1], hi[2], hi[3]);
-    tiles[A_LO + m * RSA + g] = uvec4(lo[0], lo[1], lo[2], lo[3]);
+    uvec4 hi = floatBitsToUint(px[i][0]), lo = floatBitsToUint(px[i][1]);
+    if (!A_SPLIT) split8_in_order(px[i][0] * row_scale[m], px[i][1] * row_scale[m], hi, lo);
+    tiles[A_HI + m * RSA + g] = hi;
+    tiles[A_LO + m * RSA + g] = lo;
   }
   [[unroll]] for (uint i = 0u; i < WU; ++i) {
     const uint idx = t + NT * i, r = idx / (2u * NBLK), blk = (idx / 2u) % NBLK, h = idx % 2u;
@@ -169,7 +178,13 @@ void main() {
     add_to_c = false;
   }
 
-  dy_row_scales(m0, k_first, k_last);
+  if (A_SPLIT) {
+    const uint runs = (p.k_end - p.k_begin + 7u) / 8u;
+    for (uint m = gl_LocalInvocationID.x; m < BM; m += NT)
+      row_unscale[m] = a[4u * (p.ldb + 2u * p.M * runs) + min(m0 + m, p.M - 1u)];
+  } else {
+    dy_row_scales(m0, k_first, k_last);
+  }
 
   F32_MAT acc[2][FN], acc3[2][FN];
   [[unroll]] for (uint i = 0u; i < 2u; ++i)

@@ -207,7 +207,7 @@ namespace {
 // The split X of the tensor-core GEMM in a scratch whose first `split_bytes` hold the split-K slices: its first
 // uvec4, and the scratch bytes in all.
 int64_t coop_a_base(size_t split_bytes) { return int64_t((split_bytes + 15) / 16); }
-size_t coop_a_bytes(int64_t T, int64_t n_in) { return size_t(T * n_in + T) * 4; }
+size_t coop_a_bytes(int64_t T, int64_t K) { return size_t(T * ((K + 7) / 8 * 8) + T) * 4; }
 }  // namespace
 
 size_t LinearKernels::forward_scratch_bytes(int64_t T, int64_t n_out, int64_t n_in) const {
@@ -237,7 +237,7 @@ void LinearKernels::q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, con
       // X split once into the scratch past the slices (the same buffer serves as C's slices and as A).
       const int64_t base = coop_a_base(split_bytes);
       check_fits_u32(k, "the scratch", base * 4 + T * n_in + T);
-      struct { uint32_t M, K, lda, base; } sp{uint32_t(T), uint32_t(n_in), uint32_t(n_in), uint32_t(base)};
+      struct { uint32_t M, K, lda, base, k_begin; } sp{uint32_t(T), uint32_t(n_in), uint32_t(n_in), uint32_t(base), 0};
       s.dispatch(pipeline("coop_split_rows", 2, sizeof(sp)), {scratch, &X}, sp, groups_1d(T));
       GemmPush push{uint32_t(T), uint32_t(n_out), 0, uint32_t(n_in), uint32_t(n_in), uint32_t(base), 0};
       dispatch_gemm(k, pipeline("q4_0_gemm_coop", 3, sizeof(GemmPush), {1}), s, Y, *scratch, w, push, T, n_out,
@@ -306,6 +306,12 @@ size_t LinearKernels::q4_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n
   return dx_scratch_bytes(T, n_rows, n_in, kDxQ4_0Cols);
 }
 
+size_t LinearKernels::q4_0_dx_device_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in) const {
+  const size_t split = q4_0_dx_scratch_bytes(T, n_rows, n_in);
+  if (!dev_.coop_matrix() || T < kCoopMinTokens || n_rows <= 0) return split;
+  return size_t(coop_a_base(split)) * 16 + coop_a_bytes(T, n_rows);
+}
+
 void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch,
                             int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
                             bool accumulate) {
@@ -333,11 +339,29 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
     //   products per step): 14.2 TFLOPS at 16384 x 16384 and 12-13 at tinyllama's shapes against 27.5 and 20,
     //   and no faster with the hi and lo products in separate accumulators or the code tile stored [n][k].
     if (dev_.coop_matrix() && T >= kCoopMinTokens) {
-      const GemmPush push{uint32_t(T), uint32_t(n_in), uint32_t(j_start), uint32_t(j_end), uint32_t(n_out), 0,
-                          accumulate ? 1u : 0u};
-      const auto& p = pipeline("q4_0_dx_coop", 3, sizeof(GemmPush));
-      dispatch_gemm(k, p, s, dX, dY, w, push, T, n_in, dx_gemm_split(T, j_end - j_start, n_in),
-                    {ceil_div(n_in, kCoopTileN), ceil_div(T, kCoopTileM)}, scratch);
+      GemmPush push{uint32_t(T), uint32_t(n_in), uint32_t(j_start), uint32_t(j_end), uint32_t(n_out), 0,
+                    accumulate ? 1u : 0u};
+      const int64_t n_rows = j_end - j_start;
+      const size_t split_bytes = q4_0_dx_scratch_bytes(T, n_rows, n_in);
+      const size_t need = q4_0_dx_device_scratch_bytes(T, n_rows, n_in);
+      const std::array<uint32_t, 2> groups{ceil_div(n_in, kCoopTileN), ceil_div(T, kCoopTileM)};
+      if (need > split_bytes && scratch && scratch->size() >= need) {
+        // dY split once into the scratch past the slices (the same buffer serves as the slices and as A).
+        // H100, T = 512: 16384x16384 33.1 -> 50.8 TFLOPS, tinyllama's shapes 30-33 -> 40-48: the 8 scalar loads
+        // per invocation and step that this replaces cost more than the conversion (converting in place from
+        // them, 33.1 against 34.8 when timed without the conversion).
+        const int64_t base = coop_a_base(split_bytes);
+        check_fits_u32(k, "the scratch", int64_t(need / 4));
+        struct { uint32_t M, K, lda, base, k_begin; } sp{uint32_t(T), uint32_t(n_rows), uint32_t(n_out),
+                                                          uint32_t(base), uint32_t(j_start)};
+        s.dispatch(pipeline("coop_split_rows", 2, sizeof(sp), {1}), {scratch, &dY}, sp, groups_1d(T));
+        push.ldb = uint32_t(base);
+        dispatch_gemm(k, pipeline("q4_0_dx_coop", 3, sizeof(GemmPush), {1}), s, dX, *scratch, w, push, T, n_in,
+                      dx_gemm_split(T, n_rows, n_in), groups, scratch);
+        return;
+      }
+      dispatch_gemm(k, pipeline("q4_0_dx_coop", 3, sizeof(GemmPush)), s, dX, dY, w, push, T, n_in,
+                    dx_gemm_split(T, n_rows, n_in), groups, scratch);
       return;
     }
     dx_gemm("q4_0_dx_gemm", s, dX, w, dY, scratch, T, n_out, n_in, j_start, j_end, accumulate);

@@ -50,6 +50,10 @@ class LinearKernels {
   void q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
                int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
   static size_t q4_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
+  // The scratch that also lets the tensor-core dx take dY split once per product (coop_split_rows.comp): the
+  // size above, and where the device has cooperative matrices and T takes them, room for dY's rows j_start ..
+  // j_end as f16 hi + lo and their scales. q4_0_dx takes either size.
+  size_t q4_0_dx_device_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in) const;
 
   // The same for a Q8_0 weight and an F16 weight; gemm with T = 1 runs the format's GEMV (and takes the same
   // optional scratch as q4_0_gemm), dx with T = 1 needs `scratch` of at least the matching *_dx_scratch_bytes.
