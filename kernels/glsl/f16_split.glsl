@@ -12,10 +12,4 @@ void split8(vec4 a, vec4 b, out uvec4 hi, out uvec4 lo) {
 }
 
 // The same with the 8 values in order (the dx's dY tiles, whose K runs along W's rows).
-void split8_in_order(vec4 a, vec4 b, out uvec4 hi, out uvec4 lo) {
-  const vec4 ha = uintBitsToFloat(floatBitsToUint(a) & 0xFFFFE000u);
-  const vec4 hb = uintBitsToFloat(floatBitsToUint(b) & 0xFFFFE000u);
-  const vec4 la = a - ha, lb = b - hb;
-  hi = uvec4(packHalf2x16(ha.xy), packHalf2x16(ha.zw), packHalf2x16(hb.xy), packHalf2x16(hb.zw));
-  lo = uvec4(packHalf2x16(la.xy), packHalf2x16(la.zw), packHalf2x16(lb.xy), packHalf2x16(lb.zw));
-}
+void split8_in_order(vec4 a, vec4 b, out uvec4 hi, out uvec4 lo) { split8(a.xzyw, b.xzyw, hi, lo); }

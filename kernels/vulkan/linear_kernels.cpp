@@ -120,8 +120,8 @@ std::pair<int64_t, int64_t> forward_split(int64_t T, int64_t n_out, int64_t n_in
   return split_k(tiles, kCoopSplitTarget, n_in, kCoopMinSliceK, 64);
 }
 
-// The dx GEMM's split (K = n_rows; K steps of GEMM_BK = 16 in the FP32 kernels, 32 on the tensor cores). Depends on the shape alone (the scratch is sized
-// from it).
+// The dx GEMM's split (K = n_rows; K steps of GEMM_BK = 16 in the FP32 kernels, 32 on the tensor cores).
+// Depends on the shape alone (the scratch is sized from it).
 std::pair<int64_t, int64_t> dx_gemm_split(int64_t T, int64_t n_rows, int64_t n_in) {
   const int64_t tiles = int64_t(ceil_div(T, kGemmTileLarge)) * ceil_div(n_in, kGemmTileLarge);
   if (T <= 1 || tiles >= kLargeTileMinGroups || tiles < kMinDxSplitTiles) return {1, 0};
@@ -204,15 +204,19 @@ size_t LinearKernels::gemm_scratch_bytes(int64_t T, int64_t n_out, int64_t n_in)
 }
 
 namespace {
-// The split X of the tensor-core GEMM in a scratch whose first `split_bytes` hold the split-K slices: its first
-// uvec4, and the scratch bytes in all.
+// The activations of a tensor-core GEMM split by coop_split_rows.comp into a scratch whose first `split_bytes`
+// hold the split-K slices: their first uvec4, and their bytes (T rows of K values in runs of 8, and T scales).
 int64_t coop_a_base(size_t split_bytes) { return int64_t((split_bytes + 15) / 16); }
 size_t coop_a_bytes(int64_t T, int64_t K) { return size_t(T * ((K + 7) / 8 * 8) + T) * 4; }
+struct SplitRowsPush {  // coop_split_rows.comp
+  uint32_t M, K, lda, base, k_begin;
+};
 }  // namespace
 
 size_t LinearKernels::forward_scratch_bytes(int64_t T, int64_t n_out, int64_t n_in) const {
   const size_t split = gemm_scratch_bytes(T, n_out, n_in);
-  if (!dev_.coop_matrix() || T < kCoopMinTokens || ceil_div(n_out, kCoopTileN) < kCoopSplitAMinTilesN) return split;
+  if (!dev_.coop_matrix() || T < kCoopMinTokens || ceil_div(n_out, kCoopTileN) < kCoopSplitAMinTilesN)
+    return split;
   return size_t(coop_a_base(split)) * 16 + coop_a_bytes(T, n_in);
 }
 
@@ -236,8 +240,8 @@ void LinearKernels::q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, con
     if (need > split_bytes && scratch && scratch->size() >= need) {
       // X split once into the scratch past the slices (the same buffer serves as C's slices and as A).
       const int64_t base = coop_a_base(split_bytes);
-      check_fits_u32(k, "the scratch", base * 4 + T * n_in + T);
-      struct { uint32_t M, K, lda, base, k_begin; } sp{uint32_t(T), uint32_t(n_in), uint32_t(n_in), uint32_t(base), 0};
+      check_fits_u32(k, "the scratch", int64_t(need / 4));
+      const SplitRowsPush sp{uint32_t(T), uint32_t(n_in), uint32_t(n_in), uint32_t(base), 0};
       s.dispatch(pipeline("coop_split_rows", 2, sizeof(sp)), {scratch, &X}, sp, groups_1d(T));
       GemmPush push{uint32_t(T), uint32_t(n_out), 0, uint32_t(n_in), uint32_t(n_in), uint32_t(base), 0};
       dispatch_gemm(k, pipeline("q4_0_gemm_coop", 3, sizeof(GemmPush), {1}), s, Y, *scratch, w, push, T, n_out,
@@ -352,8 +356,7 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
         // them, 33.1 against 34.8 when timed without the conversion).
         const int64_t base = coop_a_base(split_bytes);
         check_fits_u32(k, "the scratch", int64_t(need / 4));
-        struct { uint32_t M, K, lda, base, k_begin; } sp{uint32_t(T), uint32_t(n_rows), uint32_t(n_out),
-                                                          uint32_t(base), uint32_t(j_start)};
+        const SplitRowsPush sp{uint32_t(T), uint32_t(n_rows), uint32_t(n_out), uint32_t(base), uint32_t(j_start)};
         s.dispatch(pipeline("coop_split_rows", 2, sizeof(sp), {1}), {scratch, &dY}, sp, groups_1d(T));
         push.ldb = uint32_t(base);
         dispatch_gemm(k, pipeline("q4_0_dx_coop", 3, sizeof(GemmPush), {1}), s, dX, *scratch, w, push, T, n_in,
