@@ -10,7 +10,7 @@
 // are stored in the same order, and a product over K does not depend on the order of its terms.
 //
 // The including shader defines BM (rows of the workgroup tile, 8 per subgroup for find_row_scales) and binds
-// `a4` (vec4[] activations) and `w` (uint[] blocks, as Q4_0_WORDS).
+// `a4` (vec4[] activations).
 #include "f16_split.glsl"
 
 shared float row_scale[BM], row_unscale[BM];
@@ -45,25 +45,4 @@ void find_row_scales(uint m0, uint M, uint lda, uint k_begin, uint k_end) {
 uint codes2(uint v, uint s) {
   const uint biased = ((v >> s) & 0x000F000Fu) | 0x64006400u;  // f16 pair 1024 + q
   return packFloat2x16(unpackFloat2x16(biased) - f16vec2(1032.0hf));
-}
-
-// Half a Q4_0 block (8 quant bytes, half h of block B): fetch_half loads the 3 words that hold them and the
-// word with the scale, and returns whether the block starts mid-word (even B); half_codes, once the loads are
-// back, gives the 16 codes as two uvec4s (.lo: low nibbles, positions 8h.. of the block; .hi: high nibbles,
-// 16 + 8h..) and the scale.
-bool fetch_half(uint B, uint h, out uint q[3], out uint dw) {
-  const uint bb = B * Q4_0_BLOCK_BYTES;
-  const uint par = B & 1u;  // odd block: scale in the high half of its word, quants word-aligned
-  const uint wa = (bb + 2u + 8u * h) >> 2u;
-  q[0] = w[wa];
-  q[1] = w[wa + 1u];
-  q[2] = w[wa + 2u - par];  // aligned: the second word again, so nothing past the block is read
-  dw = w[bb >> 2u] >> (16u * par);
-  return par == 0u;
-}
-void half_codes(uint q[3], bool mid, out uvec4 lo, out uvec4 hi) {
-  const uint q0 = mid ? (q[0] >> 16u) | (q[1] << 16u) : q[0];
-  const uint q1 = mid ? (q[1] >> 16u) | (q[2] << 16u) : q[1];
-  lo = uvec4(codes2(q0, 0u), codes2(q0, 8u), codes2(q1, 0u), codes2(q1, 8u));
-  hi = uvec4(codes2(q0, 4u), codes2(q0, 12u), codes2(q1, 4u), codes2(q1, 12u));
 }

@@ -21,6 +21,8 @@
 // into exact f16 hi + lo parts instead of per-block scales (3 products, no per-block step; 27). Later, against
 // 43.4 at 16384 x 16384 and 38-45 at tinyllama's shapes: 128 x 64 tiles of 4 x 2 subgroups 38.5 and 34-39 (32
 // and 30-37 with one block per step), and one block per step on these tiles 45.6 but 34-40 at tinyllama's.
+// Each invocation fetches a whole block of W, the 5 words that hold it: against half a block in 4 words, H100,
+// T = 512, 67.5 -> 78.1 TFLOPS at 16384 x 16384 and 60-65 -> 64-77 at tinyllama's shapes.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -48,7 +50,7 @@ layout(std430, binding = 2) readonly buffer W { uint w[]; };
 const uint NB = 2u;
 const uint NT = 32u * SG_M * SG_N, BN = 32u * SG_N, BK = 32u * NB, FN = 2u;
 const uint X_RUNS = BM * BK / 8u, XU = (X_RUNS + NT - 1u) / NT;      // runs of 8 activations per step
-const uint W_HALVES = BN * NB * 2u, WU = (W_HALVES + NT - 1u) / NT;  // half blocks of W per step
+const uint W_BLOCKS = BN * NB, WU = (W_BLOCKS + NT - 1u) / NT;  // blocks of W per step
 const uint RS = BK / 8u + 1u;  // tile row stride in uvec4s (one of padding: conflict-free matrix loads)
 // The tiles: X hi [m][k], X lo [m][k], codes [n][k]. After the loop, each subgroup's 16 x 16 f32 output staging.
 const uint A_HI = 0u, A_LO = BM * RS, B_Q = 2u * BM * RS;
@@ -59,10 +61,10 @@ shared uvec4 tiles[2u * BM * RS + BN * RS];
 shared float Fs[NB * BN];  // the step's block scales [block][n]
 
 // Prefetch registers (the shifts that need loaded values wait until stash(), so fetch() issues its loads and
-// moves on): per invocation, XU runs of 8 activations and WU half blocks.
+// moves on): per invocation, XU runs of 8 activations and WU blocks (the 5 words that hold each).
 vec4 px[XU][2];
-uint pw[WU][3], pd[WU];
-uint pmid;  // bit i: half block i's block starts mid-word
+uint pw[WU][5];
+uint pmid;  // bit i: block i starts mid-word
 
 void fetch(uint m0, uint n0, uint k0, uint k_last, uint n_blocks) {
   const uint t = gl_LocalInvocationID.x;
@@ -76,15 +78,16 @@ void fetch(uint m0, uint n0, uint k0, uint k_last, uint n_blocks) {
   }
   pmid = 0u;
   [[unroll]] for (uint i = 0u; i < WU; ++i) {
-    const uint idx = t + NT * i, r = idx / (2u * NB), blk = (idx / 2u) % NB, h = idx % 2u;
+    const uint idx = t + NT * i, r = idx / NB, blk = idx % NB;
     const uint kb = k0 / 32u + blk;
-    if (idx < W_HALVES && n0 + r < p.N && kb < k_last / 32u) {
-      if (fetch_half((p.row0 + n0 + r) * n_blocks + kb, h, pw[i], pd[i])) pmid |= 1u << i;
+    if (idx < W_BLOCKS && n0 + r < p.N && kb < k_last / 32u) {
+      const uint B = (p.row0 + n0 + r) * n_blocks + kb, wa = (B * Q4_0_BLOCK_BYTES) >> 2u;
+      [[unroll]] for (uint e = 0u; e < 5u; ++e) pw[i][e] = w[wa + e];
+      if ((B & 1u) == 0u) pmid |= 1u << i;  // even block: scale in the low half of its first word
     } else {
-      pw[i][0] = 0x88888888u;  // codes 0, scale 0
+      [[unroll]] for (uint e = 0u; e < 5u; ++e) pw[i][e] = 0x88888888u;  // codes 0
+      pw[i][0] = 0u;                                                        // scale 0 (either half)
       pw[i][1] = 0x88888888u;
-      pw[i][2] = 0x88888888u;
-      pd[i] = 0u;
     }
   }
 }
@@ -100,14 +103,18 @@ void stash() {
     tiles[A_LO + m * RS + g] = lo;
   }
   [[unroll]] for (uint i = 0u; i < WU; ++i) {
-    const uint idx = t + NT * i, r = idx / (2u * NB), blk = (idx / 2u) % NB, h = idx % 2u;
-    if (idx >= W_HALVES) break;
-    uvec4 lo, hi;
-    half_codes(pw[i], ((pmid >> i) & 1u) != 0u, lo, hi);
-    const uint o = B_Q + r * RS + 4u * blk + h;
-    tiles[o] = lo;
-    tiles[o + 2u] = hi;
-    if (h == 0u) Fs[blk * BN + r] = unpackHalf2x16(pd[i]).x;
+    const uint idx = t + NT * i, r = idx / NB, blk = idx % NB;
+    if (idx >= W_BLOCKS) break;
+    const bool mid = ((pmid >> i) & 1u) != 0u;  // quants from byte 2 of the first word on
+    uint q[4];
+    [[unroll]] for (uint e = 0u; e < 4u; ++e) q[e] = mid ? (pw[i][e] >> 16u) | (pw[i][e + 1u] << 16u) : pw[i][e + 1u];
+    const uint o = B_Q + r * RS + 4u * blk;
+    [[unroll]] for (uint h = 0u; h < 2u; ++h) {
+      const uint q0 = q[2u * h], q1 = q[2u * h + 1u];
+      tiles[o + h] = uvec4(codes2(q0, 0u), codes2(q0, 8u), codes2(q1, 0u), codes2(q1, 8u));
+      tiles[o + 2u + h] = uvec4(codes2(q0, 4u), codes2(q0, 12u), codes2(q1, 4u), codes2(q1, 12u));
+    }
+    Fs[blk * BN + r] = unpackHalf2x16(mid ? pw[i][0] : pw[i][0] >> 16u).x;
   }
 }
 
