@@ -39,12 +39,9 @@ LoraLinear::LoraLinear(Var w_, Var a_, Var b_, double scale_, double dropout_, u
                      " do not fit the weight " + shape_str(w.shape()) + " (want A [r, n_in], B [n_out, r])");
 }
 
-Var LoraLinear::delta(Var x) const {
-  Var xin = dropout > 0 ? ag::dropout(x, dropout, dropout_seed, dropout_salt) : x;
-  Var h = matmul_nt(xin, a);                   // [T, r]
-  return matmul_nt(ag::scale(h, scale), b);    // [T, n_out]; the scale on the rank-r side is r/n_out the work
+Var LoraLinear::operator()(Var x, Var x_frozen) const {
+  Var xa = dropout > 0 ? ag::dropout(x, dropout, dropout_seed, dropout_salt) : x;
+  return lora_linear(x_frozen.g ? x_frozen : x, w, a, b, scale, xa);
 }
-
-Var LoraLinear::operator()(Var x) const { return add(linear(x, w), delta(x)); }
 
 }  // namespace q4t::ag

@@ -1,4 +1,4 @@
-// LoRA linear as a composition of ops: y = W·x (frozen) + scale · B·(A·dropout(x)), with A [r, n_in] and
+// LoRA linear: y = W·x (frozen) + scale · B·(A·dropout(x)), with A [r, n_in] and
 // B [n_out, r] trainable f32 parameters, scale = alpha / r (alpha / sqrt(r) with rsLoRA).
 #pragma once
 #include <cstdint>
@@ -27,9 +27,9 @@ class LoraLinear {
   // Existing adapters (resume, tests): a [r, n_in] and b [n_out, r] must already be parameters of w's graph.
   LoraLinear(Var w, Var a, Var b, double scale, double dropout = 0, uint64_t dropout_seed = 0, Var dropout_salt = {});
 
-  Var operator()(Var x) const;
-  // The adapter's own term, scale · B·(A·dropout(x)) [T, n_out], without the frozen W·x.
-  Var delta(Var x) const;
+  // W·x + scale·B·(A·dropout(x)) as one lora_linear node; x_frozen, when given, is what W multiplies instead of
+  // x (x rounded as llama.cpp rounds a quantized matrix's input).
+  Var operator()(Var x, Var x_frozen = {}) const;
 
   Var w, a, b;
   double scale, dropout;

@@ -15,8 +15,11 @@ Var embedding(Var table, Var ids);
 // Frozen linear y[T, n_out] = x[T, n_in] · Wᵀ with W [n_out, n_in] quantized (or an f32 constant). W never gets
 // a gradient; backward gives dx only, through the same quantized blocks.
 Var linear(Var x, Var w);
-// y[M, N] = a[M, K] · b[N, K]ᵀ, both differentiable (LoRA: h = x·Aᵀ, y = h·Bᵀ).
+// y[M, N] = a[M, K] · b[N, K]ᵀ, both differentiable.
 Var matmul_nt(Var a, Var b);
+// A frozen linear with a LoRA adapter, one node: y = x·Wᵀ + scale·(xa·Aᵀ)·Bᵀ with A [r, n_in] and B [n_out, r]
+// (differentiable) and xa the adapter's input (x when undefined; otherwise of x's shape, e.g. x after dropout).
+Var lora_linear(Var x, Var w, Var a, Var b, double scale, Var xa = {});
 // Elementwise a + b and a * b; b has a's shape or is one row [C] broadcast over a's rows.
 Var add(Var a, Var b);
 Var mul(Var a, Var b);

@@ -52,16 +52,16 @@ class CpuHostKernels final : public HostKernels {
     cpu::q6_k_dx(dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate);
   }
   void gemm_nt(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
-               int64_t K, bool accumulate) override {
-    cpu::gemm_nt(C, A, B, M, N, K, accumulate);
+               int64_t K, bool accumulate, float alpha) override {
+    cpu::gemm_nt(C, A, B, M, N, K, accumulate, alpha);
   }
   void gemm_nn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
-               int64_t K, bool accumulate) override {
-    cpu::gemm_nn(C, A, B, M, N, K, accumulate);
+               int64_t K, bool accumulate, float alpha) override {
+    cpu::gemm_nn(C, A, B, M, N, K, accumulate, alpha);
   }
   void gemm_tn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
-               int64_t K, bool accumulate) override {
-    cpu::gemm_tn(C, A, B, M, N, K, accumulate);
+               int64_t K, bool accumulate, float alpha) override {
+    cpu::gemm_tn(C, A, B, M, N, K, accumulate, alpha);
   }
 };
 
@@ -116,21 +116,22 @@ class VulkanHostKernels final : public HostKernels {
   }
 
   void gemm_nt(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
-               int64_t K, bool accumulate) override {
-    f32_gemm(&vk::LinearKernels::gemm_nt, C, A, B, M, N, K, accumulate);
+               int64_t K, bool accumulate, float alpha) override {
+    f32_gemm(&vk::LinearKernels::gemm_nt, C, A, B, M, N, K, accumulate, alpha);
   }
   void gemm_nn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
-               int64_t K, bool accumulate) override {
-    f32_gemm(&vk::LinearKernels::gemm_nn, C, A, B, M, N, K, accumulate);
+               int64_t K, bool accumulate, float alpha) override {
+    f32_gemm(&vk::LinearKernels::gemm_nn, C, A, B, M, N, K, accumulate, alpha);
   }
   void gemm_tn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
-               int64_t K, bool accumulate) override {
-    f32_gemm(&vk::LinearKernels::gemm_tn, C, A, B, M, N, K, accumulate);
+               int64_t K, bool accumulate, float alpha) override {
+    f32_gemm(&vk::LinearKernels::gemm_tn, C, A, B, M, N, K, accumulate, alpha);
   }
 
  private:
   using GemmFn = void (vk::LinearKernels::*)(vk::Sequence&, const vk::Buffer&, const vk::Buffer&,
-                                             const vk::Buffer&, int64_t, int64_t, int64_t, bool, const vk::Buffer*);
+                                             const vk::Buffer&, int64_t, int64_t, int64_t, bool, const vk::Buffer*,
+                                             float);
   using FrozenGemmFn = void (vk::LinearKernels::*)(vk::Sequence&, const vk::Buffer&, const vk::Buffer&,
                                                    const vk::Buffer&, int64_t, int64_t, int64_t, const vk::Buffer*);
   using FrozenDxFn = void (vk::LinearKernels::*)(vk::Sequence&, const vk::Buffer&, const vk::Buffer&,
@@ -199,7 +200,7 @@ class VulkanHostKernels final : public HostKernels {
     bdx.download(dX.data(), dX.size_bytes());
   }
   void f32_gemm(GemmFn fn, std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M,
-                int64_t N, int64_t K, bool accumulate) {
+                int64_t N, int64_t K, bool accumulate, float alpha) {
     check_gemm("gemm", M, N, K);
     check_size("gemm", "A", A.size(), size_t(M * K), "floats");
     check_size("gemm", "B", B.size(), size_t(K * N), "floats");
@@ -208,7 +209,7 @@ class VulkanHostKernels final : public HostKernels {
     // The split-K scratch when the product is skinny enough to be split (see LinearKernels).
     const size_t split = vk::LinearKernels::gemm_split_scratch_bytes(M, N, K);
     vk::Buffer scratch(dev_, std::max<size_t>(split, 4));
-    run([&](vk::Sequence& s) { (kernels_.*fn)(s, bc, ba, bb, M, N, K, accumulate, split ? &scratch : nullptr); });
+    run([&](vk::Sequence& s) { (kernels_.*fn)(s, bc, ba, bb, M, N, K, accumulate, split ? &scratch : nullptr, alpha); });
     bc.download(C.data(), C.size_bytes());
   }
 

@@ -38,11 +38,11 @@ class HostKernels {
   virtual void q6_k_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T,
                        int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) = 0;
   virtual void gemm_nt(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M,
-                       int64_t N, int64_t K, bool accumulate) = 0;
+                       int64_t N, int64_t K, bool accumulate, float alpha = 1) = 0;
   virtual void gemm_nn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M,
-                       int64_t N, int64_t K, bool accumulate) = 0;
+                       int64_t N, int64_t K, bool accumulate, float alpha = 1) = 0;
   virtual void gemm_tn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M,
-                       int64_t N, int64_t K, bool accumulate) = 0;
+                       int64_t N, int64_t K, bool accumulate, float alpha = 1) = 0;
 };
 
 std::unique_ptr<HostKernels> make_cpu_host_kernels();

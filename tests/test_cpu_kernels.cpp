@@ -386,8 +386,8 @@ INSTANTIATE_TEST_SUITE_P(AllKernelSets, FrozenKernelSets,
                          ::testing::Values(detail::Isa::Portable, detail::Isa::Avx2, detail::Isa::Avx512), isa_name);
 
 using GemmFn = void (*)(std::span<float>, std::span<const float>, std::span<const float>, int64_t, int64_t,
-                        int64_t, bool);
-using RefFn = std::vector<double> (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t);
+                        int64_t, bool, float);
+using RefFn = std::vector<double> (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, double);
 
 TEST(F32Gemm, AllTranspositionsMatchTheReferenceOnOddShapes) {
   struct Variant {
@@ -412,12 +412,16 @@ TEST(F32Gemm, AllTranspositionsMatchTheReferenceOnOddShapes) {
       const std::string label = std::string(v.name) + " M=" + std::to_string(M) + " N=" + std::to_string(N) +
                                 " K=" + std::to_string(K);
       std::vector<float> C(M * N, NAN);
-      v.fn(C, A, B, M, N, K, false);
-      EXPECT_LE(ref::max_rel_error(C.data(), v.ref(A.data(), B.data(), nullptr, M, N, K)), kTol) << label;
+      v.fn(C, A, B, M, N, K, false, 1);
+      EXPECT_LE(ref::max_rel_error(C.data(), v.ref(A.data(), B.data(), nullptr, M, N, K, 1)), kTol) << label;
       C = C_in;
-      v.fn(C, A, B, M, N, K, true);
-      EXPECT_LE(ref::max_rel_error(C.data(), v.ref(A.data(), B.data(), C_in.data(), M, N, K)), kTol)
+      v.fn(C, A, B, M, N, K, true, 1);
+      EXPECT_LE(ref::max_rel_error(C.data(), v.ref(A.data(), B.data(), C_in.data(), M, N, K, 1)), kTol)
           << label << " accumulate";
+      C = C_in;  // C_in + alpha·A·B (LoRA's scale folded into its products)
+      v.fn(C, A, B, M, N, K, true, -0.375f);
+      EXPECT_LE(ref::max_rel_error(C.data(), v.ref(A.data(), B.data(), C_in.data(), M, N, K, -0.375)), kTol)
+          << label << " accumulate, alpha -0.375";
     }
 }
 

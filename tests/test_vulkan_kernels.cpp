@@ -546,8 +546,9 @@ TEST_F(VulkanKernels, LossTilesReadEveryQuantisedOutputMatrixWithEitherTile) {
 }
 
 using HostGemm = void (HostKernels::*)(std::span<float>, std::span<const float>, std::span<const float>, int64_t,
-                                       int64_t, int64_t, bool);
-using RefGemm = std::vector<double> (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t);
+                                       int64_t, int64_t, bool, float);
+using RefGemm = std::vector<double> (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                                        double);
 
 void check_f32_gemm(HostKernels& k, std::mt19937& rng, HostGemm fn, RefGemm ref_fn) {
   const int64_t dims[] = {1, 3, 17, 65, 300};
@@ -556,11 +557,13 @@ void check_f32_gemm(HostKernels& k, std::mt19937& rng, HostGemm fn, RefGemm ref_
       for (int64_t K : {int64_t(1), int64_t(33), int64_t(4128)}) {
         if (K == 4128 && M * N > 17 * 300) continue;  // keep the run short; big K is covered by the small tiles
         const auto a = random_floats(rng, M * K), b = random_floats(rng, K * N);
+        // Accumulating with alpha -0.375 (LoRA's scale folded into its products), and overwriting with alpha 1.
         for (bool acc : {false, true}) {
+          const double alpha = acc ? -0.375 : 1.0;
           auto c = random_floats(rng, M * N);
           const auto c0 = c;
-          (k.*fn)(c, a, b, M, N, K, acc);
-          EXPECT_LE(ref::max_rel_error(c.data(), ref_fn(a.data(), b.data(), acc ? c0.data() : nullptr, M, N, K)),
+          (k.*fn)(c, a, b, M, N, K, acc, float(alpha));
+          EXPECT_LE(ref::max_rel_error(c.data(), ref_fn(a.data(), b.data(), acc ? c0.data() : nullptr, M, N, K, alpha)),
                     kBound)
               << "M=" << M << " N=" << N << " K=" << K << " accumulate=" << acc;
         }
@@ -606,8 +609,8 @@ TEST_F(VulkanKernels, LargeGemmTilesMatchReferenceOnAwkwardShapes) {
         const auto a = random_floats(rng_, M * K), b = random_floats(rng_, K * N);
         auto c = random_floats(rng_, M * N);
         const auto c0 = c;
-        (large.get()->*fn)(c, a, b, M, N, K, acc);
-        EXPECT_LE(ref::max_rel_error(c.data(), ref_fn(a.data(), b.data(), acc ? c0.data() : nullptr, M, N, K)),
+        (large.get()->*fn)(c, a, b, M, N, K, acc, 1);
+        EXPECT_LE(ref::max_rel_error(c.data(), ref_fn(a.data(), b.data(), acc ? c0.data() : nullptr, M, N, K, 1)),
                   kBound)
             << "M=" << M << " N=" << N << " K=" << K << " accumulate=" << acc;
       }

@@ -133,19 +133,22 @@ void check_frozen(HostKernels& k, std::mt19937& rng, const Format& f, FormatResu
 }
 
 using HostGemm = void (HostKernels::*)(std::span<float>, std::span<const float>, std::span<const float>, int64_t,
-                                       int64_t, int64_t, bool);
-using RefGemm = std::vector<double> (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t);
+                                       int64_t, int64_t, bool, float);
+using RefGemm = std::vector<double> (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                                        double);
 
 void check_f32(HostKernels& k, std::mt19937& rng, HostGemm fn, RefGemm ref_fn, KernelResult& r) {
   const int64_t dims[][3] = {{1, 1, 1}, {3, 17, 65}, {65, 16, 4128}, {17, 130, 33}, {300, 257, 40}};
   for (const auto& d : dims) {
     const auto a = random_floats(rng, d[0] * d[2]);
     const auto b = random_floats(rng, d[2] * d[1]);
-    for (bool acc : {false, true}) {
+    for (bool acc : {false, true}) {  // accumulating with a scale, as LoRA's products do
+      const double alpha = acc ? 0.75 : 1.0;
       auto c = random_floats(rng, d[0] * d[1]);
       const auto c0 = c;
-      (k.*fn)(c, a, b, d[0], d[1], d[2], acc);
-      r.add(ref::max_rel_error(c.data(), ref_fn(a.data(), b.data(), acc ? c0.data() : nullptr, d[0], d[1], d[2])));
+      (k.*fn)(c, a, b, d[0], d[1], d[2], acc, float(alpha));
+      r.add(ref::max_rel_error(c.data(),
+                               ref_fn(a.data(), b.data(), acc ? c0.data() : nullptr, d[0], d[1], d[2], alpha)));
     }
   }
 }

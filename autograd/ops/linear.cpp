@@ -1,5 +1,7 @@
 // linear (frozen weight, dx only) and matmul_nt (both operands differentiable).
 #include <algorithm>
+#include <array>
+#include <initializer_list>
 #include <type_traits>
 #include <vector>
 
@@ -89,16 +91,14 @@ std::span<const float> f32_span(const Tensor& t) { return {t.data<float>(), size
 std::span<float> f32_mut(const Tensor& t) { return {t.data<float>(), size_t(t.numel())}; }
 std::span<const uint8_t> byte_span(const Tensor& t) { return {t.data<uint8_t>(), t.bytes()}; }
 
-void linear_forward(OpContext& c) {
-  const Tensor &x = c.in(0), &w = c.in(1), &y = c.node.value;
+// y = x·Wᵀ and dx += dy·W for a frozen W; `scratch` (Vulkan, quantized W) as sized by frozen_scratch_bytes.
+void frozen_forward(OpContext& c, const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* scratch) {
   const int64_t T_ = x.rows(), n_out = w.dim(0), n_in = w.dim(1);
   const FrozenKernels* k = frozen_kernels(w.dtype());
   if (!c.be.is_cpu()) {
-    if (k) {
-      const Tensor& scratch = c.node.saved.at(0);
+    if (k)
       return (c.be.linear().*k->vk_gemm)(*c.seq, y.buffer(), w.buffer(), x.buffer(), T_, n_out, n_in,
-                                         &scratch.buffer());
-    }
+                                         &scratch->buffer());
     return c.be.linear().gemm_nt(*c.seq, y.buffer(), x.buffer(), w.buffer(), T_, n_out, n_in, false);
   }
   if (c.be.real() == DType::F64) return linear_forward_generic<double>(y, x, w);
@@ -106,17 +106,13 @@ void linear_forward(OpContext& c) {
   cpu::gemm_nt(f32_mut(y), f32_span(x), f32_span(w), T_, n_out, n_in, false);
 }
 
-void linear_backward(OpContext& c) {
-  if (!c.needs_grad(0)) return;
-  const Tensor &w = c.in(1), &dx = c.in_grad(0), &dy = c.node.grad;
+void frozen_backward(OpContext& c, const Tensor& dx, const Tensor& dy, const Tensor& w, const Tensor* scratch) {
   const int64_t T_ = dy.rows(), n_out = w.dim(0), n_in = w.dim(1);
   const FrozenKernels* k = frozen_kernels(w.dtype());
   if (!c.be.is_cpu()) {
-    if (k) {
-      const Tensor& scratch = c.node.saved.at(0);
-      return (c.be.linear().*k->vk_dx)(*c.seq, dx.buffer(), w.buffer(), dy.buffer(), &scratch.buffer(), T_, n_out,
+    if (k)
+      return (c.be.linear().*k->vk_dx)(*c.seq, dx.buffer(), w.buffer(), dy.buffer(), &scratch->buffer(), T_, n_out,
                                         n_in, 0, n_out, true);
-    }
     return c.be.linear().gemm_nn(*c.seq, dx.buffer(), dy.buffer(), w.buffer(), T_, n_in, n_out, true);
   }
   if (c.be.real() == DType::F64) return linear_backward_generic<double>(dx, dy, w);
@@ -124,22 +120,34 @@ void linear_backward(OpContext& c) {
   cpu::gemm_nn(f32_mut(dx), f32_span(dy), f32_span(w), T_, n_in, n_out, true);
 }
 
+const Tensor* first_saved(const OpContext& c) { return c.node.saved.empty() ? nullptr : &c.node.saved.front(); }
+
+void linear_forward(OpContext& c) { frozen_forward(c, c.node.value, c.in(0), c.in(1), first_saved(c)); }
+
+void linear_backward(OpContext& c) {
+  if (c.needs_grad(0)) frozen_backward(c, c.in_grad(0), c.node.grad, c.in(1), first_saved(c));
+}
+
 // The Vulkan dx of a frozen weight needs scratch for its row-chunk partial sums (one token) or for the slices of a
 // small product split over many rows (several tokens; see LinearKernels::dx_gemm); the forward, for the slices of
 // a product of few output tiles split over K (LinearKernels::gemm_scratch_bytes). For a Q4_0 W on the tensor
 // cores, X and dY split once as well (forward_scratch_bytes, q4_0_dx_device_scratch_bytes). One scratch serves
 // both passes.
-void linear_prepare(OpContext& c) {
-  const FrozenKernels* k = frozen_kernels(c.in(1).dtype());
-  if (c.be.is_cpu() || !k) return;
-  const int64_t T_ = c.in(0).rows(), n_out = c.in(1).dim(0), n_in = c.in(1).dim(1);
-  const bool q4_0 = c.in(1).dtype() == DType::Q4_0;  // the tensor-core GEMMs' split activations
+size_t frozen_scratch_bytes(OpContext& c, DType t, int64_t T_, int64_t n_out, int64_t n_in) {
+  const FrozenKernels* k = frozen_kernels(t);
+  if (c.be.is_cpu() || !k) return 0;
+  const bool q4_0 = t == DType::Q4_0;  // the tensor-core GEMMs' split activations
   const size_t fwd = q4_0 ? c.be.linear().forward_scratch_bytes(T_, n_out, n_in)
                           : vk::LinearKernels::gemm_scratch_bytes(T_, n_out, n_in);
   const size_t bwd = q4_0 ? c.be.linear().q4_0_dx_device_scratch_bytes(T_, n_out, n_in)
                           : k->vk_dx_scratch_bytes(T_, n_out, n_in);
-  const size_t bytes = std::max(bwd, fwd);
-  c.node.saved.push_back(c.scratch({int64_t(std::max<size_t>(bytes, 4) / 4)}, DType::F32, Scratch::Pass));
+  return std::max<size_t>({bwd, fwd, 4});
+}
+
+void linear_prepare(OpContext& c) {
+  if (c.be.is_cpu() || !frozen_kernels(c.in(1).dtype())) return;
+  const size_t bytes = frozen_scratch_bytes(c, c.in(1).dtype(), c.in(0).rows(), c.in(1).dim(0), c.in(1).dim(1));
+  c.node.saved.push_back(c.scratch({int64_t(bytes / 4)}, DType::F32, Scratch::Pass));
 }
 
 // --- matmul_nt: y[M, N] = a[M, K] · b[N, K]ᵀ ---------------------------------------------------------------
@@ -154,81 +162,134 @@ Shape matmul_shape(const Graph& g, const Node& n) {
   return out;
 }
 
+// The f32 products of matmul_nt and of the LoRA term, on the graph's backend: C[M, N] (+)= alpha·op(A)·op(B) with
+// NT: A[M, K]·B[N, K]ᵀ, NN: A[M, K]·B[K, N], TN: A[K, M]ᵀ·B[K, N]. On Vulkan `scratch` (or null) takes the
+// slices of a product split over K (LinearKernels::gemm_split_scratch_bytes).
+enum class Prod { NT, NN, TN };
+
 template <class T>
-void matmul_forward_cpu(const Tensor& y, const Tensor& a, const Tensor& b) {
-  const int64_t M = a.rows(), N = b.dim(0), K = a.cols();
-  const T *pa = a.data<T>(), *pb = b.data<T>();
-  T* py = y.data<T>();
+void product_generic(Prod op, T* C, const T* A, const T* B, int64_t M, int64_t N, int64_t K, bool acc, T alpha) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
       T s = 0;
-      for (int64_t k = 0; k < K; ++k) s += pa[m * K + k] * pb[n * K + k];
-      py[m * N + n] = s;
+      for (int64_t k = 0; k < K; ++k)
+        s += (op == Prod::TN ? A[k * M + m] : A[m * K + k]) * (op == Prod::NT ? B[n * K + k] : B[k * N + n]);
+      C[m * N + n] = (acc ? C[m * N + n] : T(0)) + alpha * s;
     }
 }
 
-template <class T>
-void matmul_backward_cpu(OpContext& c) {
-  const Tensor &a = c.in(0), &b = c.in(1), &dy = c.node.grad;
-  const int64_t M = a.rows(), N = b.dim(0), K = a.cols();
-  const T *pa = a.data<T>(), *pb = b.data<T>(), *pdy = dy.data<T>();
-  if (c.needs_grad(0)) {  // da[M, K] += dy[M, N] · b[N, K]
-    T* da = c.in_grad(0).data<T>();
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t k = 0; k < K; ++k) da[m * K + k] += pdy[m * N + n] * pb[n * K + k];
+void product(OpContext& c, Prod op, const Tensor& C, const Tensor& A, const Tensor& B, int64_t M, int64_t N,
+             int64_t K, bool acc, double alpha, const Tensor* scratch) {
+  if (!c.be.is_cpu()) {
+    auto& k = c.be.linear();
+    const vk::Buffer* sb = scratch ? &scratch->buffer() : nullptr;
+    const auto fn = op == Prod::NT ? &vk::LinearKernels::gemm_nt
+                    : op == Prod::NN ? &vk::LinearKernels::gemm_nn : &vk::LinearKernels::gemm_tn;
+    return (k.*fn)(*c.seq, C.buffer(), A.buffer(), B.buffer(), M, N, K, acc, sb, float(alpha));
   }
-  if (c.needs_grad(1)) {  // db[N, K] += dyᵀ[N, M] · a[M, K]
-    T* db = c.in_grad(1).data<T>();
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t k = 0; k < K; ++k) db[n * K + k] += pdy[m * N + n] * pa[m * K + k];
-  }
+  if (c.be.real() == DType::F64)
+    return product_generic<double>(op, C.data<double>(), A.data<double>(), B.data<double>(), M, N, K, acc, alpha);
+  const auto fn = op == Prod::NT ? cpu::gemm_nt : op == Prod::NN ? cpu::gemm_nn : cpu::gemm_tn;
+  fn(f32_mut(C), f32_span(A), f32_span(B), M, N, K, acc, float(alpha));
 }
 
-// Vulkan: one scratch for the split-K passes of the forward and backward products (LoRA's skinny sides), sized
-// for the largest; the products run one after another, so they share it.
+// The split-K scratch of products {M, N, K} (LoRA's skinny sides) on Vulkan: the products run one after
+// another, so they share one, sized for the largest.
+size_t split_scratch_bytes(std::initializer_list<std::array<int64_t, 3>> products) {
+  size_t bytes = 0;
+  for (const auto& [M, N, K] : products) bytes = std::max(bytes, vk::LinearKernels::gemm_split_scratch_bytes(M, N, K));
+  return bytes;
+}
+
 void matmul_prepare(OpContext& c) {
   if (c.be.is_cpu()) return;
   const int64_t M = c.in(0).rows(), N = c.in(1).dim(0), K = c.in(0).cols();
-  size_t bytes = vk::LinearKernels::gemm_split_scratch_bytes(M, N, K);
-  if (c.node.requires_grad) {
-    if (c.needs_grad(0)) bytes = std::max(bytes, vk::LinearKernels::gemm_split_scratch_bytes(M, K, N));
-    if (c.needs_grad(1)) bytes = std::max(bytes, vk::LinearKernels::gemm_split_scratch_bytes(N, K, M));
-  }
+  const bool grads = c.node.requires_grad;
+  const size_t bytes = split_scratch_bytes({{M, N, K},
+                                            {grads && c.needs_grad(0) ? M : 1, K, N},
+                                            {grads && c.needs_grad(1) ? N : 1, K, M}});
   if (bytes > 0) c.node.saved.push_back(c.scratch({int64_t(bytes / 4)}, DType::F32, Scratch::Pass));
 }
 
-const vk::Buffer* split_scratch(const OpContext& c) {
-  return c.node.saved.empty() ? nullptr : &c.node.saved.front().buffer();
-}
-
 void matmul_forward(OpContext& c) {
-  const Tensor &a = c.in(0), &b = c.in(1), &y = c.node.value;
-  const int64_t M = a.rows(), N = b.dim(0), K = a.cols();
-  if (!c.be.is_cpu())
-    return c.be.linear().gemm_nt(*c.seq, y.buffer(), a.buffer(), b.buffer(), M, N, K, false, split_scratch(c));
-  if (c.be.real() == DType::F64) return matmul_forward_cpu<double>(y, a, b);
-  cpu::gemm_nt(f32_mut(y), f32_span(a), f32_span(b), M, N, K, false);
+  const Tensor &a = c.in(0), &b = c.in(1);
+  product(c, Prod::NT, c.node.value, a, b, a.rows(), b.dim(0), a.cols(), false, 1, first_saved(c));
 }
 
 void matmul_backward(OpContext& c) {
   const Tensor &a = c.in(0), &b = c.in(1), &dy = c.node.grad;
   const int64_t M = a.rows(), N = b.dim(0), K = a.cols();
-  if (!c.be.is_cpu()) {
-    if (c.needs_grad(0))
-      c.be.linear().gemm_nn(*c.seq, c.in_grad(0).buffer(), dy.buffer(), b.buffer(), M, K, N, true, split_scratch(c));
-    if (c.needs_grad(1))
-      c.be.linear().gemm_tn(*c.seq, c.in_grad(1).buffer(), dy.buffer(), a.buffer(), N, K, M, true, split_scratch(c));
-    return;
-  }
-  if (c.be.real() == DType::F64) return matmul_backward_cpu<double>(c);
-  if (c.needs_grad(0)) cpu::gemm_nn(f32_mut(c.in_grad(0)), f32_span(dy), f32_span(b), M, K, N, true);
-  if (c.needs_grad(1)) cpu::gemm_tn(f32_mut(c.in_grad(1)), f32_span(dy), f32_span(a), N, K, M, true);
+  if (c.needs_grad(0)) product(c, Prod::NN, c.in_grad(0), dy, b, M, K, N, true, 1, first_saved(c));  // da += dy·b
+  if (c.needs_grad(1)) product(c, Prod::TN, c.in_grad(1), dy, a, N, K, M, true, 1, first_saved(c));  // db += dyᵀ·a
+}
+
+// --- lora_linear: y[T, n_out] = x·Wᵀ + scale·(xa·Aᵀ)·Bᵀ, W frozen ------------------------------------------
+// Inputs: 0 x (the frozen product's), 1 W [n_out, n_in], 2 A [r, n_in], 3 B [n_out, r], 4 xa (the adapter's:
+// x itself, or x after dropout while the frozen product reads x rounded as llama.cpp does). f[0]: scale.
+// One node for what linear, two matmul_nt, scale and add would do: the adapter's term is added into y in place,
+// and the backward gives no gradient to either term on its own. Saved: hs = scale·xa·Aᵀ [T, r] (for dB = dyᵀ·hs);
+// dh [T, r] (the backward's scale·dy·B); on Vulkan one pass scratch for the frozen product and the split ones.
+struct LoraDims {
+  int64_t T, n_out, n_in, r;
+};
+LoraDims lora_dims(const Tensor& x, const Tensor& w, const Tensor& a) { return {x.rows(), w.dim(0), w.dim(1), a.dim(0)}; }
+
+Shape lora_shape(const Graph& g, const Node& n) {
+  const Shape out = linear_shape(g, n);
+  const Tensor &x = g.node(n.inputs[0]).value, &w = g.node(n.inputs[1]).value;
+  const Tensor &a = g.node(n.inputs[2]).value, &b = g.node(n.inputs[3]).value, &xa = g.node(n.inputs[4]).value;
+  const int64_t n_out = w.dim(0), n_in = w.dim(1);
+  if (a.shape().size() != 2 || a.dim(1) != n_in || b.shape().size() != 2 || b.dim(0) != n_out ||
+      b.dim(1) != a.dim(0))
+    throw GraphError("lora_linear: A " + shape_str(a.shape()) + " and B " + shape_str(b.shape()) +
+                     " do not fit the weight " + shape_str(w.shape()) + " (want A [r, n_in], B [n_out, r])");
+  if (xa.shape() != x.shape())
+    throw GraphError("lora_linear: the adapter's input " + shape_str(xa.shape()) + " differs from x " +
+                     shape_str(x.shape()));
+  return out;
+}
+
+void lora_prepare(OpContext& c) {
+  const auto [T_, n_out, n_in, r] = lora_dims(c.in(0), c.in(1), c.in(2));
+  const bool grads = c.node.requires_grad && (c.needs_grad(2) || c.needs_grad(4));
+  c.node.saved.push_back(c.scratch({T_, r}, c.be.real(), Scratch::Saved));
+  c.node.saved.push_back(c.scratch({grads ? T_ : 1, r}, c.be.real(), Scratch::Pass));
+  if (c.be.is_cpu()) return;
+  const size_t bytes =
+      std::max({frozen_scratch_bytes(c, c.in(1).dtype(), T_, n_out, n_in), size_t(4),
+                split_scratch_bytes({{T_, r, n_in}, {T_, n_out, r}, {n_out, r, T_}, {T_, r, n_out}, {r, n_in, T_},
+                                     {T_, n_in, r}})});
+  c.node.saved.push_back(c.scratch({int64_t(bytes / 4)}, DType::F32, Scratch::Pass));
+}
+
+const Tensor* lora_scratch(const OpContext& c) { return c.node.saved.size() > 2 ? &c.node.saved[2] : nullptr; }
+
+void lora_forward(OpContext& c) {
+  const Tensor &x = c.in(0), &w = c.in(1), &a = c.in(2), &b = c.in(3), &xa = c.in(4), &y = c.node.value;
+  const Tensor& hs = c.node.saved[0];
+  const auto [T_, n_out, n_in, r] = lora_dims(x, w, a);
+  frozen_forward(c, y, x, w, lora_scratch(c));
+  product(c, Prod::NT, hs, xa, a, T_, r, n_in, false, c.node.params.f[0], lora_scratch(c));  // hs = scale·xa·Aᵀ
+  product(c, Prod::NT, y, hs, b, T_, n_out, r, true, 1, lora_scratch(c));                     // y += hs·Bᵀ
+}
+
+void lora_backward(OpContext& c) {
+  const Tensor &w = c.in(1), &a = c.in(2), &b = c.in(3), &xa = c.in(4), &dy = c.node.grad;
+  const Tensor &hs = c.node.saved[0], &dh = c.node.saved[1];
+  const auto [T_, n_out, n_in, r] = lora_dims(c.in(0), w, a);
+  const Tensor* scratch = lora_scratch(c);
+  if (c.needs_grad(0)) frozen_backward(c, c.in_grad(0), dy, w, scratch);
+  if (c.needs_grad(3)) product(c, Prod::TN, c.in_grad(3), dy, hs, n_out, r, T_, true, 1, scratch);  // dB += dyᵀ·hs
+  if (!c.needs_grad(2) && !c.needs_grad(4)) return;
+  product(c, Prod::NN, dh, dy, b, T_, r, n_out, false, c.node.params.f[0], scratch);  // dh = scale·dy·B
+  if (c.needs_grad(2)) product(c, Prod::TN, c.in_grad(2), dh, xa, r, n_in, T_, true, 1, scratch);  // dA += dhᵀ·xa
+  if (c.needs_grad(4)) product(c, Prod::NN, c.in_grad(4), dh, a, T_, n_in, r, true, 1, scratch);   // dxa += dh·A
 }
 
 const OpDef kLinearOp{"linear", linear_shape, linear_prepare, linear_forward, linear_backward, 1u << 1};  // dx = dy·W: W only
 const OpDef kMatmulOp{"matmul_nt", matmul_shape, matmul_prepare, matmul_forward, matmul_backward, 0b11u};  // a, b
+// The backward reads W, A, B and xa (and hs, saved), not x.
+const OpDef kLoraOp{"lora_linear", lora_shape, lora_prepare, lora_forward, lora_backward, 0b11110u};
 
 // x is the parameter: the frozen weight itself never has a gradient.
 GradcheckCase linear_case(DType t, int64_t T, int64_t n_out, int64_t n_in) {
@@ -237,6 +298,20 @@ GradcheckCase linear_case(DType t, int64_t T, int64_t n_out, int64_t n_in) {
           [=](Graph& g, std::mt19937& r) {
             Var w = random_frozen(g, r, t, n_out, n_in, "w");
             return linear(random_param(g, r, {T, n_in}, "x"), w);
+          }};
+}
+
+// x, A and B are parameters (W frozen); with two_inputs the adapter reads its own input xa (as after dropout),
+// else x.
+GradcheckCase lora_case(DType t, int64_t T, int64_t n_out, int64_t n_in, int64_t rank, bool two_inputs) {
+  return {std::string("lora_linear ") + dtype_name(t) + " T=" + std::to_string(T) + " " + std::to_string(n_out) +
+              "x" + std::to_string(n_in) + " r=" + std::to_string(rank) + (two_inputs ? " (own input)" : ""),
+          [=](Graph& g, std::mt19937& r) {
+            Var w = t == DType::F32 ? random_constant(g, r, {n_out, n_in}, "w") : random_frozen(g, r, t, n_out, n_in, "w");
+            Var x = random_param(g, r, {T, n_in}, "x");
+            Var xa = two_inputs ? random_param(g, r, {T, n_in}, "xa") : Var{};
+            Var a = random_param(g, r, {rank, n_in}, "a", -0.5, 0.5), b = random_param(g, r, {n_out, rank}, "b", -0.5, 0.5);
+            return lora_linear(x, w, a, b, 0.75, xa);
           }};
 }
 
@@ -268,27 +343,48 @@ void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back({"matmul_nt 300x16 300x16 (backward split over K)", [](Graph& g, std::mt19937& r) {
                    return matmul_nt(random_param(g, r, {300, 16}, "a"), random_param(g, r, {300, 16}, "b"));
                  }});
+  out.push_back(lora_case(DType::Q4_0, 1, 7, 64, 3, false));
+  out.push_back(lora_case(DType::Q4_0, 17, 65, 96, 4, true));
+  out.push_back(lora_case(DType::Q4_K, 3, 9, 256, 2, true));
+  out.push_back(lora_case(DType::F16, 5, 33, 46, 5, false));
+  out.push_back(lora_case(DType::F32, 3, 9, 20, 2, true));
+  // On Vulkan the adapter's products split over K here: hs = xa·Aᵀ, dA = dhᵀ·xa, dB = dyᵀ·hs and
+  // dh = dy·B over n_out (each sum over 256).
+  out.push_back(lora_case(DType::Q4_0, 256, 256, 256, 2, false));
 }
 
-const OpRegistration kRegistration({&kLinearOp, &kMatmulOp}, add_cases);
+const OpRegistration kRegistration({&kLinearOp, &kMatmulOp, &kLoraOp}, add_cases);
 
 }  // namespace
 
-Var linear(Var x, Var w) {
+namespace {
+void check_frozen_weight(const char* op, Var x, Var w) {
   const Node& wn = w.g->node(w.id);
   if (wn.requires_grad)
-    throw GraphError("linear: the weight " + (wn.name.empty() ? std::string("") : "'" + wn.name + "' ") +
-                     "is trainable; linear takes frozen weights (use matmul_nt for a trainable matrix)");
+    throw GraphError(std::string(op) + ": the weight " + (wn.name.empty() ? std::string("") : "'" + wn.name + "' ") +
+                     "is trainable; " + op + " takes frozen weights (use matmul_nt for a trainable matrix)");
   const DType t = w.value().dtype();
   if (!frozen_kernels(t) && t != x.g->backend().real())
-    throw GraphError(std::string("linear: weight type ") + dtype_name(t) +
+    throw GraphError(std::string(op) + ": weight type " + dtype_name(t) +
                      " is not supported (q4_0, q8_0, q4_k, q6_k, f16, or the graph's real type)");
   if (t == DType::F16 && !x.g->backend().is_cpu() && w.value().dim(1) % 2 != 0)
-    throw GraphError("linear: an f16 weight on Vulkan needs an even n_in (its kernels read halves in pairs), not "
-                     "n_in = " + std::to_string(w.value().dim(1)));
+    throw GraphError(std::string(op) + ": an f16 weight on Vulkan needs an even n_in (its kernels read halves in "
+                     "pairs), not n_in = " + std::to_string(w.value().dim(1)));
+}
+}  // namespace
+
+Var linear(Var x, Var w) {
+  check_frozen_weight("linear", x, w);
   return x.g->add(kLinearOp, {x, w});
 }
 
 Var matmul_nt(Var a, Var b) { return a.g->add(kMatmulOp, {a, b}); }
+
+Var lora_linear(Var x, Var w, Var a, Var b, double scale, Var xa) {
+  check_frozen_weight("lora_linear", x, w);
+  OpParams p;
+  p.f[0] = scale;
+  return x.g->add(kLoraOp, {x, w, a, b, xa.g ? xa : x}, p);
+}
 
 }  // namespace q4t::ag

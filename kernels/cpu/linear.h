@@ -49,15 +49,15 @@ void q6_k_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const f
 void q6_k_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T,
              int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
 
-// f32 GEMMs, row-major, C (+)= op(A) · op(B):
+// f32 GEMMs, row-major, C (+)= alpha · op(A) · op(B):
 // C[M, N] (+)= A[M, K] · B[N, K]ᵀ      (h = x·Aᵀ)
 void gemm_nt(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
-             int64_t K, bool accumulate);
+             int64_t K, bool accumulate, float alpha = 1);
 // C[M, N] (+)= A[M, K] · B[K, N]       (dx = dh·A)
 void gemm_nn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
-             int64_t K, bool accumulate);
+             int64_t K, bool accumulate, float alpha = 1);
 // C[M, N] (+)= A[K, M]ᵀ · B[K, N]      (dA = dhᵀ·x)
 void gemm_tn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
-             int64_t K, bool accumulate);
+             int64_t K, bool accumulate, float alpha = 1);
 
 }  // namespace q4t::cpu

@@ -36,33 +36,33 @@ void store(View C, const Product& p, bool accumulate) {
 }  // namespace
 
 void gemm_nt(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
-             int64_t K, bool accumulate) {
+             int64_t K, bool accumulate, float alpha) {
   check_f32_gemm("gemm_nt", C.size(), A.size(), B.size(), M, N, K);
   const ConstView Bm(B.data(), N, K);
   parallel_for(M, row_grain(N, K), [&](int64_t m0, int64_t m1) {
     const ConstView Am(A.data() + m0 * K, m1 - m0, K);
-    store(View(C.data() + m0 * N, m1 - m0, N), Am * Bm.transpose(), accumulate);
+    store(View(C.data() + m0 * N, m1 - m0, N), alpha * (Am * Bm.transpose()), accumulate);
   });
 }
 
 void gemm_nn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
-             int64_t K, bool accumulate) {
+             int64_t K, bool accumulate, float alpha) {
   check_f32_gemm("gemm_nn", C.size(), A.size(), B.size(), M, N, K);
   const ConstView Bm(B.data(), K, N);
   parallel_for(M, row_grain(N, K), [&](int64_t m0, int64_t m1) {
     const ConstView Am(A.data() + m0 * K, m1 - m0, K);
-    store(View(C.data() + m0 * N, m1 - m0, N), Am * Bm, accumulate);
+    store(View(C.data() + m0 * N, m1 - m0, N), alpha * (Am * Bm), accumulate);
   });
 }
 
 // A is [K, M]: rows m0..m1 of C are columns m0..m1 of A.
 void gemm_tn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M, int64_t N,
-             int64_t K, bool accumulate) {
+             int64_t K, bool accumulate, float alpha) {
   check_f32_gemm("gemm_tn", C.size(), A.size(), B.size(), M, N, K);
   const ConstView Am(A.data(), K, M);
   const ConstView Bm(B.data(), K, N);
   parallel_for(M, row_grain(N, K), [&](int64_t m0, int64_t m1) {
-    store(View(C.data() + m0 * N, m1 - m0, N), Am.middleCols(m0, m1 - m0).transpose() * Bm, accumulate);
+    store(View(C.data() + m0 * N, m1 - m0, N), alpha * (Am.middleCols(m0, m1 - m0).transpose() * Bm), accumulate);
   });
 }
 

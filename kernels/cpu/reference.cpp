@@ -90,13 +90,13 @@ std::vector<double> linear_dx(RowDecoder row_of, const uint8_t* w, const float* 
 // C[M, N] = base + sum_k A(m, k) * B(k, n), with A(m, k) = A[m*am + k*ak] and B(k, n) = B[k*bk + n*bn], so
 // one loop serves every transposition.
 std::vector<double> gemm(const float* A, int64_t am, int64_t ak, const float* B, int64_t bk, int64_t bn,
-                         const float* C_in, int64_t M, int64_t N, int64_t K) {
+                         const float* C_in, int64_t M, int64_t N, int64_t K, double alpha) {
   std::vector<double> C(size_t(M * N), 0.0);
   for (int64_t m = 0; m < M; m++)
     for (int64_t n = 0; n < N; n++) {
-      double s = C_in ? double(C_in[m * N + n]) : 0.0;
+      double s = 0.0;
       for (int64_t k = 0; k < K; k++) s += double(A[m * am + k * ak]) * double(B[k * bk + n * bn]);
-      C[m * N + n] = s;
+      C[m * N + n] = (C_in ? double(C_in[m * N + n]) : 0.0) + alpha * s;
     }
   return C;
 }
@@ -149,20 +149,20 @@ std::vector<double> f16_dx(const uint8_t* w, const float* dY, const float* dX_in
 
 // A[M, K] · B[N, K]ᵀ
 std::vector<double> gemm_nt(const float* A, const float* B, const float* C_in, int64_t M, int64_t N,
-                            int64_t K) {
-  return gemm(A, K, 1, B, 1, K, C_in, M, N, K);
+                            int64_t K, double alpha) {
+  return gemm(A, K, 1, B, 1, K, C_in, M, N, K, alpha);
 }
 
 // A[M, K] · B[K, N]
 std::vector<double> gemm_nn(const float* A, const float* B, const float* C_in, int64_t M, int64_t N,
-                            int64_t K) {
-  return gemm(A, K, 1, B, N, 1, C_in, M, N, K);
+                            int64_t K, double alpha) {
+  return gemm(A, K, 1, B, N, 1, C_in, M, N, K, alpha);
 }
 
 // A[K, M]ᵀ · B[K, N]
 std::vector<double> gemm_tn(const float* A, const float* B, const float* C_in, int64_t M, int64_t N,
-                            int64_t K) {
-  return gemm(A, 1, M, B, N, 1, C_in, M, N, K);
+                            int64_t K, double alpha) {
+  return gemm(A, 1, M, B, N, 1, C_in, M, N, K, alpha);
 }
 
 double max_rel_error(const float* got, const std::vector<double>& want) {

@@ -24,10 +24,13 @@ std::vector<double> q4_k_dx(const uint8_t* w, const float* dY, const float* dX_i
 std::vector<double> q6_k_gemm(const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in);
 std::vector<double> q6_k_dx(const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
                             int64_t n_in, int64_t j_start, int64_t j_end);
-// f32 GEMMs (see kernels/cpu/linear.h); C_in may be null (no accumulate).
-std::vector<double> gemm_nt(const float* A, const float* B, const float* C_in, int64_t M, int64_t N, int64_t K);
-std::vector<double> gemm_nn(const float* A, const float* B, const float* C_in, int64_t M, int64_t N, int64_t K);
-std::vector<double> gemm_tn(const float* A, const float* B, const float* C_in, int64_t M, int64_t N, int64_t K);
+// f32 GEMMs (see kernels/cpu/linear.h): C_in + alpha·op(A)·op(B); C_in may be null (no accumulate).
+std::vector<double> gemm_nt(const float* A, const float* B, const float* C_in, int64_t M, int64_t N, int64_t K,
+                            double alpha = 1);
+std::vector<double> gemm_nn(const float* A, const float* B, const float* C_in, int64_t M, int64_t N, int64_t K,
+                            double alpha = 1);
+std::vector<double> gemm_tn(const float* A, const float* B, const float* C_in, int64_t M, int64_t N, int64_t K,
+                            double alpha = 1);
 
 // max_i |got_i - want_i| / max(max_i |want_i|, 1e-30): the norm-wise relative error all kernel checks use.
 double max_rel_error(const float* got, const std::vector<double>& want);

@@ -9,4 +9,6 @@ layout(push_constant) uniform Push {
   uint accumulate;
   uint k_slice;  // 0, or split K: workgroup z covers [k_begin + z·k_slice, +k_slice) into C + z·M·N (see gemm_tiled.glsl)
   uint row0;     // the tensor-core Q4_0 GEMM's first row of W (a window of rows: the vocab-tiled loss); 0 elsewhere
+  float alpha;   // gemm_tiled.glsl: C = (accumulate ? C : 0) + alpha·A·B (LoRA's scale); 1 for the frozen GEMMs
 } p;
+#define GEMM_ALPHA p.alpha

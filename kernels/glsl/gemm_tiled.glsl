@@ -1,4 +1,5 @@
-// Shared-memory tiled GEMM body: C[M, N] = (accumulate ? C : 0) + Σ_{k in [k_begin, k_end)} A[m, k] · B[k, n].
+// Shared-memory tiled GEMM body: C[M, N] = (accumulate ? C : 0) + α·Σ_{k in [k_begin, k_end)} A[m, k] · B[k, n],
+// α = GEMM_ALPHA (gemm_push.glsl defines it as p.alpha; 1 for the shaders with a push block of their own).
 //
 // The including .comp declares buffer C (float c[]) and the push block `p` (see GemmPush below), then defines
 //   void load_tile_a(uint m0, uint k0);  // fills As[k * BM + m] = A[m0 + m, k0 + k], zero outside
@@ -28,6 +29,9 @@ layout(constant_id = 1) const uint BN = 64;
 #define GEMM_BK 32u
 #endif
 const uint BK = GEMM_BK, TM = BM / 16u, TN = BN / 16u;
+#ifndef GEMM_ALPHA
+#define GEMM_ALPHA 1.0
+#endif
 
 shared float As[BK * BM];
 shared float Bs[BK * BN];
@@ -77,7 +81,7 @@ void main() {
       const uint n = n0 + col(tx, j);
       if (m < p.M && n < p.N) {
         const uint idx = c0 + m * p.N + n;
-        c[idx] = (add_to_c ? c[idx] : 0.0) + acc[i][j];
+        c[idx] = (add_to_c ? c[idx] : 0.0) + GEMM_ALPHA * acc[i][j];
       }
     }
   }

@@ -12,6 +12,7 @@ struct LinearKernels::GemmPush {
   uint32_t M, N, k_begin, k_end, lda, ldb, accumulate;
   uint32_t k_slice = 0;  // split K (gemm_tiled.glsl); 0: none
   uint32_t row0 = 0;     // first row of W (q4_0_gemm_coop.comp)
+  float alpha = 1;       // C = (accumulate ? C : 0) + alpha·A·B (gemm_tiled.glsl)
 };
 
 namespace {
@@ -603,7 +604,7 @@ size_t LinearKernels::gemm_split_scratch_bytes(int64_t M, int64_t N, int64_t K) 
 
 void LinearKernels::f32_gemm(const char* shader, Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B,
                              int64_t M, int64_t N, int64_t K, uint32_t lda, uint32_t ldb, bool accumulate,
-                             const Buffer* scratch) {
+                             const Buffer* scratch, float alpha) {
   check_gemm(shader, M, N, K);
   check_fits_u32(shader, "A", M * K);
   check_fits_u32(shader, "B", K * N);
@@ -618,22 +619,23 @@ void LinearKernels::f32_gemm(const char* shader, Sequence& s, const Buffer& C, c
   if (!forced_gemm_tile_ && N <= 2 * kSkinnyEdge) bn = skinny(N), bm = kGemmTile;
   else if (!forced_gemm_tile_ && M <= 2 * kSkinnyEdge) bm = skinny(M), bn = kGemmTile;
   const auto& p = pipeline(shader, 3, sizeof(GemmPush), {bm, bn});
-  const GemmPush push{uint32_t(M), uint32_t(N), 0, uint32_t(K), lda, ldb, accumulate ? 1u : 0u};
+  GemmPush push{uint32_t(M), uint32_t(N), 0, uint32_t(K), lda, ldb, accumulate ? 1u : 0u};
+  push.alpha = alpha;
   dispatch_gemm(shader, p, s, C, A, B, push, M, N, gemm_split(M, N, K), {ceil_div(N, bn), ceil_div(M, bm)},
                 scratch);
 }
 
 void LinearKernels::gemm_nt(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N,
-                            int64_t K, bool accumulate, const Buffer* scratch) {
-  f32_gemm("f32_gemm_nt", s, C, A, B, M, N, K, uint32_t(K), uint32_t(K), accumulate, scratch);
+                            int64_t K, bool accumulate, const Buffer* scratch, float alpha) {
+  f32_gemm("f32_gemm_nt", s, C, A, B, M, N, K, uint32_t(K), uint32_t(K), accumulate, scratch, alpha);
 }
 void LinearKernels::gemm_nn(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N,
-                            int64_t K, bool accumulate, const Buffer* scratch) {
-  f32_gemm("f32_gemm_nn", s, C, A, B, M, N, K, uint32_t(K), uint32_t(N), accumulate, scratch);
+                            int64_t K, bool accumulate, const Buffer* scratch, float alpha) {
+  f32_gemm("f32_gemm_nn", s, C, A, B, M, N, K, uint32_t(K), uint32_t(N), accumulate, scratch, alpha);
 }
 void LinearKernels::gemm_tn(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N,
-                            int64_t K, bool accumulate, const Buffer* scratch) {
-  f32_gemm("f32_gemm_tn", s, C, A, B, M, N, K, uint32_t(M), uint32_t(N), accumulate, scratch);
+                            int64_t K, bool accumulate, const Buffer* scratch, float alpha) {
+  f32_gemm("f32_gemm_tn", s, C, A, B, M, N, K, uint32_t(M), uint32_t(N), accumulate, scratch, alpha);
 }
 
 void LinearKernels::copy(Sequence& s, const Buffer& dst, const Buffer& src, size_t bytes) {

@@ -80,15 +80,15 @@ class LinearKernels {
                int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
   static size_t q6_k_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
 
-  // f32 GEMMs, row-major: nt: C[M,N] (+)= A[M,K]·B[N,K]ᵀ; nn: A[M,K]·B[K,N]; tn: A[K,M]ᵀ·B[K,N].
+  // f32 GEMMs, row-major: nt: C[M,N] (+)= alpha·A[M,K]·B[N,K]ᵀ; nn: alpha·A[M,K]·B[K,N]; tn: alpha·A[K,M]ᵀ·B[K,N].
   // With a scratch of gemm_split_scratch_bytes(M, N, K) bytes (when that is not 0), a product of few output
   // tiles and a long K (LoRA's rank-r sides) is split over K into slices summed in order by a second pass.
   void gemm_nt(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N, int64_t K,
-               bool accumulate, const Buffer* scratch = nullptr);
+               bool accumulate, const Buffer* scratch = nullptr, float alpha = 1);
   void gemm_nn(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N, int64_t K,
-               bool accumulate, const Buffer* scratch = nullptr);
+               bool accumulate, const Buffer* scratch = nullptr, float alpha = 1);
   void gemm_tn(Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M, int64_t N, int64_t K,
-               bool accumulate, const Buffer* scratch = nullptr);
+               bool accumulate, const Buffer* scratch = nullptr, float alpha = 1);
   static size_t gemm_split_scratch_bytes(int64_t M, int64_t N, int64_t K);
 
   // dst[0:bytes) = src[0:bytes), bytes a multiple of 16: the bandwidth roofline of the benchmarks.
@@ -111,7 +111,7 @@ class LinearKernels {
   const Pipeline& pipeline(const std::string& shader, uint32_t n_buffers, uint32_t push_bytes,
                            const std::vector<uint32_t>& spec = {});
   void f32_gemm(const char* shader, Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M,
-                int64_t N, int64_t K, uint32_t lda, uint32_t ldb, bool accumulate, const Buffer* scratch);
+                int64_t N, int64_t K, uint32_t lda, uint32_t ldb, bool accumulate, const Buffer* scratch, float alpha);
   void frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
                    int64_t n_out, int64_t n_in, const Buffer* scratch);
   // The integer-dot GEMV `shader` if integer_dot_gemv(n_out, n_in) and the scratch holds the limbs: x_limbs.comp

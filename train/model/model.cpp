@@ -191,19 +191,22 @@ void ModelGraph::add_adapters(const LoraSpec& spec, std::mt19937& rng) {
     }
 }
 
-ag::Var ModelGraph::frozen_linear(ag::Var x, ag::Var w) const {
+ag::Var ModelGraph::frozen_input(ag::Var x, ag::Var w) const {
   // llama.cpp rounds the input of Q4_0 and Q8_0 matrices to Q8_0 blocks and that of Q4_K and Q6_K matrices to
   // Q8_K blocks (its F16 matrices round it to f16, which is not reproduced here).
-  if (!llama_cpp_numerics_ || !ag::is_quantized(w.value().dtype())) return ag::linear(x, w);
+  if (!llama_cpp_numerics_ || !ag::is_quantized(w.value().dtype())) return x;
   const bool k_quant = w.value().dtype() == ag::DType::Q4_K || w.value().dtype() == ag::DType::Q6_K;
-  return ag::linear(k_quant ? ag::act_round_q8_k(x) : ag::act_round_q8_0(x), w);
+  return k_quant ? ag::act_round_q8_k(x) : ag::act_round_q8_0(x);
 }
+
+ag::Var ModelGraph::frozen_linear(ag::Var x, ag::Var w) const { return ag::linear(frozen_input(x, w), w); }
 
 ag::Var ModelGraph::project(ag::Var x, int64_t layer, const std::string& target) const {
   const std::string name = target_tensor_name(layer, target);
-  ag::Var base = frozen_linear(x, vars_.at(name));
+  const ag::Var w = vars_.at(name);
   auto it = adapters_.find(name);
-  return it != adapters_.end() ? ag::add(base, it->second.delta(x)) : base;
+  if (it == adapters_.end()) return frozen_linear(x, w);
+  return it->second(x, frozen_input(x, w));
 }
 
 ag::Var ModelGraph::output_weight() const {

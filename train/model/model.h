@@ -97,6 +97,7 @@ class ModelGraph {
   ag::Var project(ag::Var x, int64_t layer, const std::string& target) const;
   // linear(x, w), with llama.cpp's activation rounding when asked and w is quantized.
   ag::Var frozen_linear(ag::Var x, ag::Var w) const;
+  ag::Var frozen_input(ag::Var x, ag::Var w) const;  // x, or x rounded as llama.cpp rounds w's input
 
   const Model& m_;
   ag::Graph& g_;
