@@ -243,10 +243,25 @@ FlashPush flash_push(const OpContext& c, uint32_t flags) {
 
 std::vector<uint32_t> flash_spec(const FlashLayout& f) { return {f.split, f.dpl, f.tile, kFlashWorkgroup}; }
 
+// The forward on tensor cores (attention_coop_fwd.comp): where the device has cooperative matrices, for head dims
+// that are multiples of 16 up to 128 and at least kCoopAttentionMinTokens tokens (fewer would leave most of its
+// 64-row tiles empty). Its tiles hold 32 keys; the workgroup, 64 query rows in 4 subgroups.
+constexpr int64_t kCoopAttentionMinTokens = 32;
+bool coop_forward(const OpContext& c, const Dims& n) {
+  return c.be.device().coop_matrix() && n.D % 16 == 0 && n.D <= 128 && n.T >= kCoopAttentionMinTokens;
+}
+
 void attention_forward_flash(OpContext& c) {
   const Dims n = attention_dims(c);
-  const FlashLayout f = flash_layout(n.D, kFlashForward, c.be.device().subgroup_size());
   const FlashPush push = flash_push(c, 0);
+  if (coop_forward(c, n)) {
+    c.seq->dispatch(c.be.pipeline("attention_coop_fwd", 6, sizeof(push), {1, uint32_t(n.D), 32, 128}),
+                    {&c.node.value.buffer(), &c.node.saved.at(0).buffer(), &c.in(0).buffer(), &c.in(1).buffer(),
+                     &c.in(2).buffer(), &segment_buffer(c)},
+                    push, {uint32_t((n.T + 63) / 64), uint32_t(n.H), 1});
+    return;
+  }
+  const FlashLayout f = flash_layout(n.D, kFlashForward, c.be.device().subgroup_size());
   c.seq->dispatch(c.be.pipeline("attention_flash_fwd", 6, sizeof(push), flash_spec(f)),
                   {&c.node.value.buffer(), &c.node.saved.at(0).buffer(), &c.in(0).buffer(), &c.in(1).buffer(),
                    &c.in(2).buffer(), &segment_buffer(c)},
@@ -349,6 +364,11 @@ void add_cases(std::vector<GradcheckCase>& out) {
   // not divide T, and whole tiles skipped because their segments cannot meet.
   out.push_back(attention_case(45, 4, 2, 40, " (dims split over invocations)"));
   out.push_back(segmented_attention_case(segments_of({30, 25, 15}), 2, 1, 72, " (tiles skipped by segment)"));
+  // The forward on tensor cores where the device has them (D a multiple of 16, T >= 32): a last row tile of 6
+  // rows and a last key tile of 6 keys; D = 128 with a row tile of 40; segments, one key tile skipped.
+  out.push_back(attention_case(70, 4, 2, 16, " (tensor-core forward)"));
+  out.push_back(attention_case(40, 2, 1, 128, " (tensor-core forward)"));
+  out.push_back(segmented_attention_case(segments_of({40, 33, 27}), 2, 1, 32, " (tensor-core forward)"));
 }
 
 const OpRegistration kRegistration({&kAttentionOp}, add_cases);
