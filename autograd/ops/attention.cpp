@@ -87,6 +87,7 @@ constexpr uint32_t kFlashDims[3] = {64, 32, 32};
 constexpr uint32_t kFlashTile = 32;
 constexpr uint32_t kFlashWorkgroup = 128;
 static_assert(kFlashTile <= kFlashWorkgroup, "a tile's segment ids are staged one per invocation");
+static_assert(kFlashWorkgroup % 32 == 0, "tile_meets (attention_flash.glsl) keeps a bit per invocation in 32-bit words");
 
 // Rows of up to kFlashDims[pass] head dims per invocation, SPLIT a power of two within the subgroup (and at most
 // 64), DPL rounded up to whole vec4s; shared tiles of TILE rows keep two [TILE, DP] arrays within 32 KiB.

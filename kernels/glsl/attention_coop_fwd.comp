@@ -71,7 +71,7 @@ void main() {
 
   // s·q into registers, through the k and v tiles' space.
   STAGE_ROWS(q4, KH, KH + BR * KS, i0, BR, qs, h * D, u.s)  // 2·BR rows fit in the 4·BC of the k and v tiles
-  if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0, 0u);
+  if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0);
   barrier();
   F16_MAT qh[DF], ql[DF];
   [[unroll]] for (uint f = 0u; f < DF; ++f) {
@@ -83,14 +83,10 @@ void main() {
   float m = -1.0 / 0.0, l = 0.0;
 
   for (uint j0 = 0u; j0 <= i_last; j0 += BC) {
+    if (u.segmented != 0u && !tile_meets(j0 / BC)) continue;  // uniform: a tile not loaded at all
     barrier();  // every subgroup is done with the previous tiles (and with q's)
-    if (u.segmented != 0u) {  // the ids first: a tile that cannot meet the rows is not loaded at all
-      const uint n_keys = min(BC, u.T - j0);
-      if (gl_LocalInvocationIndex < n_keys) tile_seg[gl_LocalInvocationIndex] = seg[j0 + gl_LocalInvocationIndex];
-      seg_range(j0, n_keys, 2u);
-      barrier();
-      if (range[3] < range[0] || range[2] > range[1]) continue;  // uniform
-    }
+    if (u.segmented != 0u && gl_LocalInvocationIndex < min(BC, u.T - j0))
+      tile_seg[gl_LocalInvocationIndex] = seg[j0 + gl_LocalInvocationIndex];
     STAGE_ROWS(k4, KH, KL, j0, BC, kvs, hk * D, 1.0)
     STAGE_ROWS(v4, VH, VL, j0, BC, kvs, hk * D, 1.0)
     barrier();

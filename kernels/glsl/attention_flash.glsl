@@ -49,12 +49,12 @@ float row_sum(float v) {
 
 // Whether the segment ids of two tiles can meet: their [min, max] ranges overlap (always, unsegmented).
 shared int tile_seg[TILE];
-shared int range[4];  // min and max of this workgroup's rows' ids, then of the staged tile's
+shared int range[2];  // min and max of this workgroup's rows' ids
 
-// Ids min/max of `n` ids from seg starting at `first` into range[slot], range[slot + 1]: by the first subgroup,
+// Ids min/max of `n` ids from seg starting at `first` into range[0], range[1]: by the first subgroup,
 // its invocations reading the ids side by side (one invocation walking them one after another, each load
 // waiting on the last, was the segmented kernels' largest cost).
-void seg_range(uint first, uint n, uint slot) {
+void seg_range(uint first, uint n) {
   if (gl_SubgroupID == 0u) {
     int lo = 0x7FFFFFFF, hi = -0x7FFFFFFF;
     for (uint e = gl_SubgroupInvocationID; e < n; e += gl_SubgroupSize) {
@@ -65,29 +65,55 @@ void seg_range(uint first, uint n, uint slot) {
     lo = subgroupMin(lo);
     hi = subgroupMax(hi);
     if (subgroupElect()) {
-      range[slot] = lo;
-      range[slot + 1u] = hi;
+      range[0] = lo;
+      range[1] = hi;
     }
   }
+}
+
+// Whether tile t (rows t·TILE .. of keys, or of queries in the dK/dV pass) has an id in the workgroup's rows'
+// [range[0], range[1]] (from seg_range). The answers come a window of WG tiles at a time, one bit each, so
+// that a tile that cannot meet costs no barrier of its own: in a packed batch most of a row's earlier tiles
+// belong to other examples (with a barrier and an id range per tile, skipping them took much of the time).
+// Called in uniform control flow, segmented only; WG is a multiple of 32.
+shared uint meet_bits[WG / 32u];
+uint meet_window = 0xFFFFFFFFu;  // the window (t / WG) meet_bits holds; the same in every invocation
+
+bool tile_meets(uint t) {
+  const uint w = t / WG, lid = gl_LocalInvocationIndex;
+  if (w != meet_window) {
+    meet_window = w;
+    barrier();  // every invocation has read the last window's bits (and range is written)
+    if (lid < WG / 32u) meet_bits[lid] = 0u;
+    barrier();
+    const uint r0 = (w * WG + lid) * TILE;
+    if (r0 < u.T) {
+      int lo = 0x7FFFFFFF, hi = -0x7FFFFFFF;
+      for (uint e = r0; e < min(r0 + TILE, u.T); ++e) {
+        const int v = SEG_IDS[e];
+        lo = min(lo, v);
+        hi = max(hi, v);
+      }
+      if (hi >= range[0] && lo <= range[1]) atomicOr(meet_bits[lid / 32u], 1u << (lid % 32u));
+    }
+    barrier();
+  }
+  const uint b = t % WG;
+  return ((meet_bits[b / 32u] >> (b % 32u)) & 1u) != 0u;
 }
 
 #ifdef FLASH_KEY_TILES
 // The forward and dq passes: keys j0 .. j0 + TILE - 1 of kv head hk staged as ks, vs [TILE, DP] (zero past T and
 // D) from the including shader's k and v buffers, with their segment ids in tile_seg. Returns false when the
-// tile's ids cannot meet the workgroup's rows' (range[0..1], from seg_range(.., 0)): the caller skips it. Every
-// invocation gets the same answer, and the leading barrier keeps the previous tile until all have used it.
+// tile's ids cannot meet the workgroup's rows' (tile_meets): the caller skips it. Every invocation gets the same
+// answer, and the leading barrier keeps the previous tile until all have used it.
 shared vec4 ks[TILE * DP4], vs[TILE * DP4];
 
 bool stage_key_tile(uint j0, uint hk) {
   const uint lid = gl_LocalInvocationIndex, kvs = u.Hkv * u.D;
+  if (u.segmented != 0u && !tile_meets(j0 / TILE)) return false;  // not loaded at all
   barrier();
-  if (u.segmented != 0u) {  // the ids first: a tile that cannot meet the rows is not loaded at all
-    const uint n_keys = min(TILE, u.T - j0);
-    if (lid < n_keys) tile_seg[lid] = SEG_IDS[j0 + lid];
-    seg_range(j0, n_keys, 2u);
-    barrier();
-    if (range[3] < range[0] || range[2] > range[1]) return false;
-  }
+  if (u.segmented != 0u && lid < min(TILE, u.T - j0)) tile_seg[lid] = SEG_IDS[j0 + lid];
   for (uint e = lid; e < TILE * DP4; e += WG) {
     const uint c = e / DP4, slot = e % DP4, j = j0 + c;
     const uint base = min(j, u.T - 1u) * kvs + hk * u.D;

@@ -40,20 +40,16 @@ void main() {
     dv[t] = vec4(0.0);
   }
   const int my_seg = u.segmented != 0u ? seg[jc] : 0;
-  if (u.segmented != 0u) seg_range(j0, min(ROWS, u.T - j0), 0u);
+  if (u.segmented != 0u) seg_range(j0, min(ROWS, u.T - j0));
 
   const bool split = (u.flags & 4u) != 0u;
   for (uint g = split ? gl_WorkGroupID.z : 0u; g < (split ? gl_WorkGroupID.z + 1u : G); ++g) {
     const uint h = hk * G + g;
     for (uint i0 = j0; i0 < u.T; i0 += TILE) {
+      if (u.segmented != 0u && !tile_meets(i0 / TILE)) continue;  // uniform: a query tile not loaded at all
       barrier();
       const uint n_rows = min(TILE, u.T - i0);
-      if (u.segmented != 0u) {  // the ids first: a query tile that cannot meet the keys is not loaded at all
-        if (lid < n_rows) tile_seg[lid] = seg[i0 + lid];
-        seg_range(i0, n_rows, 2u);
-        barrier();
-        if (range[3] < range[0] || range[2] > range[1]) continue;  // uniform
-      }
+      if (u.segmented != 0u && lid < n_rows) tile_seg[lid] = seg[i0 + lid];
       for (uint e = lid; e < TILE * DP4; e += WG) {
         const uint c = e / DP4, slot = e % DP4, i = i0 + c;
         const uint base = min(i, u.T - 1u) * qs + h * u.D;

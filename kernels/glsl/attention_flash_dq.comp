@@ -44,7 +44,7 @@ void main() {
   if (row_ok && part == 0u) delta[h * u.T + i] = dlt;
   const float lse_i = lse[h * u.T + ic];
   const int my_seg = u.segmented != 0u ? seg[ic] : 0;
-  if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0, 0u);
+  if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0);
 
   for (uint j0 = 0u; j0 <= i_last; j0 += TILE) {
     if (!stage_key_tile(j0, hk)) continue;  // uniform

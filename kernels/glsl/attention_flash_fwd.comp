@@ -31,7 +31,7 @@ void main() {
     o[t] = vec4(0.0);
   }
   const int my_seg = u.segmented != 0u ? seg[ic] : 0;
-  if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0, 0u);
+  if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0);
   float m = -1.0 / 0.0, l = 0.0;
 
   for (uint j0 = 0u; j0 <= i_last; j0 += TILE) {
