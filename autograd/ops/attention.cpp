@@ -86,11 +86,14 @@ enum FlashPass { kFlashForward, kFlashDq, kFlashDkv };
 constexpr uint32_t kFlashDims[3] = {64, 32, 32};
 constexpr uint32_t kFlashTile = 32;
 constexpr uint32_t kFlashWorkgroup = 128;
+// The two [TILE, DP] f32 tiles of a pass fit in this; the rest of the 32 KiB of shared memory every device has
+// is left for the small arrays (a tile's segment ids and LSE and Δ rows, the tile bits of tile_meets).
+constexpr uint32_t kFlashTileBytes = 32768 - 1024;
 static_assert(kFlashTile <= kFlashWorkgroup, "a tile's segment ids are staged one per invocation");
 static_assert(kFlashWorkgroup % 32 == 0, "tile_meets (attention_flash.glsl) keeps a bit per invocation in 32-bit words");
 
 // Rows of up to kFlashDims[pass] head dims per invocation, SPLIT a power of two within the subgroup (and at most
-// 64), DPL rounded up to whole vec4s; shared tiles of TILE rows keep two [TILE, DP] arrays within 32 KiB.
+// 64), DPL rounded up to whole vec4s; shared tiles of TILE rows keep two [TILE, DP] arrays within kFlashTileBytes.
 FlashLayout flash_layout(int64_t D, FlashPass pass, uint32_t subgroup) {
   FlashLayout f;
   const uint32_t dims = kFlashDims[pass];
@@ -98,7 +101,7 @@ FlashLayout flash_layout(int64_t D, FlashPass pass, uint32_t subgroup) {
   f.dpl = ((uint32_t(D) + f.split - 1) / f.split + 3) / 4 * 4;
   const uint32_t dp = f.split * f.dpl;
   f.tile = kFlashTile;
-  while (f.tile > 4 && 2 * f.tile * dp * 4 > 32768) f.tile /= 2;
+  while (f.tile > 4 && 2 * f.tile * dp * 4 > kFlashTileBytes) f.tile /= 2;
   return f;
 }
 
@@ -128,7 +131,7 @@ void attention_prepare(OpContext& c) {
   }
   for (FlashPass pass : {kFlashForward, kFlashDq, kFlashDkv}) {
     const FlashLayout f = flash_layout(n.D, pass, c.be.device().subgroup_size());
-    if (f.tile * f.split * f.dpl * 4 * 2 > 32768)
+    if (f.tile * f.split * f.dpl * 4 * 2 > kFlashTileBytes)
       throw GraphError("attention: head dim " + std::to_string(n.D) + " is too large for the Vulkan kernels' shared tiles");
   }
   if (n.H * n.T > int64_t(std::numeric_limits<uint32_t>::max()) / 2 || n.T * n.H * n.D > int64_t(std::numeric_limits<uint32_t>::max()))
