@@ -11,7 +11,7 @@
 //   dP = dO · vᵀ, dS = P ∘ (dP - rowsum(dP ∘ P)),
 //   dq = dS · k / sqrt(D), dk = dSᵀ · q / sqrt(D), dv = Pᵀ · dO, dk and dv of a kv head summing over its G heads.
 // The CPU forward saves P [H, T, T] (entries j > i are never written nor read). On Vulkan the fused kernels
-// (attention_flash_*.comp) keep no T×T matrix: the forward saves LSE [H, T] (each row's max plus log of its
+// (attention_flash_*.comp, and attention_coop_*.comp on tensor cores) keep no T×T matrix: the forward saves LSE [H, T] (each row's max plus log of its
 // softmax denominator) and the backward recomputes P tile by tile from it, with Δ_i = dO_i·O_i in a [H, T]
 // scratch.
 // Every sum runs in a fixed order: no atomics, deterministic results.
@@ -111,18 +111,42 @@ uint32_t row_groups(int64_t T, const FlashLayout& f) {
   return uint32_t((T + rows - 1) / rows);
 }
 
+// The tensor-core passes (attention_coop_*.comp, attention_flash.glsl's layout with SPLIT = 1): where the device
+// has cooperative matrices, for head dims that are multiples of 16 (up to 128 in the forward, 64 in the backward,
+// whose shared tiles hold twice the rows) and at least kCoopAttentionMinTokens tokens (fewer would leave most of
+// a 64-row tile empty). Tiles of kFlashTile rows of the other side; workgroups of kFlashWorkgroup invocations,
+// 16 rows per subgroup of 32.
+constexpr int64_t kCoopAttentionMinTokens = 32;
+bool coop_attention(const OpContext& c, const Dims& n, bool backward) {
+  return c.be.device().coop_matrix() && n.D % 16 == 0 && n.D <= (backward ? 64 : 128) &&
+         n.T >= kCoopAttentionMinTokens;
+}
+// The backward's scale of dO (attention_coop.glsl: dout_scale) comes from kDoutMaxGroups partial maxima.
+constexpr uint32_t kDoutMaxGroups = 64;
+std::vector<uint32_t> coop_spec(const Dims& n) {
+  return {1, uint32_t(n.D), kFlashTile, kFlashWorkgroup, kDoutMaxGroups};
+}
+uint32_t coop_row_groups(int64_t T) {
+  const int64_t rows = kFlashWorkgroup / 32 * 16;
+  return uint32_t((T + rows - 1) / rows);
+}
+
 // Whether the dK/dV pass runs one workgroup per query head of each kv group (then adds the heads in a second
 // pass): when G > 1 and the key tiles times the kv heads make fewer than kSplitBelowGroups workgroups, which
 // leaves a large GPU idle (tinyllama's 4 kv heads: 32 at 512 tokens, 128 at 2048). The per-head sums cost
 // 2G·T·Hkv·D floats per attention node. H100, tinyllama-1.1b: backward 45 -> 22 ms per bs1 step, 179 -> 132 at bs4.
 constexpr int64_t kSplitBelowGroups = 4096;
-bool split_dkv(const Dims& n, const FlashLayout& fk) {
-  return n.G() > 1 && int64_t(row_groups(n.T, fk)) * n.Hkv < kSplitBelowGroups;
+bool split_dkv(const OpContext& c, const Dims& n) {
+  const uint32_t key_groups = coop_attention(c, n, true)
+                                  ? coop_row_groups(n.T)
+                                  : row_groups(n.T, flash_layout(n.D, kFlashDkv, c.be.device().subgroup_size()));
+  return n.G() > 1 && int64_t(key_groups) * n.Hkv < kSplitBelowGroups;
 }
 
 // CPU: P [H, T, T]. Vulkan: LSE [H, T]; when a gradient is needed also Δ [H, T], a stand-in for dq when q needs
 // none (the pass that writes Δ writes dq too; else one float), and the per-head dK/dV sums [2G, T, Hkv*D] when
-// the dK/dV pass is split over the query heads (split_dkv; else one float).
+// the dK/dV pass is split over the query heads (split_dkv; else one float); on the tensor-core backward, the
+// partial maxima of |dO|.
 void attention_prepare(OpContext& c) {
   const Dims n = attention_dims(c);
   if (c.be.is_cpu()) {
@@ -141,9 +165,9 @@ void attention_prepare(OpContext& c) {
   if (!c.node.requires_grad) return;
   c.node.saved.push_back(c.scratch({n.H, n.T}, c.be.real(), Scratch::Pass));
   c.node.saved.push_back(c.scratch(c.needs_grad(0) ? Shape{1} : c.in(0).shape(), c.be.real(), Scratch::Pass));
-  const bool split = (c.needs_grad(1) || c.needs_grad(2)) &&
-                     split_dkv(n, flash_layout(n.D, kFlashDkv, c.be.device().subgroup_size()));
+  const bool split = (c.needs_grad(1) || c.needs_grad(2)) && split_dkv(c, n);
   c.node.saved.push_back(c.scratch(split ? Shape{2 * n.G(), n.T, n.Hkv * n.D} : Shape{1}, c.be.real(), Scratch::Pass));
+  if (coop_attention(c, n, true)) c.node.saved.push_back(c.scratch({kDoutMaxGroups}, DType::F32, Scratch::Pass));
 }
 
 // --- CPU ---------------------------------------------------------------------------------------------------
@@ -247,55 +271,54 @@ FlashPush flash_push(const OpContext& c, uint32_t flags) {
 
 std::vector<uint32_t> flash_spec(const FlashLayout& f) { return {f.split, f.dpl, f.tile, kFlashWorkgroup}; }
 
-// The forward on tensor cores (attention_coop_fwd.comp): where the device has cooperative matrices, for head dims
-// that are multiples of 16 up to 128 and at least kCoopAttentionMinTokens tokens (fewer would leave most of its
-// 64-row tiles empty). Its tiles hold 32 keys; the workgroup, 64 query rows in 4 subgroups.
-constexpr int64_t kCoopAttentionMinTokens = 32;
-bool coop_forward(const OpContext& c, const Dims& n) {
-  return c.be.device().coop_matrix() && n.D % 16 == 0 && n.D <= 128 && n.T >= kCoopAttentionMinTokens;
-}
-
 void attention_forward_flash(OpContext& c) {
   const Dims n = attention_dims(c);
   const FlashPush push = flash_push(c, 0);
-  if (coop_forward(c, n)) {
-    c.seq->dispatch(c.be.pipeline("attention_coop_fwd", 6, sizeof(push), {1, uint32_t(n.D), 32, 128}),
-                    {&c.node.value.buffer(), &c.node.saved.at(0).buffer(), &c.in(0).buffer(), &c.in(1).buffer(),
-                     &c.in(2).buffer(), &segment_buffer(c)},
-                    push, {uint32_t((n.T + 63) / 64), uint32_t(n.H), 1});
-    return;
-  }
+  const bool coop = coop_attention(c, n, false);
   const FlashLayout f = flash_layout(n.D, kFlashForward, c.be.device().subgroup_size());
-  c.seq->dispatch(c.be.pipeline("attention_flash_fwd", 6, sizeof(push), flash_spec(f)),
+  c.seq->dispatch(c.be.pipeline(coop ? "attention_coop_fwd" : "attention_flash_fwd", 6, sizeof(push),
+                                coop ? coop_spec(n) : flash_spec(f)),
                   {&c.node.value.buffer(), &c.node.saved.at(0).buffer(), &c.in(0).buffer(), &c.in(1).buffer(),
                    &c.in(2).buffer(), &segment_buffer(c)},
-                  push, {row_groups(n.T, f), uint32_t(n.H), 1});
+                  push, {coop ? coop_row_groups(n.T) : row_groups(n.T, f), uint32_t(n.H), 1});
 }
 
 void attention_backward_flash(OpContext& c) {
   const Dims n = attention_dims(c);
   const Tensor &lse = c.node.saved.at(0), &delta = c.node.saved.at(1);
   // Δ comes from the dq pass, which therefore always runs; its dq goes to a stand-in when q needs none.
+  // The tensor-core passes take the FP32 ones' buffers in the same order, then the partial maxima of |dO|.
+  const bool coop = coop_attention(c, n, true);
+  // The FP32 passes leave binding 9 unused: it gets LSE there.
+  const vk::Buffer* dout_max = coop ? &c.node.saved.at(4).buffer() : &c.node.saved.at(0).buffer();
+  if (coop) {
+    const uint32_t total = uint32_t(n.T * n.H * n.D);
+    c.seq->dispatch(c.be.pipeline("attention_dout_max", 2, sizeof(total), {kDoutMaxGroups}),
+                    {dout_max, &c.node.grad.buffer()}, total, {kDoutMaxGroups, 1, 1});
+  }
   const FlashLayout fq = flash_layout(n.D, kFlashDq, c.be.device().subgroup_size());
   const FlashPush pq = flash_push(c, 0);
   const Tensor& dq = c.needs_grad(0) ? c.in_grad(0) : c.node.saved.at(2);
-  c.seq->dispatch(c.be.pipeline("attention_flash_dq", 9, sizeof(pq), flash_spec(fq)),
+  const uint32_t bindings = 10;
+  c.seq->dispatch(c.be.pipeline(coop ? "attention_coop_dq" : "attention_flash_dq", bindings, sizeof(pq),
+                                coop ? coop_spec(n) : flash_spec(fq)),
                   {&dq.buffer(), &delta.buffer(), &c.in(0).buffer(), &c.in(1).buffer(), &c.in(2).buffer(),
-                   &c.node.value.buffer(), &c.node.grad.buffer(), &lse.buffer(), &segment_buffer(c)},
-                  pq, {row_groups(n.T, fq), uint32_t(n.H), 1});
+                   &c.node.value.buffer(), &c.node.grad.buffer(), &lse.buffer(), &segment_buffer(c), dout_max},
+                  pq, {coop ? coop_row_groups(n.T) : row_groups(n.T, fq), uint32_t(n.H), 1});
   if (!c.needs_grad(1) && !c.needs_grad(2)) return;
   const FlashLayout fk = flash_layout(n.D, kFlashDkv, c.be.device().subgroup_size());
   const uint32_t want = (c.needs_grad(1) ? 1u : 0u) | (c.needs_grad(2) ? 2u : 0u);
   // A gradient not needed gets the other one's buffer as an unwritten stand-in.
   const Tensor& dk = c.needs_grad(1) ? c.in_grad(1) : c.in_grad(2);
   const Tensor& dv = c.needs_grad(2) ? c.in_grad(2) : c.in_grad(1);
-  const uint32_t key_groups = row_groups(n.T, fk);
-  const auto& pipe = c.be.pipeline("attention_flash_dkv", 9, sizeof(FlashPush), flash_spec(fk));
-  if (!split_dkv(n, fk)) {
+  const uint32_t key_groups = coop ? coop_row_groups(n.T) : row_groups(n.T, fk);
+  const auto& pipe = c.be.pipeline(coop ? "attention_coop_dkv" : "attention_flash_dkv", bindings, sizeof(FlashPush),
+                                   coop ? coop_spec(n) : flash_spec(fk));
+  if (!split_dkv(c, n)) {
     const FlashPush pk = flash_push(c, want);
     c.seq->dispatch(pipe,
                     {&dk.buffer(), &dv.buffer(), &c.in(0).buffer(), &c.in(1).buffer(), &c.in(2).buffer(),
-                     &c.node.grad.buffer(), &lse.buffer(), &delta.buffer(), &segment_buffer(c)},
+                     &c.node.grad.buffer(), &lse.buffer(), &delta.buffer(), &segment_buffer(c), dout_max},
                     pk, {key_groups, uint32_t(n.Hkv), 1});
     return;
   }
@@ -304,7 +327,7 @@ void attention_backward_flash(OpContext& c) {
   const FlashPush pk = flash_push(c, want | 4u);
   c.seq->dispatch(pipe,
                   {&part.buffer(), &part.buffer(), &c.in(0).buffer(), &c.in(1).buffer(), &c.in(2).buffer(),
-                   &c.node.grad.buffer(), &lse.buffer(), &delta.buffer(), &segment_buffer(c)},
+                   &c.node.grad.buffer(), &lse.buffer(), &delta.buffer(), &segment_buffer(c), dout_max},
                   pk, {key_groups, uint32_t(n.Hkv), uint32_t(n.G())});
   struct { uint32_t n, G, flags; } red{uint32_t(n.T * n.Hkv * n.D), uint32_t(n.G()), want};
   c.seq->dispatch(c.be.pipeline("attention_dkv_reduce", 3, sizeof(red)), {&dk.buffer(), &dv.buffer(), &part.buffer()},
@@ -368,11 +391,13 @@ void add_cases(std::vector<GradcheckCase>& out) {
   // not divide T, and whole tiles skipped because their segments cannot meet.
   out.push_back(attention_case(45, 4, 2, 40, " (dims split over invocations)"));
   out.push_back(segmented_attention_case(segments_of({30, 25, 15}), 2, 1, 72, " (tiles skipped by segment)"));
-  // The forward on tensor cores where the device has them (D a multiple of 16, T >= 32): a last row tile of 6
-  // rows and a last key tile of 6 keys; D = 128 with a row tile of 40; segments, one key tile skipped.
-  out.push_back(attention_case(70, 4, 2, 16, " (tensor-core forward)"));
+  // The tensor-core passes where the device has them (D a multiple of 16, T >= 32): a last row tile of 6 rows
+  // and a last key tile of 6 keys, dK/dV per query head (G = 2); D = 128 (the forward only); segments, tiles
+  // skipped; one query head per kv head (G = 1: the dK/dV pass adds into dK and dV itself).
+  out.push_back(attention_case(70, 4, 2, 16, " (tensor cores)"));
   out.push_back(attention_case(40, 2, 1, 128, " (tensor-core forward)"));
-  out.push_back(segmented_attention_case(segments_of({40, 33, 27}), 2, 1, 32, " (tensor-core forward)"));
+  out.push_back(segmented_attention_case(segments_of({40, 33, 27}), 2, 1, 32, " (tensor cores)"));
+  out.push_back(attention_case(50, 2, 2, 32, " (tensor cores, G = 1)"));
 }
 
 const OpRegistration kRegistration({&kAttentionOp}, add_cases);
