@@ -261,11 +261,17 @@ Shape linear_ce_shape(const Graph& g, const Node& n) {
 
 int64_t tile_rows(const OpContext& c) { return std::min(c.node.params.i[0], c.in(1).dim(0)); }
 
-// saved[0]: stats [3T + 1]; saved[1]: the one logits tile [T, min(vocab_tile, V)], reused by every tile.
+// saved[0]: stats [3T + 1]; saved[1]: the one logits tile [T, min(vocab_tile, V)], reused by every tile; on Vulkan
+// with a Q4_0 W, saved[2]: the tile's d split for the tensor-core dx.
 void linear_ce_prepare(OpContext& c) {
   const int64_t Tn = c.in(0).rows();
   c.node.saved.push_back(c.scratch({3 * Tn + 1}, c.be.real(), Scratch::Saved));
   c.node.saved.push_back(c.scratch({Tn, tile_rows(c)}, c.be.real(), Scratch::Pass));
+  // A Q4_0 W's dx on the tensor cores (LinearKernels::q4_0_dx_rows_coop) splits each tile's d into this.
+  if (!c.be.is_cpu() && c.in(1).dtype() == DType::Q4_0 && c.node.requires_grad && c.needs_grad(0)) {
+    const size_t bytes = c.be.linear().q4_0_dx_device_scratch_bytes(Tn, tile_rows(c), c.in(0).cols());
+    c.node.saved.push_back(c.scratch({int64_t(std::max<size_t>(bytes, 4) / 4)}, DType::F32, Scratch::Pass));
+  }
 }
 
 // Rows [j0, j0 + n) of w as the bytes (frozen) or floats (f32) of a matrix [n, C] of their own.
@@ -389,9 +395,14 @@ void tile_logits_vk(OpContext& c, const Tensor& logits, int64_t j0, int64_t n) {
                {Tn, uint32_t(n), 0, C, C, C, 0, uint32_t(j0), shader_format(w.dtype())});
 }
 
-// dx[T, C] += d[T, n] · w[j0 : j0+n] (M = T, N = C, K = n).
+// dx[T, C] += d[T, n] · w[j0 : j0+n] (M = T, N = C, K = n): a Q4_0 W on the tensor cores where the device has
+// them, else the tiled FP32 kernel.
 void tile_dx_vk(OpContext& c, const Tensor& d, int64_t j0, int64_t n) {
   const Tensor &x = c.in(0), &w = c.in(1);
+  if (w.dtype() == DType::Q4_0 && c.node.saved.size() > 2 &&
+      c.be.linear().q4_0_dx_rows_coop(*c.seq, c.in_grad(0).buffer(), w.buffer(), d.buffer(),
+                                      c.node.saved[2].buffer(), x.rows(), w.dim(0), j0, n, x.cols()))
+    return;
   const uint32_t Tn = uint32_t(x.rows()), C = uint32_t(x.cols());
   tile_gemm_vk(c, "linear_ce_dx", c.in_grad(0), d,
                {Tn, C, 0, uint32_t(n), uint32_t(n), C, 1, uint32_t(j0), shader_format(w.dtype())});
@@ -471,6 +482,15 @@ void add_cases(std::vector<GradcheckCase>& out) {
                    Var w = random_q4_0(g, r, 37, 64, "w");
                    Var x = random_param(g, r, {5, 64}, "x");
                    return linear_cross_entropy(x, w, ids_constant(g, {36, 5, -100, 5, 20}, "labels"), 10);
+                 }});
+  // On tensor cores where the device has them (T >= 32): the logits and dx of vocabulary windows that start off
+  // a 32-row boundary (100, 200), the last one 21 rows.
+  out.push_back({"linear_cross_entropy q4_0 T=40 C=96 V=221 vocab_tile=100 (tensor cores)", [](Graph& g, std::mt19937& r) {
+                   Var w = random_q4_0(g, r, 221, 96, "w");
+                   Var x = random_param(g, r, {40, 96}, "x");
+                   std::vector<int32_t> labels;
+                   for (int32_t t = 0; t < 40; ++t) labels.push_back(t % 7 == 3 ? -100 : (t * 37) % 221);
+                   return linear_cross_entropy(x, w, ids_constant(g, labels, "labels"), 100);
                  }});
   out.push_back({"linear_cross_entropy q8_0 T=5 C=64 V=37 vocab_tile=10", [](Graph& g, std::mt19937& r) {
                    Var w = random_frozen(g, r, DType::Q8_0, 37, 64, "w");

@@ -274,6 +274,39 @@ bool LinearKernels::q4_0_gemm_rows_coop(Sequence& s, const Buffer& Y, const Buff
   return true;
 }
 
+void LinearKernels::dx_coop_split(const char* k, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
+                                  const Buffer& scratch, int64_t T, int64_t n_in, int64_t dy_stride, int64_t dy_col0,
+                                  int64_t j_start, int64_t j_end, bool accumulate) {
+  const int64_t n_rows = j_end - j_start;
+  const int64_t base = coop_a_base(q4_0_dx_scratch_bytes(T, n_rows, n_in));
+  check_fits_u32(k, "the scratch", int64_t(q4_0_dx_device_scratch_bytes(T, n_rows, n_in) / 4));
+  const SplitRowsPush sp{uint32_t(T), uint32_t(n_rows), uint32_t(dy_stride), uint32_t(base), uint32_t(dy_col0)};
+  s.dispatch(pipeline("coop_split_rows", 2, sizeof(sp), {1}), {&scratch, &dY}, sp, groups_1d(T));
+  GemmPush push{uint32_t(T), uint32_t(n_in), uint32_t(j_start), uint32_t(j_end), uint32_t(dy_stride),
+                uint32_t(base), accumulate ? 1u : 0u};
+  dispatch_gemm(k, pipeline("q4_0_dx_coop", 3, sizeof(GemmPush), {1}), s, dX, scratch, w, push, T, n_in,
+                dx_gemm_split(T, n_rows, n_in), {ceil_div(n_in, kCoopTileN), ceil_div(T, kCoopTileM)}, &scratch);
+}
+
+bool LinearKernels::q4_0_dx_rows_coop(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& d,
+                                      const Buffer& scratch, int64_t T, int64_t n_rows, int64_t row0, int64_t n,
+                                      int64_t n_in) {
+  const char* k = "q4_0_dx (rows)";
+  if (!dev_.coop_matrix() || T < kCoopMinTokens) return false;
+  check_q4_0_linear(k, n_rows, n_in, T);
+  if (row0 < 0 || n < 1 || row0 + n > n_rows)
+    throw ShapeError(std::string(k) + ": rows [" + std::to_string(row0) + ", " + std::to_string(row0 + n) +
+                     ") are not inside the " + std::to_string(n_rows) + " rows of W");
+  check_fits_u32(k, "d", T * n);
+  check_fits_u32(k, "dX", T * n_in);
+  check_min_size(k, "W", w.size(), size_t(n_rows * q4_0_row_bytes(n_in)));
+  check_min_size(k, "d", d.size(), size_t(T * n) * 4);
+  check_min_size(k, "dX", dX.size(), size_t(T * n_in) * 4);
+  check_min_size(k, "scratch", scratch.size(), q4_0_dx_device_scratch_bytes(T, n, n_in));
+  dx_coop_split(k, s, dX, w, d, scratch, T, n_in, n, 0, row0, row0 + n, true);
+  return true;
+}
+
 void LinearKernels::tiled_gemm(const char* shader, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X,
                                int64_t T, int64_t n_out, int64_t n_in, const Buffer* scratch) {
   const uint32_t tile = gemm_tile(T, n_out);
@@ -355,13 +388,7 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
         // H100, T = 512: 16384x16384 33.1 -> 50.8 TFLOPS, tinyllama's shapes 30-33 -> 40-48: the 8 scalar loads
         // per invocation and step that this replaces cost more than the conversion (converting in place from
         // them, 33.1 against 34.8 when timed without the conversion).
-        const int64_t base = coop_a_base(split_bytes);
-        check_fits_u32(k, "the scratch", int64_t(need / 4));
-        const SplitRowsPush sp{uint32_t(T), uint32_t(n_rows), uint32_t(n_out), uint32_t(base), uint32_t(j_start)};
-        s.dispatch(pipeline("coop_split_rows", 2, sizeof(sp), {1}), {scratch, &dY}, sp, groups_1d(T));
-        push.ldb = uint32_t(base);
-        dispatch_gemm(k, pipeline("q4_0_dx_coop", 3, sizeof(GemmPush), {1}), s, dX, *scratch, w, push, T, n_in,
-                      dx_gemm_split(T, n_rows, n_in), groups, scratch);
+        dx_coop_split(k, s, dX, w, dY, *scratch, T, n_in, n_out, j_start, j_start, j_end, accumulate);
         return;
       }
       dispatch_gemm(k, pipeline("q4_0_dx_coop", 3, sizeof(GemmPush)), s, dX, dY, w, push, T, n_in,

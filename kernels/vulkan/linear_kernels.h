@@ -44,6 +44,11 @@ class LinearKernels {
   // none or T is below the fewest tokens that take them.
   bool q4_0_gemm_rows_coop(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_rows,
                            int64_t row0, int64_t n, int64_t n_in);
+  // dX[T, n_in] += d[T, n] · W[row0 : row0 + n, :] for the same window (the loss's dx), on the tensor cores, with a
+  // scratch of q4_0_dx_device_scratch_bytes(T, n, n_in) bytes for d split into f16 hi + lo (and the slices of a
+  // split over the rows). Records nothing and returns false where the device has none or T is too small.
+  bool q4_0_dx_rows_coop(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& d, const Buffer& scratch,
+                         int64_t T, int64_t n_rows, int64_t row0, int64_t n, int64_t n_in);
   // dX[T, n_in] (+)= dY[T, n_out][:, j_start:j_end] · W[j_start:j_end, :]. The one-token path needs `scratch`
   // of at least q4_0_dx_scratch_bytes(T, j_end - j_start, n_in) bytes (it may be null when that is 0); for T > 1
   // the same size lets a small product with many rows split over them (without it, it runs unsplit).
@@ -110,6 +115,11 @@ class LinearKernels {
   struct GemmPush;  // the push constants of the tiled and tensor-core GEMMs (gemm_push.glsl)
   const Pipeline& pipeline(const std::string& shader, uint32_t n_buffers, uint32_t push_bytes,
                            const std::vector<uint32_t>& spec = {});
+  // The tensor-core dx with dY split once into `scratch`: dY's columns dy_col0 .. (rows of dy_stride floats) meet
+  // W's rows j_start .. j_end.
+  void dx_coop_split(const char* k, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
+                     const Buffer& scratch, int64_t T, int64_t n_in, int64_t dy_stride, int64_t dy_col0,
+                     int64_t j_start, int64_t j_end, bool accumulate);
   void f32_gemm(const char* shader, Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M,
                 int64_t N, int64_t K, uint32_t lda, uint32_t ldb, bool accumulate, const Buffer* scratch, float alpha);
   void frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
