@@ -256,19 +256,28 @@ void LinearKernels::q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, con
   tiled_gemm("q4_0_gemm", s, Y, w, X, T, n_out, n_in, scratch);
 }
 
-bool LinearKernels::q4_0_gemm_rows_coop(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
-                                        int64_t n_rows, int64_t row0, int64_t n, int64_t n_in) {
-  const char* k = "q4_0_gemm (rows)";
-  if (!dev_.coop_matrix() || T < kCoopMinTokens) return false;
+namespace {
+// The window W[row0 : row0 + n] of a Q4_0 W [n_rows, n_in] (a vocabulary tile), with x [T, n_in] and the tile's
+// y [T, n] (the logits, or the dx's d).
+void check_rows_window(const char* k, const Buffer& w, const Buffer& x, const Buffer& y, int64_t T, int64_t n_rows,
+                       int64_t row0, int64_t n, int64_t n_in) {
   check_q4_0_linear(k, n_rows, n_in, T);
   if (row0 < 0 || n < 1 || row0 + n > n_rows)
     throw ShapeError(std::string(k) + ": rows [" + std::to_string(row0) + ", " + std::to_string(row0 + n) +
                      ") are not inside the " + std::to_string(n_rows) + " rows of W");
-  check_fits_u32(k, "X", T * n_in);
-  check_fits_u32(k, "Y", T * n);
+  check_fits_u32(k, "x", T * n_in);
+  check_fits_u32(k, "the tile", T * n);
   check_min_size(k, "W", w.size(), size_t(n_rows * q4_0_row_bytes(n_in)));
-  check_min_size(k, "X", X.size(), size_t(T * n_in) * 4);
-  check_min_size(k, "Y", Y.size(), size_t(T * n) * 4);
+  check_min_size(k, "x", x.size(), size_t(T * n_in) * 4);
+  check_min_size(k, "the tile", y.size(), size_t(T * n) * 4);
+}
+}  // namespace
+
+bool LinearKernels::q4_0_gemm_rows_coop(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
+                                        int64_t n_rows, int64_t row0, int64_t n, int64_t n_in) {
+  const char* k = "q4_0_gemm (rows)";
+  if (!dev_.coop_matrix() || T < kCoopMinTokens) return false;
+  check_rows_window(k, w, X, Y, T, n_rows, row0, n, n_in);
   const auto& p = pipeline("q4_0_gemm_coop", 3, sizeof(GemmPush));
   dispatch_forward(k, p, s, Y, w, X, T, n, n_in, ceil_div(n, kCoopTileN), ceil_div(T, kCoopTileM), nullptr, row0);
   return true;
@@ -293,15 +302,7 @@ bool LinearKernels::q4_0_dx_rows_coop(Sequence& s, const Buffer& dX, const Buffe
                                       int64_t n_in) {
   const char* k = "q4_0_dx (rows)";
   if (!dev_.coop_matrix() || T < kCoopMinTokens) return false;
-  check_q4_0_linear(k, n_rows, n_in, T);
-  if (row0 < 0 || n < 1 || row0 + n > n_rows)
-    throw ShapeError(std::string(k) + ": rows [" + std::to_string(row0) + ", " + std::to_string(row0 + n) +
-                     ") are not inside the " + std::to_string(n_rows) + " rows of W");
-  check_fits_u32(k, "d", T * n);
-  check_fits_u32(k, "dX", T * n_in);
-  check_min_size(k, "W", w.size(), size_t(n_rows * q4_0_row_bytes(n_in)));
-  check_min_size(k, "d", d.size(), size_t(T * n) * 4);
-  check_min_size(k, "dX", dX.size(), size_t(T * n_in) * 4);
+  check_rows_window(k, w, dX, d, T, n_rows, row0, n, n_in);
   check_min_size(k, "scratch", scratch.size(), q4_0_dx_device_scratch_bytes(T, n, n_in));
   dx_coop_split(k, s, dX, w, d, scratch, T, n_in, n, 0, row0, row0 + n, true);
   return true;
