@@ -309,6 +309,59 @@ TEST_F(VulkanKernels, TensorCoreRowWindowsMatchReferenceOrAreDeclined) {
   s.end();
 }
 
+// The loss's dx for a window of W's rows on the tensor cores: dX += d[T, n] · W[row0 : row0 + n], windows that
+// start off a 32-row boundary and one of a single row; declined (nothing recorded) without tensor cores.
+TEST_F(VulkanKernels, TensorCoreDxRowWindowsMatchReferenceOrAreDeclined) {
+  const int64_t T = 65, n_rows = 300, n_in = 4128;
+  const auto w_host = random_q4_0(rng_, n_rows, n_in);
+  vk::Buffer w(*device_, w_host.size()), dx(*device_, size_t(T * n_in) * 4);
+  w.upload(w_host);
+  vk::LinearKernels k(*device_);
+  for (const auto& [row0, n] : {std::pair<int64_t, int64_t>{0, 128}, {128, 172}, {299, 1}}) {
+    const auto d_host = random_floats(rng_, T * n), dx0 = random_floats(rng_, T * n_in);
+    vk::Buffer d(*device_, d_host.size() * 4);
+    vk::Buffer scratch(*device_, std::max<size_t>(k.q4_0_dx_device_scratch_bytes(T, n, n_in), 4));
+    d.upload(d_host);
+    dx.upload(dx0);
+    vk::Sequence s(*device_);
+    s.begin();
+    const bool took = k.q4_0_dx_rows_coop(s, dx, w, d, scratch, T, n_rows, row0, n, n_in);
+    s.end();
+    EXPECT_EQ(took, device_->coop_matrix());
+    if (!took) {
+      EXPECT_EQ(s.dispatch_count(), 0u);
+      continue;
+    }
+    s.run();
+    const auto want =
+        ref::q4_0_dx(w_host.data() + row0 * q4_0_row_bytes(n_in), d_host.data(), dx0.data(), T, n, n_in, 0, n);
+    EXPECT_LE(ref::max_rel_error(dx.download_as<float>(size_t(T * n_in)).data(), want), kBound) << "rows from " << row0;
+  }
+}
+
+// The tensor-core dx given a scratch too small for dY split once (only the slices' size): it converts dY in each
+// workgroup instead. The FP32 dx elsewhere.
+TEST_F(VulkanKernels, Q4_0DxWithTheSmallerScratchMatchesReference) {
+  const int64_t T = 65, n_out = 300, n_in = 1056;
+  const auto w_host = random_q4_0(rng_, n_out, n_in);
+  const auto dy_host = random_floats(rng_, T * n_out), dx0 = random_floats(rng_, T * n_in);
+  vk::Buffer w(*device_, w_host.size()), dy(*device_, dy_host.size() * 4), dx(*device_, dx0.size() * 4);
+  w.upload(w_host);
+  dy.upload(dy_host);
+  dx.upload(dx0);
+  vk::LinearKernels k(*device_);
+  const size_t small = vk::LinearKernels::q4_0_dx_scratch_bytes(T, n_out - 7, n_in);
+  if (device_->coop_matrix()) EXPECT_LT(small, k.q4_0_dx_device_scratch_bytes(T, n_out - 7, n_in));
+  vk::Buffer scratch(*device_, std::max<size_t>(small, 4));
+  vk::Sequence s(*device_);
+  s.begin();
+  k.q4_0_dx(s, dx, w, dy, &scratch, T, n_out, n_in, 7, n_out, true);
+  s.end();
+  s.run();
+  const auto want = ref::q4_0_dx(w_host.data(), dy_host.data(), dx0.data(), T, n_out, n_in, 7, n_out);
+  EXPECT_LE(ref::max_rel_error(dx.download_as<float>(size_t(T * n_in)).data(), want), kBound);
+}
+
 // 65 tokens x 130 rows: two 64-wide GEMM tiles each way, the second holding one token and two rows.
 TEST_F(VulkanKernels, FrozenFormatsGemmTilesThatDoNotDivideMatchReference) {
   const int64_t T = 65, n_out = 130, n_in = 512;
