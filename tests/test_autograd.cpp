@@ -2,6 +2,7 @@
 // CPU and the Vulkan device against the double-precision CPU), and the rules that keep quantized weights frozen.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "autograd/gradcheck.h"
@@ -319,6 +320,14 @@ TEST(GraphRules, AMemoryPlannedGraphRunsOnlyThePassesItWasPlannedFor) {
 }
 
 
+// n values uniform in [-1, 1).
+std::vector<double> uniform_values(std::mt19937& rng, int64_t n) {
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> x(static_cast<size_t>(n));
+  for (double& e : x) e = u(rng);
+  return x;
+}
+
 // Rows [r0, r1) of a row-major [rows, cols] matrix.
 std::vector<double> row_slice(const std::vector<double>& m, int64_t cols, int64_t r0, int64_t r1) {
   return {m.begin() + r0 * cols, m.begin() + r1 * cols};
@@ -329,16 +338,12 @@ TEST(SegmentedAttention, ASegmentAttendsAsIfItRanAlone) {
   const std::vector<int32_t> seg{1, 1, 1, 2, 2, 2, 3};
   auto be = Backend::cpu(DType::F64);
   std::mt19937 rng(7);
-  std::uniform_real_distribution<double> u(-1, 1);
-  auto random = [&](int64_t n) {
-    std::vector<double> x(static_cast<size_t>(n));
-    for (double& e : x) e = u(rng);
-    return x;
-  };
+  auto random = [&](int64_t n) { return uniform_values(rng, n); };
   const std::vector<double> q = random(T * H * D), k = random(T * Hkv * D), v = random(T * Hkv * D);
   // dL/d(out): random on the second segment's rows, zero elsewhere.
   std::vector<double> dout(size_t(T * H * D), 0.0);
-  for (int64_t n = r0 * H * D; n < r1 * H * D; ++n) dout[size_t(n)] = u(rng);
+  const std::vector<double> rows = random((r1 - r0) * H * D);
+  std::copy(rows.begin(), rows.end(), dout.begin() + r0 * H * D);
 
   Graph packed(*be);
   Var pq = packed.param(be->from_host(q, {T, H * D}), "q");
@@ -388,12 +393,7 @@ TEST_P(LongPackedAttention, TheDeviceMatchesTheCpuOverManyTiles) {
   for (int64_t len : {1000, 1, 2200, 1003, 33}) seg.insert(seg.end(), size_t(len), ++id);
   const int64_t T = int64_t(seg.size());
   std::mt19937 rng(11);
-  std::uniform_real_distribution<double> u(-1, 1);
-  auto random = [&](int64_t n) {
-    std::vector<double> x(static_cast<size_t>(n));
-    for (double& e : x) e = u(rng);
-    return x;
-  };
+  auto random = [&](int64_t n) { return uniform_values(rng, n); };
   const std::vector<double> q = random(T * H * D), k = random(T * Hkv * D), v = random(T * Hkv * D);
   std::vector<double> dout = random(T * H * D);
   for (double& e : dout) e *= GetParam();
