@@ -11,9 +11,9 @@
 //   dP = dO · vᵀ, dS = P ∘ (dP - rowsum(dP ∘ P)),
 //   dq = dS · k / sqrt(D), dk = dSᵀ · q / sqrt(D), dv = Pᵀ · dO, dk and dv of a kv head summing over its G heads.
 // The CPU forward saves P [H, T, T] (entries j > i are never written nor read). On Vulkan the fused kernels
-// (attention_flash_*.comp, and attention_coop_*.comp on tensor cores) keep no T×T matrix: the forward saves LSE [H, T] (each row's max plus log of its
-// softmax denominator) and the backward recomputes P tile by tile from it, with Δ_i = dO_i·O_i in a [H, T]
-// scratch.
+// (attention_flash_*.comp, and attention_coop_*.comp on tensor cores) keep no T×T matrix: the forward saves LSE
+// [H, T] (each row's max plus log of its softmax denominator) and the backward recomputes P tile by tile from
+// it, with Δ_i = dO_i·O_i in a [H, T] scratch.
 // Every sum runs in a fixed order: no atomics, deterministic results.
 #include <cmath>
 #include <cstdint>

@@ -1,7 +1,6 @@
 // linear (frozen weight, dx only) and matmul_nt (both operands differentiable).
 #include <algorithm>
 #include <array>
-#include <initializer_list>
 #include <type_traits>
 #include <vector>
 
@@ -195,7 +194,7 @@ void product(OpContext& c, Prod op, const Tensor& C, const Tensor& A, const Tens
 
 // The split-K scratch of products {M, N, K} (LoRA's skinny sides) on Vulkan: the products run one after
 // another, so they share one, sized for the largest.
-size_t split_scratch_bytes(std::initializer_list<std::array<int64_t, 3>> products) {
+size_t split_scratch_bytes(const std::vector<std::array<int64_t, 3>>& products) {
   size_t bytes = 0;
   for (const auto& [M, N, K] : products) bytes = std::max(bytes, vk::LinearKernels::gemm_split_scratch_bytes(M, N, K));
   return bytes;
@@ -204,10 +203,10 @@ size_t split_scratch_bytes(std::initializer_list<std::array<int64_t, 3>> product
 void matmul_prepare(OpContext& c) {
   if (c.be.is_cpu()) return;
   const int64_t M = c.in(0).rows(), N = c.in(1).dim(0), K = c.in(0).cols();
-  const bool grads = c.node.requires_grad;
-  const size_t bytes = split_scratch_bytes({{M, N, K},
-                                            {grads && c.needs_grad(0) ? M : 1, K, N},
-                                            {grads && c.needs_grad(1) ? N : 1, K, M}});
+  std::vector<std::array<int64_t, 3>> products{{M, N, K}};
+  if (c.node.requires_grad && c.needs_grad(0)) products.push_back({M, K, N});  // da = dy·b
+  if (c.node.requires_grad && c.needs_grad(1)) products.push_back({N, K, M});  // db = dyᵀ·a
+  const size_t bytes = split_scratch_bytes(products);
   if (bytes > 0) c.node.saved.push_back(c.scratch({int64_t(bytes / 4)}, DType::F32, Scratch::Pass));
 }
 
@@ -255,10 +254,11 @@ void lora_prepare(OpContext& c) {
   c.node.saved.push_back(c.scratch({T_, r}, c.be.real(), Scratch::Saved));
   c.node.saved.push_back(c.scratch({grads ? T_ : 1, r}, c.be.real(), Scratch::Pass));
   if (c.be.is_cpu()) return;
+  std::vector<std::array<int64_t, 3>> products{{T_, r, n_in}, {T_, n_out, r}};  // hs, y += hs·Bᵀ
+  if (c.node.requires_grad && c.needs_grad(3)) products.push_back({n_out, r, T_});     // dB
+  if (grads) products.insert(products.end(), {{T_, r, n_out}, {r, n_in, T_}, {T_, n_in, r}});  // dh, dA, dxa
   const size_t bytes =
-      std::max({frozen_scratch_bytes(c, c.in(1).dtype(), T_, n_out, n_in), size_t(4),
-                split_scratch_bytes({{T_, r, n_in}, {T_, n_out, r}, {n_out, r, T_}, {T_, r, n_out}, {r, n_in, T_},
-                                     {T_, n_in, r}})});
+      std::max({frozen_scratch_bytes(c, c.in(1).dtype(), T_, n_out, n_in), size_t(4), split_scratch_bytes(products)});
   c.node.saved.push_back(c.scratch({int64_t(bytes / 4)}, DType::F32, Scratch::Pass));
 }
 
