@@ -23,7 +23,7 @@ const uint SP = 16u * SS > 32u * PS ? 16u * SS : 32u * PS;
 // subgroups' areas.
 const uint KH = 0u, KL = BC * KS, VH = 2u * BC * KS, VL = 3u * BC * KS, SP0 = 4u * BC * KS;
 shared uvec4 tiles[SP0 + NSG * SP];
-shared float rowf[BR];  // per row: the rescale factor of the step, then 1 / l
+shared float rowf[BR];  // per row: the rescale factor of the step, then 1 / (P_SCALE·l)
 
 void main() {
   const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
