@@ -17,6 +17,8 @@
 #include "kernels/quant/q8_0.h"
 #include "kernels/shapes.h"
 #include "kernels/vulkan/linear_kernels.h"
+#include "kernels/vulkan/pipeline.h"
+#include "kernels/vulkan/shaders.h"
 
 namespace q4t {
 namespace {
@@ -792,6 +794,77 @@ TEST_F(VulkanKernels, AnIndependentGroupRunsBetweenOrderedCommands) {
   const std::vector<float> y_ref_f(y_ref.begin(), y_ref.end());
   const auto dx_ref = ref::q4_0_dx(w_host.data(), y_ref_f.data(), nullptr, 1, n_out, n_in, 0, n_out);
   EXPECT_LE(ref::max_rel_error(dx.download_as<float>(n_in).data(), dx_ref), kBound);
+}
+
+// Which bindings a shader writes, from its SPIR-V: writeonly and read-write buffers count, readonly ones do not,
+// also where two readonly views share a binding (the coop GEMM's A).
+TEST(SpirvReflection, FindsTheBindingsAShaderWrites) {
+  const auto& table = vk::shader_table();
+  EXPECT_EQ(vk::spirv_written_bindings(table.at("copy"), 2), (std::vector<bool>{true, false}));
+  EXPECT_EQ(vk::spirv_written_bindings(table.at("q4_0_dx_reduce"), 2), (std::vector<bool>{true, false}));
+  EXPECT_EQ(vk::spirv_written_bindings(table.at("q4_0_gemm_coop"), 3), (std::vector<bool>{true, false, false}));
+  // Bindings past the ones asked for are left out; a module that is not SPIR-V is an error.
+  EXPECT_EQ(vk::spirv_written_bindings(table.at("copy"), 1), (std::vector<bool>{true}));
+  const std::vector<uint32_t> junk{1, 2, 3, 4, 5, 6};
+  EXPECT_THROW(vk::spirv_written_bindings(junk, 2), vk::DeviceError);
+}
+
+// A command gets a barrier only when it shares bytes with a command since the last barrier: it reads what one
+// wrote, or writes what one read or wrote. The results show the order held.
+TEST_F(VulkanKernels, BarriersGoWhereCommandsShareBytes) {
+  const auto A = random_floats(rng_, 16), C = random_floats(rng_, 16);
+  vk::Buffer a(*device_, 64), b(*device_, 64), c(*device_, 64), d(*device_, 64), e(*device_, 64);
+  a.upload(A);
+  c.upload(C);
+  d.upload(C);
+  vk::LinearKernels k(*device_);
+  vk::Sequence s(*device_);
+  s.begin();
+  k.copy(s, b, a, 64);  // b = A
+  k.copy(s, e, c, 64);  // e = C: other bytes, no barrier
+  EXPECT_EQ(s.barrier_count(), 0u);
+  k.copy(s, e, b, 64);  // reads b, written since the last barrier (and writes e, written too)
+  EXPECT_EQ(s.barrier_count(), 1u);
+  k.copy(s, a, c, 64);  // writes a, which only a command before that barrier read
+  EXPECT_EQ(s.barrier_count(), 1u);
+  s.copy(c, e, 64);  // a transfer reading e, written since the barrier (and writing c, read since)
+  EXPECT_EQ(s.barrier_count(), 2u);
+  s.fill_zero(d);  // d: untouched since the barrier
+  EXPECT_EQ(s.barrier_count(), 2u);
+  s.end();
+  s.run();
+  EXPECT_EQ(b.download_as<float>(16), A);
+  EXPECT_EQ(e.download_as<float>(16), A);
+  EXPECT_EQ(a.download_as<float>(16), C);
+  EXPECT_EQ(c.download_as<float>(16), A);
+  EXPECT_EQ(d.download_as<float>(16), std::vector<float>(16, 0.0f));
+}
+
+// Buffers placed in one arena are told apart by their bytes: two at the same offset are one for the barriers,
+// two at different offsets are not.
+TEST_F(VulkanKernels, BarriersSeeBuffersThatShareAnArenasBytes) {
+  const auto A = random_floats(rng_, 64);
+  vk::Buffer p(*device_, 256, vk::Buffer::Unplaced{}), q(*device_, 256, vk::Buffer::Unplaced{});
+  vk::Buffer r(*device_, 256, vk::Buffer::Unplaced{});
+  const VkMemoryRequirements req = p.requirements();
+  const size_t step = (req.size + req.alignment - 1) / req.alignment * req.alignment;
+  vk::Arena arena(*device_, 2 * step, req.memoryTypeBits);
+  p.place(arena, 0);
+  q.place(arena, 0);
+  r.place(arena, step);
+  vk::Buffer src(*device_, 256), dst(*device_, 256);
+  src.upload(A);
+  vk::LinearKernels k(*device_);
+  vk::Sequence s(*device_);
+  s.begin();
+  k.copy(s, p, src, 256);
+  k.copy(s, r, src, 256);  // the arena's other bytes
+  EXPECT_EQ(s.barrier_count(), 0u);
+  k.copy(s, dst, q, 256);  // q's bytes are p's
+  EXPECT_EQ(s.barrier_count(), 1u);
+  s.end();
+  s.run();
+  EXPECT_EQ(dst.download_as<float>(64), A);
 }
 
 TEST_F(VulkanKernels, IndependentGroupsMustBeOpenedAndClosedInARecording) {

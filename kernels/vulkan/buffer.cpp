@@ -71,6 +71,7 @@ void Buffer::place(const Arena& arena, size_t offset) {
     throw std::logic_error("Buffer::place: offset " + std::to_string(offset) + " does not fit the arena");
   check(vkBindBufferMemory(dev_->handle(), buffer_, arena.memory_, offset), "vkBindBufferMemory");
   memory_ = arena.memory_;
+  offset_ = offset;
   if (arena.mapped_) mapped_ = static_cast<char*>(arena.mapped_) + offset;
 }
 
@@ -95,7 +96,7 @@ Arena::~Arena() {
 
 Buffer::Buffer(Buffer&& o) noexcept
     : dev_(o.dev_), size_(o.size_), alloc_size_(o.alloc_size_), buffer_(o.buffer_), memory_(o.memory_),
-      mapped_(o.mapped_), owns_memory_(o.owns_memory_) {
+      offset_(o.offset_), mapped_(o.mapped_), owns_memory_(o.owns_memory_) {
   o.buffer_ = VK_NULL_HANDLE;
   o.memory_ = VK_NULL_HANDLE;
   o.mapped_ = nullptr;

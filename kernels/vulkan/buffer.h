@@ -42,6 +42,10 @@ class Buffer {
   VkMemoryRequirements requirements() const;
   void place(const Arena& arena, size_t offset);
   bool placed() const { return memory_ != VK_NULL_HANDLE; }
+  // The bytes the buffer occupies: [offset, offset + allocated size) of `memory` (its own, or an arena's).
+  VkDeviceMemory memory() const { return memory_; }
+  size_t memory_offset() const { return offset_; }
+  size_t allocated_size() const { return alloc_size_; }
 
   template <class T>
   void upload(std::span<const T> v) { upload(v.data(), v.size_bytes()); }
@@ -63,6 +67,7 @@ class Buffer {
   size_t alloc_size_ = 0;
   VkBuffer buffer_ = VK_NULL_HANDLE;
   VkDeviceMemory memory_ = VK_NULL_HANDLE;
+  size_t offset_ = 0;  // in memory_
   void* mapped_ = nullptr;
   bool owns_memory_ = true;
 };

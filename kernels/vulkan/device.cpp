@@ -60,6 +60,15 @@ bool layer_available(const char* name) {
                      [&](const VkLayerProperties& l) { return std::strcmp(l.layerName, name) == 0; });
 }
 
+bool layer_has_extension(const char* layer, const char* ext) {
+  uint32_t n = 0;
+  vkEnumerateInstanceExtensionProperties(layer, &n, nullptr);
+  std::vector<VkExtensionProperties> props(n);
+  vkEnumerateInstanceExtensionProperties(layer, &n, props.data());
+  return std::any_of(props.begin(), props.end(),
+                     [&](const VkExtensionProperties& p) { return std::strcmp(p.extensionName, ext) == 0; });
+}
+
 VkInstance create_instance(bool validation) {
   VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
   app.pApplicationName = "q4tune";
@@ -67,12 +76,19 @@ VkInstance create_instance(bool validation) {
   VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
   ci.pApplicationInfo = &app;
   const char* layer = "VK_LAYER_KHRONOS_validation";
-  const char* ext = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
+  const char* exts[] = {VK_EXT_DEBUG_UTILS_EXTENSION_NAME, VK_EXT_VALIDATION_FEATURES_EXTENSION_NAME};
+  // Synchronization validation too: it reports a command that touches bytes another command may still be using
+  // (a barrier Sequence left out).
+  const VkValidationFeatureEnableEXT sync = VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT;
+  VkValidationFeaturesEXT features{VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT};
+  features.enabledValidationFeatureCount = 1;
+  features.pEnabledValidationFeatures = &sync;
   if (validation) {
     ci.enabledLayerCount = 1;
     ci.ppEnabledLayerNames = &layer;
-    ci.enabledExtensionCount = 1;
-    ci.ppEnabledExtensionNames = &ext;
+    ci.enabledExtensionCount = layer_has_extension(layer, exts[1]) ? 2 : 1;
+    ci.ppEnabledExtensionNames = exts;
+    if (ci.enabledExtensionCount == 2) ci.pNext = &features;
   }
   VkInstance inst = VK_NULL_HANDLE;
   VkResult r = vkCreateInstance(&ci, nullptr, &inst);

@@ -40,7 +40,7 @@ class Device {
  public:
   struct Options {
     int index = -1;           // -1: discrete GPU first, then integrated, virtual, CPU (lavapipe)
-    bool validation = false;  // enable VK_LAYER_KHRONOS_validation when it is installed
+    bool validation = false;  // enable VK_LAYER_KHRONOS_validation (and its synchronization checks) when installed
   };
   static std::unique_ptr<Device> open(const Options& opt);
   // Every Vulkan physical device on this machine, in Vulkan's order (the N of vulkan:N).

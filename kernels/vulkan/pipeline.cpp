@@ -2,6 +2,8 @@
 
 #include "kernels/vulkan/shaders.h"
 
+#include <algorithm>
+
 namespace q4t::vk {
 
 Pipeline::Pipeline(Device& dev, const std::string& shader, uint32_t n_buffers, uint32_t push_bytes,
@@ -15,6 +17,7 @@ Pipeline::Pipeline(Device& dev, const std::string& shader, uint32_t n_buffers, u
   mci.codeSize = it->second.size() * sizeof(uint32_t);
   mci.pCode = it->second.data();
   check(vkCreateShaderModule(dev.handle(), &mci, nullptr, &module_), "vkCreateShaderModule");
+  writes_ = spirv_written_bindings(it->second, n_buffers);
 
   std::vector<VkDescriptorSetLayoutBinding> bindings(n_buffers);
   for (uint32_t i = 0; i < n_buffers; ++i)
@@ -45,6 +48,58 @@ Pipeline::Pipeline(Device& dev, const std::string& shader, uint32_t n_buffers, u
   pci.layout = layout_;
   check(vkCreateComputePipelines(dev.handle(), dev.pipeline_cache(), 1, &pci, nullptr, &pipeline_),
         ("vkCreateComputePipelines(" + shader + ")").c_str());
+}
+
+std::vector<bool> spirv_written_bindings(std::span<const uint32_t> words, uint32_t n_buffers) {
+  // Opcodes and enumerants of the SPIR-V specification.
+  constexpr uint32_t kOpTypeStruct = 30, kOpTypePointer = 32, kOpVariable = 59, kOpDecorate = 71,
+                     kOpMemberDecorate = 72;
+  constexpr uint32_t kNonWritable = 24, kBinding = 33, kDescriptorSet = 34;
+  constexpr uint32_t kUniform = 2, kStorageBuffer = 12;
+  if (words.size() < 5 || words[0] != 0x07230203u) throw DeviceError("SPIR-V reflection: not a SPIR-V module");
+  struct Id {
+    int64_t binding = -1;
+    uint32_t set = 0;
+    bool non_writable = false;   // decorated on the id itself
+    uint32_t members = 0;        // a struct type's member count
+    std::vector<bool> member_nw;  // ... and which members are NonWritable
+    uint32_t pointee = 0;        // a pointer type's pointee
+  };
+  const uint32_t bound = words[3];
+  std::vector<Id> ids(bound);
+  std::vector<std::pair<uint32_t, uint32_t>> vars;  // {variable, its pointer type}: buffer variables
+  for (size_t i = 5; i < words.size();) {
+    const uint32_t op = words[i] & 0xFFFFu, n = words[i] >> 16;
+    if (n == 0 || i + n > words.size()) throw DeviceError("SPIR-V reflection: malformed instruction");
+    const uint32_t* a = &words[i + 1];
+    if (op == kOpDecorate && n >= 3 && a[0] < bound) {
+      if (a[1] == kNonWritable) ids[a[0]].non_writable = true;
+      if (a[1] == kBinding && n >= 4) ids[a[0]].binding = a[2];
+      if (a[1] == kDescriptorSet && n >= 4) ids[a[0]].set = a[2];
+    } else if (op == kOpMemberDecorate && n >= 4 && a[0] < bound && a[2] == kNonWritable) {
+      auto& m = ids[a[0]].member_nw;
+      if (m.size() <= a[1]) m.resize(a[1] + 1, false);
+      m[a[1]] = true;
+    } else if (op == kOpTypeStruct && n >= 2 && a[0] < bound) {
+      ids[a[0]].members = n - 2;
+    } else if (op == kOpTypePointer && n >= 4 && a[0] < bound) {
+      ids[a[0]].pointee = a[2];
+    } else if (op == kOpVariable && n >= 4 && a[1] < bound && (a[2] == kStorageBuffer || a[2] == kUniform)) {
+      vars.push_back({a[1], a[0]});
+    }
+    i += n;
+  }
+  std::vector<bool> writes(n_buffers, false);
+  for (const auto& [var, ptr] : vars) {
+    const Id& v = ids[var];
+    if (v.binding < 0 || v.set != 0 || v.binding >= int64_t(n_buffers) || v.non_writable) continue;
+    const uint32_t st = ptr < bound ? ids[ptr].pointee : 0;
+    const Id* block = st < bound ? &ids[st] : nullptr;
+    const bool members_nw = block && block->members > 0 && block->member_nw.size() == block->members &&
+                            std::all_of(block->member_nw.begin(), block->member_nw.end(), [](bool b) { return b; });
+    if (!members_nw) writes[size_t(v.binding)] = true;
+  }
+  return writes;
 }
 
 Pipeline::~Pipeline() {

@@ -4,6 +4,7 @@
 #include <vulkan/vulkan.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,15 +26,24 @@ class Pipeline {
   uint32_t n_buffers() const { return n_buffers_; }
   uint32_t push_bytes() const { return push_bytes_; }
   const std::string& name() const { return name_; }
+  // Whether the shader may write the buffer at `binding` (its SPIR-V has a storage-buffer variable there not
+  // declared readonly). Sequence places barriers from this.
+  bool writes(uint32_t binding) const { return binding < writes_.size() && writes_[binding]; }
 
  private:
   Device& dev_;
   std::string name_;
   uint32_t n_buffers_, push_bytes_;
+  std::vector<bool> writes_;  // per binding
   VkShaderModule module_ = VK_NULL_HANDLE;
   VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
   VkPipelineLayout layout_ = VK_NULL_HANDLE;
   VkPipeline pipeline_ = VK_NULL_HANDLE;
 };
+
+// Per binding 0..n_buffers-1 of descriptor set 0: whether a SPIR-V module may write it. A binding is read-only
+// when every variable bound there is NonWritable, on the variable or on each member of its block; a binding no
+// variable uses is neither read nor written (false).
+std::vector<bool> spirv_written_bindings(std::span<const uint32_t> words, uint32_t n_buffers);
 
 }  // namespace q4t::vk

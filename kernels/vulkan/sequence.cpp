@@ -45,6 +45,10 @@ void Sequence::begin() {
   n_timestamps_ = 0;
   n_dispatches_ = 0;
   n_commands_ = 0;
+  n_barriers_ = 0;
+  read_.clear();
+  written_.clear();
+  barrier_next_ = false;
   independent_ = group_started_ = false;
   vkResetCommandBuffer(cb_, 0);
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
@@ -108,7 +112,11 @@ void Sequence::dispatch(const Pipeline& p, std::initializer_list<const Buffer*> 
   }
   vkUpdateDescriptorSets(dev_.handle(), uint32_t(writes.size()), writes.data(), 0, nullptr);
 
-  barrier_before_command();
+  std::vector<Access> accesses;
+  accesses.reserve(buffers.size());
+  uint32_t binding = 0;
+  for (const Buffer* b : buffers) accesses.push_back({b, p.writes(binding++)});
+  barrier_before_command(accesses);
   vkCmdBindPipeline(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, p.handle());
   vkCmdBindDescriptorSets(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout(), 0, 1, &set, 0, nullptr);
   if (push_bytes) vkCmdPushConstants(cb_, p.layout(), VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
@@ -116,28 +124,53 @@ void Sequence::dispatch(const Pipeline& p, std::initializer_list<const Buffer*> 
   ++n_dispatches_;
 }
 
-// Every command waits for the writes of the ones before it (compute and transfer alike), except within an
-// independent group, where only the group's first command does.
-void Sequence::barrier_before_command() {
+// A barrier before a command that reads bytes written, or writes bytes read or written, since the last barrier
+// (read_ and written_), or that follows a timestamp. Within an independent group only the group's first command
+// is checked; the others add their bytes.
+void Sequence::barrier_before_command(std::initializer_list<Access> accesses) {
+  barrier_before_command(std::vector<Access>(accesses));
+}
+
+void Sequence::barrier_before_command(const std::vector<Access>& accesses) {
+  const auto range_of = [](const Buffer* b) {
+    return Range{b->memory(), b->memory_offset(), b->memory_offset() + b->allocated_size()};
+  };
+  const auto overlaps = [](const std::vector<Range>& set, const Range& r) {
+    for (const Range& o : set)
+      if (o.memory == r.memory && o.begin < r.end && r.begin < o.end) return true;
+    return false;
+  };
+  bool check = n_commands_++ > 0;
   if (independent_) {
-    if (group_started_) {
-      ++n_commands_;
-      return;
-    }
+    if (group_started_) check = false;
     group_started_ = true;
   }
-  if (n_commands_++ == 0) return;
-  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-  mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT |
-                     VK_ACCESS_TRANSFER_READ_BIT;
-  mb.dstAccessMask = mb.srcAccessMask;
-  const VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
-  vkCmdPipelineBarrier(cb_, stages, stages, 0, 1, &mb, 0, nullptr, 0, nullptr);
+  bool need = false;
+  if (check) {
+    need = barrier_next_;
+    for (const Access& a : accesses) {
+      const Range r = range_of(a.buffer);
+      if (overlaps(written_, r) || (a.write && overlaps(read_, r))) need = true;
+    }
+  }
+  if (need) {
+    VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT |
+                       VK_ACCESS_TRANSFER_READ_BIT;
+    mb.dstAccessMask = mb.srcAccessMask;
+    const VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+    vkCmdPipelineBarrier(cb_, stages, stages, 0, 1, &mb, 0, nullptr, 0, nullptr);
+    ++n_barriers_;
+    read_.clear();
+    written_.clear();
+    barrier_next_ = false;
+  }
+  for (const Access& a : accesses) (a.write ? written_ : read_).push_back(range_of(a.buffer));
 }
 
 void Sequence::fill_zero(const Buffer& b) {
   if (!recording_) throw std::logic_error("Sequence::fill_zero outside begin()/end()");
-  barrier_before_command();
+  barrier_before_command({{&b, true}});
   vkCmdFillBuffer(cb_, b.handle(), 0, VK_WHOLE_SIZE, 0);
 }
 
@@ -145,7 +178,7 @@ void Sequence::copy(const Buffer& dst, const Buffer& src, size_t bytes) {
   if (!recording_) throw std::logic_error("Sequence::copy outside begin()/end()");
   if (bytes > dst.size() || bytes > src.size()) throw std::logic_error("Sequence::copy: range exceeds a buffer");
   if (bytes == 0) return;
-  barrier_before_command();
+  barrier_before_command({{&src, false}, {&dst, true}});
   VkBufferCopy c{0, 0, bytes};
   vkCmdCopyBuffer(cb_, src.handle(), dst.handle(), 1, &c);
 }
@@ -167,6 +200,7 @@ uint32_t Sequence::timestamp() {
   if (n_timestamps_ >= max_timestamps_)
     throw std::logic_error("Sequence: more than " + std::to_string(max_timestamps_) + " timestamps");
   vkCmdWriteTimestamp(cb_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, n_timestamps_);
+  barrier_next_ = true;  // so that what follows is timed apart from what came before
   return n_timestamps_++;
 }
 

@@ -1,5 +1,8 @@
-// A recorded command sequence: dispatches (each behind a compute->compute barrier, so a dispatch sees the
-// writes of the ones before it) and timestamps. Record once with begin()/dispatch()/end(), then run() it as
+// A recorded command sequence: dispatches and transfers, each seeing the writes of the ones before it, and
+// timestamps. A command gets a barrier only when it needs one: when it reads bytes that a command since the last
+// barrier wrote, or writes bytes that one of them read or wrote (bytes of a buffer's memory, so buffers that
+// share an arena's bytes count as one). Which bindings a dispatch writes comes from its shader
+// (Pipeline::writes); the others it only reads. Commands between two barriers may run side by side. Record once with begin()/dispatch()/end(), then run() it as
 // many times as needed; a training step is the same sequence every step.
 #pragma once
 #include <vulkan/vulkan.h>
@@ -37,7 +40,7 @@ class Sequence {
   // as a whole still waits for every command before it, and the first command after it waits for the group.
   void begin_independent();
   void end_independent();
-  // Writes a timestamp after all previous work; returns its slot.
+  // Writes a timestamp after all previous work; returns its slot. The command after it waits for all before it.
   uint32_t timestamp();
   void end();
 
@@ -47,17 +50,29 @@ class Sequence {
   // Nanoseconds between timestamp slots a and b of the last run.
   double elapsed_ns(uint32_t a, uint32_t b) const;
   uint32_t dispatch_count() const { return n_dispatches_; }
+  uint32_t barrier_count() const { return n_barriers_; }
 
  private:
   VkDescriptorSet allocate_set(VkDescriptorSetLayout layout);
-  void barrier_before_command();
+  struct Access {
+    const Buffer* buffer;
+    bool write;
+  };
+  void barrier_before_command(std::initializer_list<Access> accesses);
+  void barrier_before_command(const std::vector<Access>& accesses);
+  struct Range {
+    VkDeviceMemory memory;
+    size_t begin, end;
+  };
 
   Device& dev_;
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;  // own pool: sequences may be recorded from different threads
   VkCommandBuffer cb_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
   VkQueryPool queries_ = VK_NULL_HANDLE;
-  uint32_t max_timestamps_, n_timestamps_ = 0, n_dispatches_ = 0, n_commands_ = 0;
+  uint32_t max_timestamps_, n_timestamps_ = 0, n_dispatches_ = 0, n_commands_ = 0, n_barriers_ = 0;
+  std::vector<Range> read_, written_;  // by the commands since the last barrier
+  bool barrier_next_ = false;          // after a timestamp
   bool independent_ = false;  // inside begin_independent() .. end_independent()
   bool group_started_ = false;  // ... and the group has had its first command
   std::vector<VkDescriptorPool> pools_;
