@@ -248,42 +248,65 @@ Shape lora_shape(const Graph& g, const Node& n) {
   return out;
 }
 
+// Saved beyond hs and dh (Vulkan): a pass scratch for the frozen product, then one per adapter product that
+// splits over K (LinearKernels::gemm_split_scratch_bytes), in the order of LoraScratch. Products with scratch
+// of their own do not wait for each other's (Sequence orders commands by the bytes they share).
+enum LoraScratch { kFrozenScratch, kHsScratch, kYScratch, kDbScratch, kDhScratch, kDaScratch, kDxaScratch, kLoraScratches };
+
 void lora_prepare(OpContext& c) {
   const auto [T_, n_out, n_in, r] = lora_dims(c.in(0), c.in(1), c.in(2));
   const bool grads = c.node.requires_grad && (c.needs_grad(2) || c.needs_grad(4));
   c.node.saved.push_back(c.scratch({T_, r}, c.be.real(), Scratch::Saved));
   c.node.saved.push_back(c.scratch({grads ? T_ : 1, r}, c.be.real(), Scratch::Pass));
   if (c.be.is_cpu()) return;
-  std::vector<std::array<int64_t, 3>> products{{T_, r, n_in}, {T_, n_out, r}};  // hs, y += hs·Bᵀ
-  if (c.node.requires_grad && c.needs_grad(3)) products.push_back({n_out, r, T_});     // dB
-  if (grads) products.insert(products.end(), {{T_, r, n_out}, {r, n_in, T_}, {T_, n_in, r}});  // dh, dA, dxa
-  const size_t bytes =
-      std::max({frozen_scratch_bytes(c, c.in(1).dtype(), T_, n_out, n_in), size_t(4), split_scratch_bytes(products)});
-  c.node.saved.push_back(c.scratch({int64_t(bytes / 4)}, DType::F32, Scratch::Pass));
+  const bool db = c.node.requires_grad && c.needs_grad(3);
+  // Per LoraScratch: the product (M, N, K) it serves, or none (M = 0).
+  const std::array<std::array<int64_t, 3>, kLoraScratches> products{{{0, 0, 0},
+                                                                      {T_, r, n_in},
+                                                                      {T_, n_out, r},
+                                                                      {db ? n_out : 0, r, T_},
+                                                                      {grads ? T_ : 0, r, n_out},
+                                                                      {grads ? r : 0, n_in, T_},
+                                                                      {grads ? T_ : 0, n_in, r}}};
+  for (int k = 0; k < kLoraScratches; ++k) {
+    const auto [M, N, K] = products[size_t(k)];
+    size_t bytes = k == kFrozenScratch ? frozen_scratch_bytes(c, c.in(1).dtype(), T_, n_out, n_in)
+                   : M > 0            ? vk::LinearKernels::gemm_split_scratch_bytes(M, N, K)
+                                      : 0;
+    c.node.saved.push_back(c.scratch({int64_t(std::max<size_t>(bytes, 4) / 4)}, DType::F32, Scratch::Pass));
+  }
 }
 
-const Tensor* lora_scratch(const OpContext& c) { return c.node.saved.size() > 2 ? &c.node.saved[2] : nullptr; }
+const Tensor* lora_scratch(const OpContext& c, LoraScratch k) {
+  return c.node.saved.size() > 2 ? &c.node.saved[2 + size_t(k)] : nullptr;
+}
 
 void lora_forward(OpContext& c) {
   const Tensor &x = c.in(0), &w = c.in(1), &a = c.in(2), &b = c.in(3), &xa = c.in(4), &y = c.node.value;
   const Tensor& hs = c.node.saved[0];
   const auto [T_, n_out, n_in, r] = lora_dims(x, w, a);
-  frozen_forward(c, y, x, w, lora_scratch(c));
-  product(c, Prod::NT, hs, xa, a, T_, r, n_in, false, c.node.params.f[0], lora_scratch(c));  // hs = scale·xa·Aᵀ
-  product(c, Prod::NT, y, hs, b, T_, n_out, r, true, 1, lora_scratch(c));                     // y += hs·Bᵀ
+  // hs first: it does not wait for y, and y += hs·Bᵀ waits for both.
+  product(c, Prod::NT, hs, xa, a, T_, r, n_in, false, c.node.params.f[0],
+          lora_scratch(c, kHsScratch));  // hs = scale·xa·Aᵀ
+  frozen_forward(c, y, x, w, lora_scratch(c, kFrozenScratch));
+  product(c, Prod::NT, y, hs, b, T_, n_out, r, true, 1, lora_scratch(c, kYScratch));  // y += hs·Bᵀ
 }
 
 void lora_backward(OpContext& c) {
   const Tensor &w = c.in(1), &a = c.in(2), &b = c.in(3), &xa = c.in(4), &dy = c.node.grad;
   const Tensor &hs = c.node.saved[0], &dh = c.node.saved[1];
   const auto [T_, n_out, n_in, r] = lora_dims(c.in(0), w, a);
-  const Tensor* scratch = lora_scratch(c);
-  if (c.needs_grad(0)) frozen_backward(c, c.in_grad(0), dy, w, scratch);
-  if (c.needs_grad(3)) product(c, Prod::TN, c.in_grad(3), dy, hs, n_out, r, T_, true, 1, scratch);  // dB += dyᵀ·hs
-  if (!c.needs_grad(2) && !c.needs_grad(4)) return;
-  product(c, Prod::NN, dh, dy, b, T_, r, n_out, false, c.node.params.f[0], scratch);  // dh = scale·dy·B
-  if (c.needs_grad(2)) product(c, Prod::TN, c.in_grad(2), dh, xa, r, n_in, T_, true, 1, scratch);  // dA += dhᵀ·xa
-  if (c.needs_grad(4)) product(c, Prod::NN, c.in_grad(4), dh, a, T_, n_in, r, true, 1, scratch);   // dxa += dh·A
+  const bool adapter_input = c.needs_grad(2) || c.needs_grad(4);
+  if (adapter_input)  // dh = scale·dy·B
+    product(c, Prod::NN, dh, dy, b, T_, r, n_out, false, c.node.params.f[0], lora_scratch(c, kDhScratch));
+  if (c.needs_grad(0)) frozen_backward(c, c.in_grad(0), dy, w, lora_scratch(c, kFrozenScratch));
+  if (c.needs_grad(3))  // dB += dyᵀ·hs
+    product(c, Prod::TN, c.in_grad(3), dy, hs, n_out, r, T_, true, 1, lora_scratch(c, kDbScratch));
+  if (!adapter_input) return;
+  if (c.needs_grad(2))  // dA += dhᵀ·xa
+    product(c, Prod::TN, c.in_grad(2), dh, xa, r, n_in, T_, true, 1, lora_scratch(c, kDaScratch));
+  if (c.needs_grad(4))  // dxa += dh·A
+    product(c, Prod::NN, c.in_grad(4), dh, a, T_, n_in, r, true, 1, lora_scratch(c, kDxaScratch));
 }
 
 const OpDef kLinearOp{"linear", linear_shape, linear_prepare, linear_forward, linear_backward, 1u << 1};  // dx = dy·W: W only

@@ -1,5 +1,6 @@
 #include "kernels/vulkan/sequence.h"
 
+#include <algorithm>
 #include <string>
 
 namespace q4t::vk {
@@ -8,6 +9,10 @@ namespace {
 constexpr uint32_t kSetsPerPool = 256;
 constexpr uint32_t kMaxBuffersPerSet = 12;  // the fused attention backward binds 9
 }  // namespace
+
+Sequence::Range Sequence::range_of(const Buffer& b) {
+  return {b.memory(), b.memory_offset(), b.memory_offset() + b.allocated_size()};
+}
 
 Sequence::Sequence(Device& dev, uint32_t max_timestamps) : dev_(dev), max_timestamps_(max_timestamps) {
   VkCommandPoolCreateInfo pci{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
@@ -44,12 +49,12 @@ void Sequence::begin() {
   pool_in_use_ = 0;
   n_timestamps_ = 0;
   n_dispatches_ = 0;
-  n_commands_ = 0;
   n_barriers_ = 0;
-  read_.clear();
-  written_.clear();
-  barrier_next_ = false;
-  independent_ = group_started_ = false;
+  pending_commands_.clear();
+  nodes_.clear();
+  tracks_.clear();
+  emitted_ = false;
+  independent_ = false;
   vkResetCommandBuffer(cb_, 0);
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   check(vkBeginCommandBuffer(cb_, &bi), "vkBeginCommandBuffer");
@@ -112,101 +117,128 @@ void Sequence::dispatch(const Pipeline& p, std::initializer_list<const Buffer*> 
   }
   vkUpdateDescriptorSets(dev_.handle(), uint32_t(writes.size()), writes.data(), 0, nullptr);
 
-  std::vector<Access> accesses;
+  Command c{Command::Dispatch, p.handle(), p.layout(), set,
+            std::vector<uint8_t>(static_cast<const uint8_t*>(push), static_cast<const uint8_t*>(push) + push_bytes),
+            groups, VK_NULL_HANDLE, VK_NULL_HANDLE, 0, 0};
+  std::vector<std::pair<Range, bool>> accesses;
   accesses.reserve(buffers.size());
   uint32_t binding = 0;
-  for (const Buffer* b : buffers) accesses.push_back({b, p.writes(binding++)});
-  barrier_before_command(accesses);
-  vkCmdBindPipeline(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, p.handle());
-  vkCmdBindDescriptorSets(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout(), 0, 1, &set, 0, nullptr);
-  if (push_bytes) vkCmdPushConstants(cb_, p.layout(), VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
-  vkCmdDispatch(cb_, groups[0], groups[1], groups[2]);
+  for (const Buffer* b : buffers) accesses.push_back({range_of(*b), p.writes(binding++)});
+  add(std::move(c), std::move(accesses));
   ++n_dispatches_;
 }
 
-// A barrier before a command that reads bytes written, or writes bytes read or written, since the last barrier
-// (read_ and written_), or that follows a timestamp. Within an independent group only the group's first command
-// is checked; the others add their bytes.
-void Sequence::barrier_before_command(std::initializer_list<Access> accesses) {
-  barrier_before_command(std::vector<Access>(accesses));
+void Sequence::add(Command c, std::vector<std::pair<Range, bool>> accesses) {
+  if (independent_) {
+    c.node = uint32_t(nodes_.size() - 1);
+    auto& acc = nodes_.back().accesses;
+    acc.insert(acc.end(), accesses.begin(), accesses.end());
+  } else {
+    c.node = uint32_t(nodes_.size());
+    nodes_.push_back({std::move(accesses), 0});
+    place_node(nodes_.back());
+  }
+  pending_commands_.push_back(std::move(c));
 }
 
-void Sequence::barrier_before_command(const std::vector<Access>& accesses) {
-  const auto range_of = [](const Buffer* b) {
-    return Range{b->memory(), b->memory_offset(), b->memory_offset() + b->allocated_size()};
-  };
-  const auto overlaps = [](const std::vector<Range>& set, const Range& r) {
-    for (const Range& o : set)
-      if (o.memory == r.memory && o.begin < r.end && r.begin < o.end) return true;
-    return false;
-  };
-  bool check = n_commands_++ > 0;
-  if (independent_) {
-    if (group_started_) check = false;
-    group_started_ = true;
+// A node's level: one past every level that wrote bytes it reads, or read or wrote bytes it writes. Then the
+// node's own reads and writes raise its ranges' levels.
+void Sequence::place_node(Node& n) {
+  int64_t level = 0;
+  for (const auto& [r, write] : n.accesses)
+    for (const Track& t : tracks_)
+      if (t.range.memory == r.memory && t.range.begin < r.end && r.begin < t.range.end)
+        level = std::max(level, (write ? std::max(t.written, t.read) : t.written) + 1);
+  n.level = uint32_t(level);
+  for (const auto& [r, write] : n.accesses) {
+    auto it = std::find_if(tracks_.begin(), tracks_.end(), [&](const Track& t) {
+      return t.range.memory == r.memory && t.range.begin == r.begin && t.range.end == r.end;
+    });
+    if (it == tracks_.end()) it = tracks_.insert(tracks_.end(), Track{r});
+    (write ? it->written : it->read) = std::max(write ? it->written : it->read, level);
   }
-  bool need = false;
-  if (check) {
-    need = barrier_next_;
-    for (const Access& a : accesses) {
-      const Range r = range_of(a.buffer);
-      if (overlaps(written_, r) || (a.write && overlaps(read_, r))) need = true;
+}
+
+void Sequence::barrier() {
+  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT |
+                     VK_ACCESS_TRANSFER_READ_BIT;
+  mb.dstAccessMask = mb.srcAccessMask;
+  const VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+  vkCmdPipelineBarrier(cb_, stages, stages, 0, 1, &mb, 0, nullptr, 0, nullptr);
+  ++n_barriers_;
+}
+
+// The pending commands, level by level (in recording order within a level), a barrier before each level and
+// before the first when commands went to the command buffer earlier.
+void Sequence::flush() {
+  if (pending_commands_.empty()) return;
+  std::vector<uint32_t> order(pending_commands_.size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  const auto level = [&](uint32_t i) { return nodes_[pending_commands_[i].node].level; };
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return level(a) < level(b); });
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Command& c = pending_commands_[order[k]];
+    if (k == 0 ? emitted_ : level(order[k]) != level(order[k - 1])) barrier();
+    if (c.kind == Command::Dispatch) {
+      vkCmdBindPipeline(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, c.pipeline);
+      vkCmdBindDescriptorSets(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, c.layout, 0, 1, &c.set, 0, nullptr);
+      if (!c.push.empty())
+        vkCmdPushConstants(cb_, c.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, uint32_t(c.push.size()), c.push.data());
+      vkCmdDispatch(cb_, c.groups[0], c.groups[1], c.groups[2]);
+    } else if (c.kind == Command::Fill) {
+      vkCmdFillBuffer(cb_, c.dst, 0, VK_WHOLE_SIZE, 0);
+    } else {
+      VkBufferCopy region{0, 0, c.bytes};
+      vkCmdCopyBuffer(cb_, c.src, c.dst, 1, &region);
     }
   }
-  if (need) {
-    VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT |
-                       VK_ACCESS_TRANSFER_READ_BIT;
-    mb.dstAccessMask = mb.srcAccessMask;
-    const VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
-    vkCmdPipelineBarrier(cb_, stages, stages, 0, 1, &mb, 0, nullptr, 0, nullptr);
-    ++n_barriers_;
-    read_.clear();
-    written_.clear();
-    barrier_next_ = false;
-  }
-  for (const Access& a : accesses) (a.write ? written_ : read_).push_back(range_of(a.buffer));
+  emitted_ = true;
+  pending_commands_.clear();
+  nodes_.clear();
+  tracks_.clear();
 }
 
 void Sequence::fill_zero(const Buffer& b) {
   if (!recording_) throw std::logic_error("Sequence::fill_zero outside begin()/end()");
-  barrier_before_command({{&b, true}});
-  vkCmdFillBuffer(cb_, b.handle(), 0, VK_WHOLE_SIZE, 0);
+  add({Command::Fill, VK_NULL_HANDLE, VK_NULL_HANDLE, VK_NULL_HANDLE, {}, {}, b.handle(), VK_NULL_HANDLE, 0, 0},
+      {{range_of(b), true}});
 }
 
 void Sequence::copy(const Buffer& dst, const Buffer& src, size_t bytes) {
   if (!recording_) throw std::logic_error("Sequence::copy outside begin()/end()");
   if (bytes > dst.size() || bytes > src.size()) throw std::logic_error("Sequence::copy: range exceeds a buffer");
   if (bytes == 0) return;
-  barrier_before_command({{&src, false}, {&dst, true}});
-  VkBufferCopy c{0, 0, bytes};
-  vkCmdCopyBuffer(cb_, src.handle(), dst.handle(), 1, &c);
+  add({Command::Copy, VK_NULL_HANDLE, VK_NULL_HANDLE, VK_NULL_HANDLE, {}, {}, dst.handle(), src.handle(), bytes, 0},
+      {{range_of(src), false}, {range_of(dst), true}});
 }
 
 void Sequence::begin_independent() {
   if (!recording_) throw std::logic_error("Sequence::begin_independent outside begin()/end()");
   if (independent_) throw std::logic_error("Sequence::begin_independent inside an independent group");
   independent_ = true;
-  group_started_ = false;
+  nodes_.push_back({});
 }
 
 void Sequence::end_independent() {
   if (!independent_) throw std::logic_error("Sequence::end_independent without begin_independent()");
   independent_ = false;
+  place_node(nodes_.back());
 }
 
 uint32_t Sequence::timestamp() {
   if (!recording_) throw std::logic_error("Sequence::timestamp outside begin()/end()");
   if (n_timestamps_ >= max_timestamps_)
     throw std::logic_error("Sequence: more than " + std::to_string(max_timestamps_) + " timestamps");
+  flush();
   vkCmdWriteTimestamp(cb_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, n_timestamps_);
-  barrier_next_ = true;  // so that what follows is timed apart from what came before
   return n_timestamps_++;
 }
 
 void Sequence::end() {
   if (!recording_) throw std::logic_error("Sequence::end without begin()");
   if (independent_) throw std::logic_error("Sequence::end inside an independent group");
+  flush();
   check(vkEndCommandBuffer(cb_), "vkEndCommandBuffer");
   recording_ = false;
 }

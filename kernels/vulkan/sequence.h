@@ -1,9 +1,13 @@
-// A recorded command sequence: dispatches and transfers, each seeing the writes of the ones before it, and
-// timestamps. A command gets a barrier only when it needs one: when it reads bytes that a command since the last
-// barrier wrote, or writes bytes that one of them read or wrote (bytes of a buffer's memory, so buffers that
-// share an arena's bytes count as one). Which bindings a dispatch writes comes from its shader
-// (Pipeline::writes); the others it only reads. Commands between two barriers may run side by side. Record once with begin()/dispatch()/end(), then run() it as
-// many times as needed; a training step is the same sequence every step.
+// A recorded command sequence: dispatches and transfers, each seeing the writes of the ones recorded before it
+// that touch the same bytes, and timestamps. Record once with begin()/dispatch()/end(), then run() it as many
+// times as needed; a training step is the same sequence every step.
+//
+// Commands are not written to the command buffer as they are recorded: end() (and each timestamp) orders them
+// into levels. A command's level is one past the highest level of an earlier command it depends on: one that
+// wrote bytes it reads, or read or wrote bytes it writes (bytes of a buffer's memory, so buffers that share an
+// arena's bytes count as one). Levels go to the GPU in order with a barrier between them, and the commands of a
+// level run side by side. Which bindings a dispatch writes comes from its shader (Pipeline::writes); the
+// others it only reads.
 #pragma once
 #include <vulkan/vulkan.h>
 
@@ -35,12 +39,13 @@ class Sequence {
   // Transfer commands, ordered like dispatches: zero a whole buffer, or copy bytes between buffers.
   void fill_zero(const Buffer& b);
   void copy(const Buffer& dst, const Buffer& src, size_t bytes);
-  // Commands recorded between begin_independent() and end_independent() have no barriers between them, so the
-  // GPU may run them side by side: none of them may read or write memory that another of them writes. The group
-  // as a whole still waits for every command before it, and the first command after it waits for the group.
+  // Commands recorded between begin_independent() and end_independent() take one level as a group, although
+  // they touch the same buffers: none of them may read or write bytes that another of them writes (parts of one
+  // buffer, say). The group depends on what its commands depend on, and what touches its bytes, on the group.
   void begin_independent();
   void end_independent();
-  // Writes a timestamp after all previous work; returns its slot. The command after it waits for all before it.
+  // Writes a timestamp after all previous work; returns its slot. Commands are ordered into levels between
+  // timestamps only: what follows one waits for everything before it.
   uint32_t timestamp();
   void end();
 
@@ -54,27 +59,49 @@ class Sequence {
 
  private:
   VkDescriptorSet allocate_set(VkDescriptorSetLayout layout);
-  struct Access {
-    const Buffer* buffer;
-    bool write;
-  };
-  void barrier_before_command(std::initializer_list<Access> accesses);
-  void barrier_before_command(const std::vector<Access>& accesses);
   struct Range {
     VkDeviceMemory memory;
     size_t begin, end;
   };
+  // A recorded command, written to the command buffer by flush().
+  struct Command {
+    enum Kind { Dispatch, Fill, Copy } kind;
+    VkPipeline pipeline;
+    VkPipelineLayout layout;
+    VkDescriptorSet set;
+    std::vector<uint8_t> push;
+    std::array<uint32_t, 3> groups;
+    VkBuffer dst, src;
+    size_t bytes;
+    uint32_t node;  // the independent group it belongs to, or its own index
+  };
+  struct Node {
+    std::vector<std::pair<Range, bool>> accesses;  // {bytes, written}
+    uint32_t level = 0;
+  };
+  static Range range_of(const Buffer& b);
+  void add(Command c, std::vector<std::pair<Range, bool>> accesses);
+  void place_node(Node& n);
+  void flush();
+  void barrier();
 
   Device& dev_;
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;  // own pool: sequences may be recorded from different threads
   VkCommandBuffer cb_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
   VkQueryPool queries_ = VK_NULL_HANDLE;
-  uint32_t max_timestamps_, n_timestamps_ = 0, n_dispatches_ = 0, n_commands_ = 0, n_barriers_ = 0;
-  std::vector<Range> read_, written_;  // by the commands since the last barrier
-  bool barrier_next_ = false;          // after a timestamp
+  uint32_t max_timestamps_, n_timestamps_ = 0, n_dispatches_ = 0, n_barriers_ = 0;
+  // Since the last flush: the commands, their nodes (a command, or an independent group), and per distinct
+  // range of bytes the highest levels that wrote and read it (-1: none).
+  std::vector<Command> pending_commands_;
+  std::vector<Node> nodes_;
+  struct Track {
+    Range range;
+    int64_t written = -1, read = -1;
+  };
+  std::vector<Track> tracks_;
+  bool emitted_ = false;      // commands went to the command buffer before this flush window
   bool independent_ = false;  // inside begin_independent() .. end_independent()
-  bool group_started_ = false;  // ... and the group has had its first command
   std::vector<VkDescriptorPool> pools_;
   size_t pool_in_use_ = 0;
   bool recording_ = false, pending_ = false;
