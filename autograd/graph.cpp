@@ -17,6 +17,10 @@ Tensor OpContext::scratch(const Shape& shape, DType dtype, Scratch use) const {
 const Tensor& Var::value() const { return g->node(id).value; }
 
 namespace {
+// Steps a pass scratch stays live after its node's (plan_memory). H100, tinyllama-1.1b with --grad-checkpoint,
+// ms/step and peak at batch 4: 0 steps 247.3 (2.53 GiB), 2 244.7 (2.56), 4 244.2 (2.63), 8 244.2 (2.69);
+// llama-7b batch 1: 348.9 (5.79), 343.4 (5.82), 341.7 (5.86), 341.5 (5.90).
+constexpr int64_t kPassSlack = 2;
 std::string label(const Node& n, int id) {
   return n.name.empty() ? (n.op ? std::string(n.op->name) : "leaf") + " #" + std::to_string(id) : "'" + n.name + "'";
 }
@@ -306,11 +310,21 @@ void Graph::plan_memory(Var out, bool recompute) {
         it.live = intervals(ev);
         break;
       }
-      case Planned::Pass:
-        for (const auto* runs : {&fwd_runs[id], &bwd_runs[id]})
-          for (int64_t t : *runs) it.live.push_back({t, t});
-        std::sort(it.live.begin(), it.live.end(), [](auto& a, auto& b) { return a.first < b.first; });
+      case Planned::Pass: {
+        // Live for kPassSlack steps past its node's: the scratch of nearby nodes then never shares bytes, so
+        // their commands need not wait for each other (vk::Sequence orders commands by the bytes they share).
+        std::vector<LiveInterval> runs;
+        for (const auto* r : {&fwd_runs[id], &bwd_runs[id]})
+          for (int64_t t : *r) runs.push_back({t, t + kPassSlack});
+        std::sort(runs.begin(), runs.end(), [](auto& a, auto& b) { return a.first < b.first; });
+        for (const LiveInterval& l : runs) {
+          if (!it.live.empty() && l.first <= it.live.back().last)
+            it.live.back().last = std::max(it.live.back().last, l.last);
+          else
+            it.live.push_back(l);
+        }
         break;
+      }
     }
     items.push_back(std::move(it));
   }
