@@ -878,6 +878,7 @@ TEST_F(VulkanKernels, IndependentGroupsMustBeOpenedAndClosedInARecording) {
   EXPECT_THROW(s.end_independent(), std::logic_error);  // no group open
   s.begin_independent();
   EXPECT_THROW(s.begin_independent(), std::logic_error);  // nested
+  EXPECT_THROW(s.timestamp(), std::logic_error);          // a group is one level: nothing times its inside
   EXPECT_THROW(s.end(), std::logic_error);                // still open
   s.end_independent();
   s.end();

@@ -228,6 +228,7 @@ void Sequence::end_independent() {
 
 uint32_t Sequence::timestamp() {
   if (!recording_) throw std::logic_error("Sequence::timestamp outside begin()/end()");
+  if (independent_) throw std::logic_error("Sequence::timestamp inside an independent group");
   if (n_timestamps_ >= max_timestamps_)
     throw std::logic_error("Sequence: more than " + std::to_string(max_timestamps_) + " timestamps");
   flush();

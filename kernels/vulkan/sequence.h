@@ -45,7 +45,7 @@ class Sequence {
   void begin_independent();
   void end_independent();
   // Writes a timestamp after all previous work; returns its slot. Commands are ordered into levels between
-  // timestamps only: what follows one waits for everything before it.
+  // timestamps only: what follows one waits for everything before it. Not inside an independent group.
   uint32_t timestamp();
   void end();
 
@@ -55,7 +55,7 @@ class Sequence {
   // Nanoseconds between timestamp slots a and b of the last run.
   double elapsed_ns(uint32_t a, uint32_t b) const;
   uint32_t dispatch_count() const { return n_dispatches_; }
-  uint32_t barrier_count() const { return n_barriers_; }
+  uint32_t barrier_count() const { return n_barriers_; }  // of the last recording, known after end()
 
  private:
   VkDescriptorSet allocate_set(VkDescriptorSetLayout layout);
