@@ -227,7 +227,7 @@ void matmul_backward(OpContext& c) {
 // x itself, or x after dropout while the frozen product reads x rounded as llama.cpp does). f[0]: scale.
 // One node for what linear, two matmul_nt, scale and add would do: the adapter's term is added into y in place,
 // and the backward gives no gradient to either term on its own. Saved: hs = scale·xa·Aᵀ [T, r] (for dB = dyᵀ·hs);
-// dh [T, r] (the backward's scale·dy·B); on Vulkan one pass scratch for the frozen product and the split ones.
+// dh [T, r] (the backward's scale·dy·B); on Vulkan a pass scratch per product (LoraScratch, below).
 struct LoraDims {
   int64_t T, n_out, n_in, r;
 };
