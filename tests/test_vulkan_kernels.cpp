@@ -106,10 +106,12 @@ TEST_F(VulkanKernels, Q4_0DxMatchesReferenceWithAndWithoutAccumulate) {
       }
 }
 
+// A tile of 1300 rows makes 11 row chunks for the one-token dx, which the reduce pass adds 4 at a time and then
+// the last 3 (q4_0_dx_reduce.comp).
 TEST_F(VulkanKernels, Q4_0DxTilesThatDoNotDivideSumToTheUntiledResult) {
   struct Case { int64_t n_out, n_in, T, tile; };
   for (const Case c : {Case{1000, 4128, 1, 300}, Case{1000, 64, 3, 300}, Case{7, 32, 17, 5}, Case{65, 64, 1, 64},
-                       Case{63, 4128, 3, 10}, Case{1000, 4128, 300, 300}}) {
+                       Case{63, 4128, 3, 10}, Case{1000, 4128, 300, 300}, Case{1400, 64, 1, 1300}}) {
     const auto w = random_q4_0(rng_, c.n_out, c.n_in);
     const auto dy = random_floats(rng_, c.T * c.n_out);
     std::vector<float> dx(size_t(c.T * c.n_in), NAN);
@@ -177,9 +179,11 @@ struct FrozenFormat {
 
 const std::vector<DxTileCase> kBlock32DxTiles = {{1000, 4128, 1, 300}, {1000, 64, 3, 300}, {7, 32, 17, 5},
                                                  {65, 64, 1, 64},      {63, 4128, 3, 10},  {200, 96, 130, 70}};
-// 1000 rows of one super-block make 8 row chunks for the one-token dx (at least 128 rows each), reduced in order.
+// 1000 rows of one super-block make 8 row chunks for the one-token dx (at least 128 rows each), reduced in order
+// 4 at a time; a tile of 1300 rows makes 11, so the reduce pass also adds a last 3.
 const std::vector<DxTileCase> kKQuantDxTiles = {{1000, 256, 1, 300}, {1000, 256, 1, 1000}, {257, 768, 1, 100},
-                                                {37, 256, 3, 10},    {130, 512, 65, 70},   {257, 256, 17, 64}};
+                                                {37, 256, 3, 10},    {130, 512, 65, 70},   {257, 256, 17, 64},
+                                                {1400, 256, 1, 1300}};
 
 // K-quant widths: 1 and 9 super-blocks (odd counts: Q6_K blocks alternate alignment from row to row) and 18
 // (even: every row starts aligned, and the one-token kernels' invocations take more than one pass).
