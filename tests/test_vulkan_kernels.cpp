@@ -315,6 +315,65 @@ TEST_F(VulkanKernels, TensorCoreRowWindowsMatchReferenceOrAreDeclined) {
   s.end();
 }
 
+// A LoRA adapter's term hs·Bᵀ added by the tensor-core GEMM after its main loop (lora_linear's forward), against
+// the reference product plus hs·Bᵀ in doubles, row by row: tiles cut by T and n_out, products split over K (only
+// the first slice adds the term), X split once per product (n_out of 4 tiles and more), ranks that are not a
+// multiple of 16 up to 32. Rows of hs six decades apart and a B of values near 1e-5 with a row of zeros: each
+// row of hs and of B gets its own power-of-two scale, and in the rows of the largest hs the term outweighs X·Wᵀ
+// (X near 1e-4). Declined, with nothing recorded, without tensor cores and above rank 32.
+TEST_F(VulkanKernels, TensorCoreGemmAddsTheAdapterTermOrDeclines) {
+  struct Case { int64_t T, n_out, n_in, r; };
+  vk::LinearKernels k(*device_);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const Case c : {Case{64, 128, 256, 16}, Case{129, 260, 4128, 16}, Case{96, 512, 2048, 8}, Case{40, 130, 512, 32},
+                       Case{65, 65, 4608, 5}, Case{512, 1024, 128, 16}}) {
+    const auto w_host = random_q4_0(rng_, c.n_out, c.n_in);
+    auto x_host = random_floats(rng_, c.T * c.n_in);
+    for (float& v : x_host) v *= 1e-4f;
+    std::vector<float> hs_host(size_t(c.T * c.r)), b_host(size_t(c.n_out * c.r));
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t j = 0; j < c.r; ++j) hs_host[size_t(t * c.r + j)] = u(rng_) * std::pow(10.0f, float(t % 7 - 3));
+    for (int64_t n = 0; n < c.n_out; ++n)
+      for (int64_t j = 0; j < c.r; ++j) b_host[size_t(n * c.r + j)] = n == 3 ? 0.0f : 1e-5f * u(rng_);
+    vk::Buffer w(*device_, w_host.size()), x(*device_, x_host.size() * 4), y(*device_, size_t(c.T * c.n_out) * 4);
+    vk::Buffer hs(*device_, hs_host.size() * 4), b(*device_, b_host.size() * 4);
+    vk::Buffer scratch(*device_, std::max<size_t>(k.forward_scratch_bytes(c.T, c.n_out, c.n_in), 4));
+    w.upload(w_host);
+    x.upload(x_host);
+    hs.upload(hs_host);
+    b.upload(b_host);
+    vk::Sequence s(*device_);
+    s.begin();
+    const bool took = k.q4_0_gemm_lora(s, y, w, x, c.T, c.n_out, c.n_in, &scratch, hs, b, c.r);
+    s.end();
+    EXPECT_EQ(took, device_->coop_matrix());
+    if (!took) {
+      EXPECT_EQ(s.dispatch_count(), 0u);
+      continue;
+    }
+    s.run();
+    auto want = ref::q4_0_gemm(w_host.data(), x_host.data(), c.T, c.n_out, c.n_in);
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t n = 0; n < c.n_out; ++n)
+        for (int64_t j = 0; j < c.r; ++j)
+          want[size_t(t * c.n_out + n)] += double(hs_host[size_t(t * c.r + j)]) * b_host[size_t(n * c.r + j)];
+    const auto got = y.download_as<float>(size_t(c.T * c.n_out));
+    for (int64_t t = 0; t < c.T; ++t) {
+      const std::vector<double> row(want.begin() + t * c.n_out, want.begin() + (t + 1) * c.n_out);
+      ASSERT_LE(ref::max_rel_error(got.data() + t * c.n_out, row), kBound)
+          << "T=" << c.T << " n_out=" << c.n_out << " n_in=" << c.n_in << " r=" << c.r << " row " << t;
+    }
+  }
+  const int64_t T = 64, n_out = 128, n_in = 256, r = 33;
+  vk::Buffer w(*device_, size_t(n_out * q4_0_row_bytes(n_in))), x(*device_, size_t(T * n_in) * 4);
+  vk::Buffer y(*device_, size_t(T * n_out) * 4), hs(*device_, size_t(T * r) * 4), b(*device_, size_t(n_out * r) * 4);
+  vk::Sequence s(*device_);
+  s.begin();
+  EXPECT_FALSE(k.q4_0_gemm_lora(s, y, w, x, T, n_out, n_in, nullptr, hs, b, r));
+  s.end();
+  EXPECT_EQ(s.dispatch_count(), 0u);
+}
+
 // The loss's dx for a window of W's rows on the tensor cores: dX += d[T, n] · W[row0 : row0 + n], windows that
 // start off a 32-row boundary and one of a single row; declined (nothing recorded) without tensor cores.
 TEST_F(VulkanKernels, TensorCoreDxRowWindowsMatchReferenceOrAreDeclined) {
@@ -806,7 +865,8 @@ TEST(SpirvReflection, FindsTheBindingsAShaderWrites) {
   const auto& table = vk::shader_table();
   EXPECT_EQ(vk::spirv_written_bindings(table.at("copy"), 2), (std::vector<bool>{true, false}));
   EXPECT_EQ(vk::spirv_written_bindings(table.at("q4_0_dx_reduce"), 2), (std::vector<bool>{true, false}));
-  EXPECT_EQ(vk::spirv_written_bindings(table.at("q4_0_gemm_coop"), 3), (std::vector<bool>{true, false, false}));
+  EXPECT_EQ(vk::spirv_written_bindings(table.at("q4_0_gemm_coop"), 5),
+            (std::vector<bool>{true, false, false, false, false}));
   // Bindings past the ones asked for are left out; a module that is not SPIR-V is an error.
   EXPECT_EQ(vk::spirv_written_bindings(table.at("copy"), 1), (std::vector<bool>{true}));
   const std::vector<uint32_t> junk{1, 2, 3, 4, 5, 6};

@@ -288,6 +288,11 @@ void lora_forward(OpContext& c) {
   // hs first: it does not wait for y, and y += hs·Bᵀ waits for both.
   product(c, Prod::NT, hs, xa, a, T_, r, n_in, false, c.node.params.f[0],
           lora_scratch(c, kHsScratch));  // hs = scale·xa·Aᵀ
+  // A Q4_0 W on the tensor cores adds hs·Bᵀ in its own pass, without reading and writing y again.
+  if (!c.be.is_cpu() && w.dtype() == DType::Q4_0 &&
+      c.be.linear().q4_0_gemm_lora(*c.seq, y.buffer(), w.buffer(), x.buffer(), T_, n_out, n_in,
+                                   &lora_scratch(c, kFrozenScratch)->buffer(), hs.buffer(), b.buffer(), r))
+    return;
   frozen_forward(c, y, x, w, lora_scratch(c, kFrozenScratch));
   product(c, Prod::NT, y, hs, b, T_, n_out, r, true, 1, lora_scratch(c, kYScratch));  // y += hs·Bᵀ
 }
@@ -372,7 +377,8 @@ void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back(lora_case(DType::F16, 5, 33, 46, 5, false));
   out.push_back(lora_case(DType::F32, 3, 9, 20, 2, true));
   // On Vulkan the adapter's products split over K here: hs = xa·Aᵀ, dA = dhᵀ·xa, dB = dyᵀ·hs and
-  // dh = dy·B over n_out (each sum over 256).
+  // dh = dy·B over n_out (each sum over 256). On tensor cores the forward's hs·Bᵀ (rank 2, taken as 16) is added
+  // by the frozen GEMM itself (LinearKernels::q4_0_gemm_lora).
   out.push_back(lora_case(DType::Q4_0, 256, 256, 256, 2, false));
 }
 

@@ -29,6 +29,7 @@ constexpr uint32_t kSkinnyEdge = 16;  // the short edge of the f32 GEMMs' tiles 
 // that take them (below, most of a 64-row tile would be padding).
 constexpr uint32_t kCoopTileM = 64, kCoopTileN = 128;
 constexpr int64_t kCoopMinTokens = 32;
+constexpr int64_t kCoopLoraMaxRank = 32;  // q4_0_gemm_coop.comp's LORA_R: the staging of hs and B fits the tiles
 // The tensor-core GEMM splits K when it has fewer output tiles than this (tinyllama's k and v projections at
 // T = 512: 16), into slices of at least kCoopMinSliceK (a multiple of its K step of 64) for about
 // kCoopSplitTarget workgroups.
@@ -235,25 +236,49 @@ void LinearKernels::q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, con
   check_min_size(k, "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
   check_min_size(k, "X", X.size(), size_t(T * n_in) * 4);
   check_min_size(k, "Y", Y.size(), size_t(T * n_out) * 4);
-  if (dev_.coop_matrix() && T >= kCoopMinTokens) {
-    const size_t split_bytes = gemm_scratch_bytes(T, n_out, n_in);
-    const size_t need = forward_scratch_bytes(T, n_out, n_in);
-    if (need > split_bytes && scratch && scratch->size() >= need) {
-      // X split once into the scratch past the slices (the same buffer serves as C's slices and as A).
-      const int64_t base = coop_a_base(split_bytes);
-      check_fits_u32(k, "the scratch", int64_t(need / 4));
-      const SplitRowsPush sp{uint32_t(T), uint32_t(n_in), uint32_t(n_in), uint32_t(base), 0};
-      s.dispatch(pipeline("coop_split_rows", 2, sizeof(sp)), {scratch, &X}, sp, groups_1d(T));
-      GemmPush push{uint32_t(T), uint32_t(n_out), 0, uint32_t(n_in), uint32_t(n_in), uint32_t(base), 0};
-      dispatch_gemm(k, pipeline("q4_0_gemm_coop", 3, sizeof(GemmPush), {1}), s, Y, *scratch, w, push, T, n_out,
-                    forward_split(T, n_out, n_in), {ceil_div(n_out, kCoopTileN), ceil_div(T, kCoopTileM)}, scratch);
-      return;
-    }
-    const auto& p = pipeline("q4_0_gemm_coop", 3, sizeof(GemmPush));
-    return dispatch_forward(k, p, s, Y, w, X, T, n_out, n_in, ceil_div(n_out, kCoopTileN), ceil_div(T, kCoopTileM),
-                            scratch);
-  }
+  if (dev_.coop_matrix() && T >= kCoopMinTokens) return q4_0_gemm_coop(k, s, Y, w, X, T, n_out, n_in, scratch, {}, 0);
   tiled_gemm("q4_0_gemm", s, Y, w, X, T, n_out, n_in, scratch);
+}
+
+void LinearKernels::q4_0_gemm_coop(const char* k, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X,
+                                   int64_t T, int64_t n_out, int64_t n_in, const Buffer* scratch,
+                                   std::array<const Buffer*, 2> lora, int64_t r) {
+  // Without an adapter, bindings 3 and 4 are not read: X and W stand in.
+  if (!lora[0]) lora = {&X, &w};
+  const size_t split_bytes = gemm_scratch_bytes(T, n_out, n_in);
+  const size_t need = forward_scratch_bytes(T, n_out, n_in);
+  if (need > split_bytes && scratch && scratch->size() >= need) {
+    // X split once into the scratch past the slices (the same buffer serves as C's slices and as A).
+    const int64_t base = coop_a_base(split_bytes);
+    check_fits_u32(k, "the scratch", int64_t(need / 4));
+    const SplitRowsPush sp{uint32_t(T), uint32_t(n_in), uint32_t(n_in), uint32_t(base), 0};
+    s.dispatch(pipeline("coop_split_rows", 2, sizeof(sp)), {scratch, &X}, sp, groups_1d(T));
+    GemmPush push{uint32_t(T), uint32_t(n_out), 0, uint32_t(n_in), uint32_t(n_in), uint32_t(base), 0};
+    dispatch_gemm(k, pipeline("q4_0_gemm_coop", 5, sizeof(GemmPush), {1, uint32_t(r)}), s, Y, *scratch, w, push, T,
+                  n_out, forward_split(T, n_out, n_in), {ceil_div(n_out, kCoopTileN), ceil_div(T, kCoopTileM)},
+                  scratch, lora);
+    return;
+  }
+  const auto& p = pipeline("q4_0_gemm_coop", 5, sizeof(GemmPush), {0, uint32_t(r)});
+  dispatch_forward(k, p, s, Y, w, X, T, n_out, n_in, ceil_div(n_out, kCoopTileN), ceil_div(T, kCoopTileM), scratch, 0,
+                   lora);
+}
+
+bool LinearKernels::q4_0_gemm_lora(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
+                                   int64_t n_out, int64_t n_in, const Buffer* scratch, const Buffer& hs,
+                                   const Buffer& B, int64_t r) {
+  const char* k = "q4_0_gemm (with the adapter's term)";
+  if (!dev_.coop_matrix() || T < kCoopMinTokens || r < 1 || r > kCoopLoraMaxRank) return false;
+  check_q4_0_linear(k, n_out, n_in, T);
+  check_fits_u32(k, "X", T * n_in);
+  check_fits_u32(k, "Y", T * n_out);
+  check_min_size(k, "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
+  check_min_size(k, "X", X.size(), size_t(T * n_in) * 4);
+  check_min_size(k, "Y", Y.size(), size_t(T * n_out) * 4);
+  check_min_size(k, "hs", hs.size(), size_t(T * r) * 4);
+  check_min_size(k, "B", B.size(), size_t(n_out * r) * 4);
+  q4_0_gemm_coop(k, s, Y, w, X, T, n_out, n_in, scratch, {&hs, &B}, r);
+  return true;
 }
 
 namespace {
@@ -278,8 +303,9 @@ bool LinearKernels::q4_0_gemm_rows_coop(Sequence& s, const Buffer& Y, const Buff
   const char* k = "q4_0_gemm (rows)";
   if (!dev_.coop_matrix() || T < kCoopMinTokens) return false;
   check_rows_window(k, w, X, Y, T, n_rows, row0, n, n_in);
-  const auto& p = pipeline("q4_0_gemm_coop", 3, sizeof(GemmPush));
-  dispatch_forward(k, p, s, Y, w, X, T, n, n_in, ceil_div(n, kCoopTileN), ceil_div(T, kCoopTileM), nullptr, row0);
+  const auto& p = pipeline("q4_0_gemm_coop", 5, sizeof(GemmPush), {0, 0});
+  dispatch_forward(k, p, s, Y, w, X, T, n, n_in, ceil_div(n, kCoopTileN), ceil_div(T, kCoopTileM), nullptr, row0,
+                   {&X, &w});
   return true;
 }
 
@@ -317,28 +343,34 @@ void LinearKernels::tiled_gemm(const char* shader, Sequence& s, const Buffer& Y,
 
 void LinearKernels::dispatch_forward(const char* k, const Pipeline& p, Sequence& s, const Buffer& Y, const Buffer& w,
                                      const Buffer& X, int64_t T, int64_t n_out, int64_t n_in, uint32_t groups_n,
-                                     uint32_t groups_m, const Buffer* scratch, int64_t row0) {
+                                     uint32_t groups_m, const Buffer* scratch, int64_t row0,
+                                     std::array<const Buffer*, 2> lora) {
   GemmPush push{uint32_t(T), uint32_t(n_out), 0, uint32_t(n_in), uint32_t(n_in), 0, 0};
   push.row0 = uint32_t(row0);
-  dispatch_gemm(k, p, s, Y, X, w, push, T, n_out, forward_split(T, n_out, n_in), {groups_n, groups_m}, scratch);
+  dispatch_gemm(k, p, s, Y, X, w, push, T, n_out, forward_split(T, n_out, n_in), {groups_n, groups_m}, scratch,
+                lora);
 }
 
 void LinearKernels::dispatch_gemm(const char* k, const Pipeline& p, Sequence& s, const Buffer& C, const Buffer& A,
                                   const Buffer& B, const GemmPush& push, int64_t M, int64_t N,
                                   std::pair<int64_t, int64_t> split, std::array<uint32_t, 2> groups,
-                                  const Buffer* scratch) {
+                                  const Buffer* scratch, std::array<const Buffer*, 2> extra) {
   const auto [slices, k_slice] = split;
-  if (slices > 1 && scratch) {
+  const bool sliced = slices > 1 && scratch;
+  const Buffer* out = sliced ? scratch : &C;
+  GemmPush q = push;
+  if (sliced) {
     check_fits_u32(k, "the split partial sums", slices * M * N);
     check_min_size(k, "scratch", scratch->size(), size_t(slices * M * N) * 4);
-    GemmPush sliced = push;
-    sliced.accumulate = 0;
-    sliced.k_slice = uint32_t(k_slice);
-    s.dispatch(p, {scratch, &A, &B}, sliced, {groups[0], groups[1], uint32_t(slices)});
-    dx_reduce(s, C, *scratch, M * N, slices, push.accumulate != 0);
-    return;
+    q.accumulate = 0;
+    q.k_slice = uint32_t(k_slice);
   }
-  s.dispatch(p, {&C, &A, &B}, push, {groups[0], groups[1], 1});
+  const std::array<uint32_t, 3> g{groups[0], groups[1], sliced ? uint32_t(slices) : 1u};
+  if (extra[0])
+    s.dispatch(p, {out, &A, &B, extra[0], extra[1]}, q, g);
+  else
+    s.dispatch(p, {out, &A, &B}, q, g);
+  if (sliced) dx_reduce(s, C, *scratch, M * N, slices, push.accumulate != 0);
 }
 
 size_t LinearKernels::q4_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in) {

@@ -39,6 +39,12 @@ class LinearKernels {
   // on this device: gemm_scratch_bytes, and where the device has cooperative matrices and T takes them, room
   // for X as f16 hi + lo and its row scales. q4_0_gemm takes either size; the other formats need only the first.
   size_t forward_scratch_bytes(int64_t T, int64_t n_out, int64_t n_in) const;
+  // Y[T, n_out] = X · Wᵀ + hs · Bᵀ (hs [T, r], B [n_out, r], f32): a LoRA adapter's term added by q4_0_gemm's
+  // tensor-core GEMM after its main loop, in the same pass (q4_0_gemm_coop.comp). Records nothing and returns
+  // false where that GEMM does not serve the shape (no cooperative matrices, T below the fewest tokens that take
+  // them) or r > 32; the caller then adds the term itself. The scratch as for q4_0_gemm.
+  bool q4_0_gemm_lora(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
+                      int64_t n_in, const Buffer* scratch, const Buffer& hs, const Buffer& B, int64_t r);
   // Y[T, n] = X[T, n_in] · W[row0 : row0 + n, :]ᵀ for a window of the rows of a Q4_0 W [n_rows, n_in] (a
   // vocabulary tile of the loss), on the tensor cores. Records nothing and returns false where the device has
   // none or T is below the fewest tokens that take them.
@@ -135,13 +141,19 @@ class LinearKernels {
   // Forward GEMM pipeline p over groups_n x groups_m output tiles, split over K as forward_split says.
   void dispatch_forward(const char* k, const Pipeline& p, Sequence& s, const Buffer& Y, const Buffer& w,
                         const Buffer& X, int64_t T, int64_t n_out, int64_t n_in, uint32_t groups_n, uint32_t groups_m,
-                        const Buffer* scratch, int64_t row0 = 0);
+                        const Buffer* scratch, int64_t row0 = 0, std::array<const Buffer*, 2> lora = {});
+  // q4_0_gemm's tensor-core path (T >= the fewest tokens that take it), with the adapter's hs and B where
+  // lora holds them.
+  void q4_0_gemm_coop(const char* k, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
+                      int64_t n_out, int64_t n_in, const Buffer* scratch, std::array<const Buffer*, 2> lora,
+                      int64_t r);
   // Any GEMM pipeline p over `groups` (x: N tiles, y: M tiles) of C [M, N]: straight into C; or, given a scratch
   // and split = {slices > 1, k_slice}, as slices of K into the scratch, which dx_reduce then adds into C in order
   // (accumulating when push.accumulate says so).
+  // Pipelines of five bindings (q4_0_gemm_coop.comp) take `extra` as bindings 3 and 4.
   void dispatch_gemm(const char* k, const Pipeline& p, Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B,
                      const GemmPush& push, int64_t M, int64_t N, std::pair<int64_t, int64_t> split,
-                     std::array<uint32_t, 2> groups, const Buffer* scratch);
+                     std::array<uint32_t, 2> groups, const Buffer* scratch, std::array<const Buffer*, 2> extra = {});
   void frozen_dx(const FrozenFormat& f, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
                  const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
                  bool accumulate);
