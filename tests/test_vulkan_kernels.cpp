@@ -374,6 +374,69 @@ TEST_F(VulkanKernels, TensorCoreGemmAddsTheAdapterTermOrDeclines) {
   EXPECT_EQ(s.dispatch_count(), 0u);
 }
 
+// The backward's counterpart: dX += dY·W + dh·A by the tensor-core dx after its main loop (lora_linear's
+// backward where the frozen product and the adapter read one input), against doubles row by row: tiles cut by T
+// and n_in, products split over W's rows (only the first slice adds the term), dY split once per product or not,
+// ranks 5 to 32; rows of dh six decades apart, an A near 1e-5 (one power-of-two scale per tile of A) with a zero
+// column, dY near 1e-4 so that the term outweighs dY·W in some rows, and a dX that already holds values (of the
+// same size).
+// Declined, with nothing recorded, without tensor cores and above rank 32.
+TEST_F(VulkanKernels, TensorCoreDxAddsTheAdapterTermOrDeclines) {
+  struct Case { int64_t T, n_out, n_in, r; bool scratch; };
+  vk::LinearKernels k(*device_);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const Case c : {Case{64, 128, 128, 16, true}, Case{129, 4128, 288, 16, true}, Case{96, 2048, 512, 8, false},
+                       Case{40, 512, 160, 32, true}, Case{65, 256, 4096, 5, true}}) {
+    const auto w_host = random_q4_0(rng_, c.n_out, c.n_in);
+    auto dy_host = random_floats(rng_, c.T * c.n_out);
+    for (float& v : dy_host) v *= 1e-4f;
+    auto dx0 = random_floats(rng_, c.T * c.n_in);
+    for (float& v : dx0) v *= 1e-4f;
+    std::vector<float> dh_host(size_t(c.T * c.r)), a_host(size_t(c.r * c.n_in));
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t j = 0; j < c.r; ++j) dh_host[size_t(t * c.r + j)] = u(rng_) * std::pow(10.0f, float(t % 7 - 3));
+    for (int64_t j = 0; j < c.r; ++j)
+      for (int64_t n = 0; n < c.n_in; ++n) a_host[size_t(j * c.n_in + n)] = n == 5 ? 0.0f : 1e-5f * u(rng_);
+    vk::Buffer w(*device_, w_host.size()), dy(*device_, dy_host.size() * 4), dx(*device_, dx0.size() * 4);
+    vk::Buffer dh(*device_, dh_host.size() * 4), a(*device_, a_host.size() * 4);
+    vk::Buffer scratch(*device_, std::max<size_t>(k.q4_0_dx_device_scratch_bytes(c.T, c.n_out, c.n_in), 4));
+    w.upload(w_host);
+    dy.upload(dy_host);
+    dx.upload(dx0);
+    dh.upload(dh_host);
+    a.upload(a_host);
+    vk::Sequence s(*device_);
+    s.begin();
+    const bool took = k.q4_0_dx_lora(s, dx, w, dy, c.scratch ? &scratch : nullptr, c.T, c.n_out, c.n_in, dh, a, c.r);
+    s.end();
+    EXPECT_EQ(took, device_->coop_matrix());
+    if (!took) {
+      EXPECT_EQ(s.dispatch_count(), 0u);
+      continue;
+    }
+    s.run();
+    auto want = ref::q4_0_dx(w_host.data(), dy_host.data(), dx0.data(), c.T, c.n_out, c.n_in, 0, c.n_out);
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t n = 0; n < c.n_in; ++n)
+        for (int64_t j = 0; j < c.r; ++j)
+          want[size_t(t * c.n_in + n)] += double(dh_host[size_t(t * c.r + j)]) * a_host[size_t(j * c.n_in + n)];
+    const auto got = dx.download_as<float>(size_t(c.T * c.n_in));
+    for (int64_t t = 0; t < c.T; ++t) {
+      const std::vector<double> row(want.begin() + t * c.n_in, want.begin() + (t + 1) * c.n_in);
+      ASSERT_LE(ref::max_rel_error(got.data() + t * c.n_in, row), kBound)
+          << "T=" << c.T << " n_out=" << c.n_out << " n_in=" << c.n_in << " r=" << c.r << " row " << t;
+    }
+  }
+  const int64_t T = 64, n_out = 128, n_in = 128, r = 33;
+  vk::Buffer w(*device_, size_t(n_out * q4_0_row_bytes(n_in))), dy(*device_, size_t(T * n_out) * 4);
+  vk::Buffer dx(*device_, size_t(T * n_in) * 4), dh(*device_, size_t(T * r) * 4), a(*device_, size_t(r * n_in) * 4);
+  vk::Sequence s(*device_);
+  s.begin();
+  EXPECT_FALSE(k.q4_0_dx_lora(s, dx, w, dy, nullptr, T, n_out, n_in, dh, a, r));
+  s.end();
+  EXPECT_EQ(s.dispatch_count(), 0u);
+}
+
 // The loss's dx for a window of W's rows on the tensor cores: dX += d[T, n] · W[row0 : row0 + n], windows that
 // start off a 32-row boundary and one of a single row; declined (nothing recorded) without tensor cores.
 TEST_F(VulkanKernels, TensorCoreDxRowWindowsMatchReferenceOrAreDeclined) {

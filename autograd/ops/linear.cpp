@@ -304,13 +304,20 @@ void lora_backward(OpContext& c) {
   const bool adapter_input = c.needs_grad(2) || c.needs_grad(4);
   if (adapter_input)  // dh = scale·dy·B
     product(c, Prod::NN, dh, dy, b, T_, r, n_out, false, c.node.params.f[0], lora_scratch(c, kDhScratch));
-  if (c.needs_grad(0)) frozen_backward(c, c.in_grad(0), dy, w, lora_scratch(c, kFrozenScratch));
+  // Where the frozen product and the adapter read one input (no dropout, no rounding), a Q4_0 W on the tensor
+  // cores adds dh·A into its dx in the same pass.
+  const bool fused_dx = !c.be.is_cpu() && w.dtype() == DType::Q4_0 && c.node.inputs[0] == c.node.inputs[4] &&
+                        c.needs_grad(0) && adapter_input &&
+                        c.be.linear().q4_0_dx_lora(*c.seq, c.in_grad(0).buffer(), w.buffer(), dy.buffer(),
+                                                   &lora_scratch(c, kFrozenScratch)->buffer(), T_, n_out, n_in,
+                                                   dh.buffer(), a.buffer(), r);
+  if (c.needs_grad(0) && !fused_dx) frozen_backward(c, c.in_grad(0), dy, w, lora_scratch(c, kFrozenScratch));
   if (c.needs_grad(3))  // dB += dyᵀ·hs
     product(c, Prod::TN, c.in_grad(3), dy, hs, n_out, r, T_, true, 1, lora_scratch(c, kDbScratch));
   if (!adapter_input) return;
   if (c.needs_grad(2))  // dA += dhᵀ·xa
     product(c, Prod::TN, c.in_grad(2), dh, xa, r, n_in, T_, true, 1, lora_scratch(c, kDaScratch));
-  if (c.needs_grad(4))  // dxa += dh·A
+  if (c.needs_grad(4) && !fused_dx)  // dxa += dh·A
     product(c, Prod::NN, c.in_grad(4), dh, a, T_, n_in, r, true, 1, lora_scratch(c, kDxaScratch));
 }
 
@@ -378,7 +385,8 @@ void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back(lora_case(DType::F32, 3, 9, 20, 2, true));
   // On Vulkan the adapter's products split over K here: hs = xa·Aᵀ, dA = dhᵀ·xa, dB = dyᵀ·hs and
   // dh = dy·B over n_out (each sum over 256). On tensor cores the forward's hs·Bᵀ (rank 2, taken as 16) is added
-  // by the frozen GEMM itself (LinearKernels::q4_0_gemm_lora).
+  // by the frozen GEMM itself (LinearKernels::q4_0_gemm_lora), and the backward's dh·A by the frozen dx (x is the
+  // adapter's input too: LinearKernels::q4_0_dx_lora).
   out.push_back(lora_case(DType::Q4_0, 256, 256, 256, 2, false));
 }
 

@@ -32,6 +32,12 @@ layout(std430, binding = 1) readonly buffer A4 { vec4 a4[]; };
 // from row k_begin on), made once per product instead of once per workgroup along N.
 layout(constant_id = 0) const bool A_SPLIT = false;
 layout(std430, binding = 2) readonly buffer W { uint w[]; };
+// LORA_R > 0: dX also gets dh·A, a LoRA adapter's term (dh [M, LORA_R], A [LORA_R, N], f32 and dense; the
+// adapter reads the frozen product's input), added by the workgroups of the first K slice after their main loop
+// (lora_term, below); LORA_R <= 32. With LORA_R = 0 bindings 3 and 4 are not read (the host binds any buffers).
+layout(constant_id = 1) const uint LORA_R = 0;
+layout(std430, binding = 3) readonly buffer DH { float dh[]; };
+layout(std430, binding = 4) readonly buffer LA { vec2 la2[]; };
 #include "gemm_push.glsl"
 #define Q4_0_WORDS w
 #include "q4_0.glsl"
@@ -51,6 +57,8 @@ const float D3_SCALE = 4096.0;
 // The tiles: dY hi [m][k], dY lo [m][k], W8 [k][n], W3 [k][n] (row-major: a row of W is contiguous in n).
 shared uvec4 tiles[2u * BM * RSA + 2u * BK * RSB];
 shared float row_scale[BM], row_unscale[BM];
+shared float lora_unscale[BM + 1u];  // per row of dh: 1 / its power-of-two scale; then A's tile's
+shared float lora_max[NT / 32u];
 
 vec4 px[XU][2];
 uint pw[5];  // the 5 words that hold this invocation's block
@@ -154,6 +162,94 @@ void stash() {
   }
 }
 
+// The adapter's term of the workgroup's tile: L = dh·A for rows m0.. and columns n0.. as split f16 products, as
+// in q4_0_gemm_coop.comp: each row of dh scaled by its own power of two, A's tile [K, BN] by one, both cut into hi
+// + lo; L = dh_hi·A_hi + dh_lo·A_hi + dh_hi·A_lo, K = LORA_R padded to a multiple of 16 with zeros. Called after
+// the main loop's last barrier (the tiles are free); ends with one.
+const uint LR16 = (LORA_R + 15u) / 16u, LK = LR16 == 0u ? 16u : 16u * LR16;
+const uint LS = 2u * LR16 + 1u;  // dh staging row stride (uvec4s)
+const uint PAIRS = LK * BN / 2u, PU = (PAIRS + NT - 1u) / NT;  // A's tile as pairs of columns
+void lora_term(uint m0, uint n0, uint sm, uint sn, inout F32_MAT acc[2][FN]) {
+  const uint t = gl_LocalInvocationID.x;
+  const uint H_HI = 0u, H_LO = BM * LS, L_HI = 2u * BM * LS, L_LO = L_HI + LK * RSB;
+  if (t < BM) {  // row t of dh
+    const uint row = m0 + t;
+    float v[LK];
+    float vmax = 0.0;
+    [[unroll]] for (uint k = 0u; k < LK; ++k) {
+      v[k] = row < p.M && k < LORA_R ? dh[row * LORA_R + k] : 0.0;
+      vmax = max(vmax, abs(v[k]));
+    }
+    int e = 0;
+    frexp(vmax, e);
+    e = vmax > 0.0 ? clamp(13 - e, -120, 120) : 0;
+    const float sc = ldexp(1.0, e);
+    lora_unscale[t] = ldexp(1.0, -e);
+    [[unroll]] for (uint k = 0u; k < LK; k += 8u) {
+      uvec4 hi, lo;
+      split8_in_order(vec4(v[k], v[k + 1u], v[k + 2u], v[k + 3u]) * sc,
+                      vec4(v[k + 4u], v[k + 5u], v[k + 6u], v[k + 7u]) * sc, hi, lo);
+      tiles[H_HI + t * LS + k / 8u] = hi;
+      tiles[H_LO + t * LS + k / 8u] = lo;
+    }
+  }
+  // A's tile, two columns per pair: pair q is row q / (BN / 2), columns 2 (q % (BN / 2)) and one more.
+  vec2 pv[PU];
+  float amax = 0.0;
+  [[unroll]] for (uint i = 0u; i < PU; ++i) {
+    const uint q = t + NT * i, k = q / (BN / 2u), col = n0 + 2u * (q % (BN / 2u));
+    pv[i] = q < PAIRS && k < LORA_R && col < p.N ? la2[(k * p.N + col) / 2u] : vec2(0.0);
+    amax = max(amax, max(abs(pv[i].x), abs(pv[i].y)));
+  }
+  amax = subgroupMax(amax);
+  if (subgroupElect()) lora_max[gl_SubgroupID] = amax;
+  barrier();
+  amax = 0.0;
+  [[unroll]] for (uint i = 0u; i < NT / 32u; ++i) amax = max(amax, lora_max[i]);
+  int e = 0;
+  frexp(amax, e);
+  e = amax > 0.0 ? clamp(13 - e, -120, 120) : 0;
+  const float sc = ldexp(1.0, e);
+  if (t == 0u) lora_unscale[BM] = ldexp(1.0, -e);
+  [[unroll]] for (uint i = 0u; i < PU; ++i) {
+    const uint q = t + NT * i, k = q / (BN / 2u), cp = q % (BN / 2u);
+    if (q >= PAIRS) break;
+    const vec2 v = pv[i] * sc;
+    const vec2 hi = uintBitsToFloat(floatBitsToUint(v) & 0xFFFFE000u);
+    tiles[L_HI + k * RSB + cp / 4u][cp % 4u] = packHalf2x16(hi);
+    tiles[L_LO + k * RSB + cp / 4u][cp % 4u] = packHalf2x16(v - hi);
+  }
+  barrier();
+  F32_MAT l[2][FN];
+  [[unroll]] for (uint i = 0u; i < 2u; ++i)
+    [[unroll]] for (uint j = 0u; j < FN; ++j) l[i][j] = F32_MAT(0.0);
+  [[unroll]] for (uint kk = 0u; kk < LR16; ++kk) {
+    F16_MAT hh[2], hl[2], ah[FN], al[FN];
+    [[unroll]] for (uint i = 0u; i < 2u; ++i) {
+      coopMatLoadNV(hh[i], tiles, H_HI + (sm * 32u + 16u * i) * LS + 2u * kk, LS, false);
+      coopMatLoadNV(hl[i], tiles, H_LO + (sm * 32u + 16u * i) * LS + 2u * kk, LS, false);
+    }
+    [[unroll]] for (uint j = 0u; j < FN; ++j) {
+      coopMatLoadNV(ah[j], tiles, L_HI + 16u * kk * RSB + (sn * 32u + 16u * j) / 8u, RSB, false);
+      coopMatLoadNV(al[j], tiles, L_LO + 16u * kk * RSB + (sn * 32u + 16u * j) / 8u, RSB, false);
+    }
+    [[unroll]] for (uint i = 0u; i < 2u; ++i)
+      [[unroll]] for (uint j = 0u; j < FN; ++j) {
+        l[i][j] = coopMatMulAddNV(hh[i], ah[j], l[i][j]);
+        l[i][j] = coopMatMulAddNV(hl[i], ah[j], l[i][j]);
+        l[i][j] = coopMatMulAddNV(hh[i], al[j], l[i][j]);
+      }
+  }
+  const float fa = lora_unscale[BM];
+  [[unroll]] for (uint i = 0u; i < 2u; ++i) {
+    F32_MAT fm;
+    coopMatLoadNV(fm, lora_unscale, sm * 32u + 16u * i, 0u, true);  // row m: its factor
+    [[unroll]] for (uint j = 0u; j < FN; ++j)
+      [[unroll]] for (int e2 = 0; e2 < acc[i][j].length(); ++e2) acc[i][j][e2] += l[i][j][e2] * fm[e2] * fa;
+  }
+  barrier();  // every subgroup is done with the tiles
+}
+
 void main() {
   const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
   const uint sm = sg / SG_N, sn = sg % SG_N;  // this subgroup's corner: rows sm*32.., columns sn*32..
@@ -216,7 +312,7 @@ void main() {
     }
   }
 
-  // dX (+)= (acc + acc3 / D3_SCALE) / s_m, out as in q4_0_gemm_coop.comp.
+  // dX (+)= (acc + acc3 / D3_SCALE) / s_m (+ the adapter's term), out as in q4_0_gemm_coop.comp.
   [[unroll]] for (uint i = 0u; i < 2u; ++i) {
     F32_MAT u;
     coopMatLoadNV(u, row_unscale, sm * 32u + 16u * i, 0u, true);  // column-major, stride 0: u[m][n] = 1 / s_m
@@ -224,6 +320,7 @@ void main() {
       [[unroll]] for (int e = 0; e < acc[i][j].length(); ++e)
         acc[i][j][e] = (acc[i][j][e] + acc3[i][j][e] * (1.0 / D3_SCALE)) * u[e];
   }
+  if (LORA_R > 0u && gl_WorkGroupID.z == 0u) lora_term(m0, n0, sm, sn, acc);
   if (m0 + BM <= p.M && n0 + BN <= p.N && p.N % 4u == 0u) {
     [[unroll]] for (uint i = 0u; i < 2u; ++i)
       [[unroll]] for (uint j = 0u; j < FN; ++j) {

@@ -311,7 +311,8 @@ bool LinearKernels::q4_0_gemm_rows_coop(Sequence& s, const Buffer& Y, const Buff
 
 void LinearKernels::dx_coop_split(const char* k, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
                                   const Buffer& scratch, int64_t T, int64_t n_in, int64_t dy_stride, int64_t dy_col0,
-                                  int64_t j_start, int64_t j_end, bool accumulate) {
+                                  int64_t j_start, int64_t j_end, bool accumulate, std::array<const Buffer*, 2> lora,
+                                  int64_t r) {
   const int64_t n_rows = j_end - j_start;
   const int64_t base = coop_a_base(q4_0_dx_scratch_bytes(T, n_rows, n_in));
   check_fits_u32(k, "the scratch", int64_t(q4_0_dx_device_scratch_bytes(T, n_rows, n_in) / 4));
@@ -319,8 +320,10 @@ void LinearKernels::dx_coop_split(const char* k, Sequence& s, const Buffer& dX, 
   s.dispatch(pipeline("coop_split_rows", 2, sizeof(sp), {1}), {&scratch, &dY}, sp, groups_1d(T));
   GemmPush push{uint32_t(T), uint32_t(n_in), uint32_t(j_start), uint32_t(j_end), uint32_t(dy_stride),
                 uint32_t(base), accumulate ? 1u : 0u};
-  dispatch_gemm(k, pipeline("q4_0_dx_coop", 3, sizeof(GemmPush), {1}), s, dX, scratch, w, push, T, n_in,
-                dx_gemm_split(T, n_rows, n_in), {ceil_div(n_in, kCoopTileN), ceil_div(T, kCoopTileM)}, &scratch);
+  if (!lora[0]) lora = {&scratch, &w};  // not read without an adapter
+  dispatch_gemm(k, pipeline("q4_0_dx_coop", 5, sizeof(GemmPush), {1, uint32_t(r)}), s, dX, scratch, w, push, T,
+                n_in, dx_gemm_split(T, n_rows, n_in), {ceil_div(n_in, kCoopTileN), ceil_div(T, kCoopTileM)},
+                &scratch, lora);
 }
 
 bool LinearKernels::q4_0_dx_rows_coop(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& d,
@@ -409,25 +412,8 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
     // - one block column of W per workgroup (128 x 32 tiles, 4 subgroups), its scales folded into dY (two
     //   products per step): 14.2 TFLOPS at 16384 x 16384 and 12-13 at tinyllama's shapes against 27.5 and 20,
     //   and no faster with the hi and lo products in separate accumulators or the code tile stored [n][k].
-    if (dev_.coop_matrix() && T >= kCoopMinTokens) {
-      GemmPush push{uint32_t(T), uint32_t(n_in), uint32_t(j_start), uint32_t(j_end), uint32_t(n_out), 0,
-                    accumulate ? 1u : 0u};
-      const int64_t n_rows = j_end - j_start;
-      const size_t split_bytes = q4_0_dx_scratch_bytes(T, n_rows, n_in);
-      const size_t need = q4_0_dx_device_scratch_bytes(T, n_rows, n_in);
-      const std::array<uint32_t, 2> groups{ceil_div(n_in, kCoopTileN), ceil_div(T, kCoopTileM)};
-      if (need > split_bytes && scratch && scratch->size() >= need) {
-        // dY split once into the scratch past the slices (the same buffer serves as the slices and as A).
-        // H100, T = 512: 16384x16384 33.1 -> 50.8 TFLOPS, tinyllama's shapes 30-33 -> 40-48: the 8 scalar loads
-        // per invocation and step that this replaces cost more than the conversion (converting in place from
-        // them, 33.1 against 34.8 when timed without the conversion).
-        dx_coop_split(k, s, dX, w, dY, *scratch, T, n_in, n_out, j_start, j_start, j_end, accumulate);
-        return;
-      }
-      dispatch_gemm(k, pipeline("q4_0_dx_coop", 3, sizeof(GemmPush)), s, dX, dY, w, push, T, n_in,
-                    dx_gemm_split(T, n_rows, n_in), groups, scratch);
-      return;
-    }
+    if (dev_.coop_matrix() && T >= kCoopMinTokens)
+      return q4_0_dx_coop(k, s, dX, w, dY, scratch, T, n_out, n_in, j_start, j_end, accumulate, {}, 0);
     dx_gemm("q4_0_dx_gemm", s, dX, w, dY, scratch, T, n_out, n_in, j_start, j_end, accumulate);
     return;
   }
@@ -456,6 +442,45 @@ void LinearKernels::dx_gemm(const char* shader, Sequence& s, const Buffer& dX, c
   const uint32_t tile = sliced ? (forced_gemm_tile_ ? forced_gemm_tile_ : kGemmTileLarge) : gemm_tile(T, n_in);
   const auto& p = pipeline(shader, 3, sizeof(push), {tile, tile});
   dispatch_gemm(shader, p, s, dX, dY, w, push, T, n_in, split, {ceil_div(n_in, tile), ceil_div(T, tile)}, scratch);
+}
+
+void LinearKernels::q4_0_dx_coop(const char* k, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
+                                 const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start,
+                                 int64_t j_end, bool accumulate, std::array<const Buffer*, 2> lora, int64_t r) {
+  GemmPush push{uint32_t(T), uint32_t(n_in), uint32_t(j_start), uint32_t(j_end), uint32_t(n_out), 0,
+                accumulate ? 1u : 0u};
+  const int64_t n_rows = j_end - j_start;
+  const size_t split_bytes = q4_0_dx_scratch_bytes(T, n_rows, n_in);
+  const size_t need = q4_0_dx_device_scratch_bytes(T, n_rows, n_in);
+  const std::array<uint32_t, 2> groups{ceil_div(n_in, kCoopTileN), ceil_div(T, kCoopTileM)};
+  if (need > split_bytes && scratch && scratch->size() >= need) {
+    // dY split once into the scratch past the slices (the same buffer serves as the slices and as A).
+    // H100, T = 512: 16384x16384 33.1 -> 50.8 TFLOPS, tinyllama's shapes 30-33 -> 40-48: the 8 scalar loads
+    // per invocation and step that this replaces cost more than the conversion (converting in place from
+    // them, 33.1 against 34.8 when timed without the conversion).
+    dx_coop_split(k, s, dX, w, dY, *scratch, T, n_in, n_out, j_start, j_start, j_end, accumulate, lora, r);
+    return;
+  }
+  if (!lora[0]) lora = {&dY, &w};  // not read without an adapter
+  dispatch_gemm(k, pipeline("q4_0_dx_coop", 5, sizeof(GemmPush), {0, uint32_t(r)}), s, dX, dY, w, push, T, n_in,
+                dx_gemm_split(T, n_rows, n_in), groups, scratch, lora);
+}
+
+bool LinearKernels::q4_0_dx_lora(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
+                                 const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, const Buffer& dh,
+                                 const Buffer& A, int64_t r) {
+  const char* k = "q4_0_dx (with the adapter's term)";
+  if (!dev_.coop_matrix() || T < kCoopMinTokens || r < 1 || r > kCoopLoraMaxRank) return false;
+  check_q4_0_linear(k, n_out, n_in, T);
+  check_fits_u32(k, "dY", T * n_out);
+  check_fits_u32(k, "dX", T * n_in);
+  check_min_size(k, "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
+  check_min_size(k, "dY", dY.size(), size_t(T * n_out) * 4);
+  check_min_size(k, "dX", dX.size(), size_t(T * n_in) * 4);
+  check_min_size(k, "dh", dh.size(), size_t(T * r) * 4);
+  check_min_size(k, "A", A.size(), size_t(r * n_in) * 4);
+  q4_0_dx_coop(k, s, dX, w, dY, scratch, T, n_out, n_in, 0, n_out, true, {&dh, &A}, r);
+  return true;
 }
 
 void LinearKernels::dx_reduce(Sequence& s, const Buffer& dX, const Buffer& scratch, int64_t n_in, int64_t n_chunks,

@@ -45,6 +45,11 @@ class LinearKernels {
   // them) or r > 32; the caller then adds the term itself. The scratch as for q4_0_gemm.
   bool q4_0_gemm_lora(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
                       int64_t n_in, const Buffer* scratch, const Buffer& hs, const Buffer& B, int64_t r);
+  // dX[T, n_in] += dY · W + dh · A (dh [T, r], A [r, n_in], f32) over all of W's rows: the adapter's term of the
+  // gradient of an input that both the frozen product and the adapter read, added by q4_0_dx's tensor-core GEMM
+  // in the same pass. Declines like q4_0_gemm_lora. The scratch as for q4_0_dx.
+  bool q4_0_dx_lora(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
+                    int64_t n_out, int64_t n_in, const Buffer& dh, const Buffer& A, int64_t r);
   // Y[T, n] = X[T, n_in] · W[row0 : row0 + n, :]ᵀ for a window of the rows of a Q4_0 W [n_rows, n_in] (a
   // vocabulary tile of the loss), on the tensor cores. Records nothing and returns false where the device has
   // none or T is below the fewest tokens that take them.
@@ -123,9 +128,16 @@ class LinearKernels {
                            const std::vector<uint32_t>& spec = {});
   // The tensor-core dx with dY split once into `scratch`: dY's columns dy_col0 .. (rows of dy_stride floats) meet
   // W's rows j_start .. j_end.
+  // With lora = {dh, A}, the adapter's dh·A (rank r) is added too (q4_0_dx_coop.comp).
   void dx_coop_split(const char* k, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
                      const Buffer& scratch, int64_t T, int64_t n_in, int64_t dy_stride, int64_t dy_col0,
-                     int64_t j_start, int64_t j_end, bool accumulate);
+                     int64_t j_start, int64_t j_end, bool accumulate, std::array<const Buffer*, 2> lora = {},
+                     int64_t r = 0);
+  // q4_0_dx's tensor-core path (T >= the fewest tokens that take it), with the adapter's dh and A where lora
+  // holds them.
+  void q4_0_dx_coop(const char* k, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
+                    const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
+                    bool accumulate, std::array<const Buffer*, 2> lora, int64_t r);
   void f32_gemm(const char* shader, Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M,
                 int64_t N, int64_t K, uint32_t lda, uint32_t ldb, bool accumulate, const Buffer* scratch, float alpha);
   void frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
