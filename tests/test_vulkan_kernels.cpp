@@ -315,26 +315,53 @@ TEST_F(VulkanKernels, TensorCoreRowWindowsMatchReferenceOrAreDeclined) {
   s.end();
 }
 
+// Inputs of the tensor-core products that add a LoRA adapter's term: a [rows, r] hs or dh whose rows run over
+// six decades (10^-3 .. 10^3 by row), and values near 1e-5 (B or A early in training) with zeros where `zero` says.
+std::vector<float> decades_by_row(std::mt19937& rng, int64_t rows, int64_t r) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(size_t(rows * r));
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t j = 0; j < r; ++j) v[size_t(t * r + j)] = u(rng) * std::pow(10.0f, float(t % 7 - 3));
+  return v;
+}
+template <class Zero>
+std::vector<float> small_values(std::mt19937& rng, int64_t rows, int64_t cols, Zero zero) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(size_t(rows * cols));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) v[size_t(i * cols + j)] = zero(i, j) ? 0.0f : 1e-5f * u(rng);
+  return v;
+}
+std::vector<float> scaled_floats(std::mt19937& rng, int64_t n, float scale) {
+  auto v = random_floats(rng, n);
+  for (float& x : v) x *= scale;
+  return v;
+}
+// got [rows, cols] against want row by row, each row against its own largest value: a term that outweighs the
+// rest only in some rows is checked there.
+void expect_rows_match(const std::vector<float>& got, const std::vector<double>& want, int64_t rows, int64_t cols,
+                       const std::string& what) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const std::vector<double> row(want.begin() + t * cols, want.begin() + (t + 1) * cols);
+    ASSERT_LE(ref::max_rel_error(got.data() + t * cols, row), kBound) << what << " row " << t;
+  }
+}
+
 // A LoRA adapter's term hs·Bᵀ added by the tensor-core GEMM after its main loop (lora_linear's forward), against
-// the reference product plus hs·Bᵀ in doubles, row by row: tiles cut by T and n_out, products split over K (only
-// the first slice adds the term), X split once per product (n_out of 4 tiles and more), ranks that are not a
-// multiple of 16 up to 32. Rows of hs six decades apart and a B of values near 1e-5 with a row of zeros: each
-// row of hs and of B gets its own power-of-two scale, and in the rows of the largest hs the term outweighs X·Wᵀ
-// (X near 1e-4). Declined, with nothing recorded, without tensor cores and above rank 32.
+// the reference product plus hs·Bᵀ in doubles: tiles cut by T and n_out, products split over K (only the first
+// slice adds the term), X split once per product (n_out of 4 tiles and more), ranks that are not a multiple of 16
+// up to 32. Rows of hs six decades apart and a B near 1e-5 with a row of zeros: each row of hs and of B gets its
+// own power-of-two scale, and in the rows of the largest hs the term outweighs X·Wᵀ (X near 1e-4). Declined,
+// with nothing recorded, without tensor cores and above rank 32.
 TEST_F(VulkanKernels, TensorCoreGemmAddsTheAdapterTermOrDeclines) {
   struct Case { int64_t T, n_out, n_in, r; };
   vk::LinearKernels k(*device_);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (const Case c : {Case{64, 128, 256, 16}, Case{129, 260, 4128, 16}, Case{96, 512, 2048, 8}, Case{40, 130, 512, 32},
                        Case{65, 65, 4608, 5}, Case{512, 1024, 128, 16}}) {
     const auto w_host = random_q4_0(rng_, c.n_out, c.n_in);
-    auto x_host = random_floats(rng_, c.T * c.n_in);
-    for (float& v : x_host) v *= 1e-4f;
-    std::vector<float> hs_host(size_t(c.T * c.r)), b_host(size_t(c.n_out * c.r));
-    for (int64_t t = 0; t < c.T; ++t)
-      for (int64_t j = 0; j < c.r; ++j) hs_host[size_t(t * c.r + j)] = u(rng_) * std::pow(10.0f, float(t % 7 - 3));
-    for (int64_t n = 0; n < c.n_out; ++n)
-      for (int64_t j = 0; j < c.r; ++j) b_host[size_t(n * c.r + j)] = n == 3 ? 0.0f : 1e-5f * u(rng_);
+    const auto x_host = scaled_floats(rng_, c.T * c.n_in, 1e-4f);
+    const auto hs_host = decades_by_row(rng_, c.T, c.r);
+    const auto b_host = small_values(rng_, c.n_out, c.r, [](int64_t n, int64_t) { return n == 3; });
     vk::Buffer w(*device_, w_host.size()), x(*device_, x_host.size() * 4), y(*device_, size_t(c.T * c.n_out) * 4);
     vk::Buffer hs(*device_, hs_host.size() * 4), b(*device_, b_host.size() * 4);
     vk::Buffer scratch(*device_, std::max<size_t>(k.forward_scratch_bytes(c.T, c.n_out, c.n_in), 4));
@@ -347,29 +374,21 @@ TEST_F(VulkanKernels, TensorCoreGemmAddsTheAdapterTermOrDeclines) {
     const bool took = k.q4_0_gemm_lora(s, y, w, x, c.T, c.n_out, c.n_in, &scratch, hs, b, c.r);
     s.end();
     EXPECT_EQ(took, device_->coop_matrix());
-    if (!took) {
-      EXPECT_EQ(s.dispatch_count(), 0u);
-      continue;
-    }
+    EXPECT_EQ(s.dispatch_count() > 0, took);
+    if (!took) continue;
     s.run();
     auto want = ref::q4_0_gemm(w_host.data(), x_host.data(), c.T, c.n_out, c.n_in);
     for (int64_t t = 0; t < c.T; ++t)
       for (int64_t n = 0; n < c.n_out; ++n)
         for (int64_t j = 0; j < c.r; ++j)
           want[size_t(t * c.n_out + n)] += double(hs_host[size_t(t * c.r + j)]) * b_host[size_t(n * c.r + j)];
-    const auto got = y.download_as<float>(size_t(c.T * c.n_out));
-    for (int64_t t = 0; t < c.T; ++t) {
-      const std::vector<double> row(want.begin() + t * c.n_out, want.begin() + (t + 1) * c.n_out);
-      ASSERT_LE(ref::max_rel_error(got.data() + t * c.n_out, row), kBound)
-          << "T=" << c.T << " n_out=" << c.n_out << " n_in=" << c.n_in << " r=" << c.r << " row " << t;
-    }
+    expect_rows_match(y.download_as<float>(size_t(c.T * c.n_out)), want, c.T, c.n_out,
+                      "T=" + std::to_string(c.T) + " n_out=" + std::to_string(c.n_out) + " r=" + std::to_string(c.r));
   }
-  const int64_t T = 64, n_out = 128, n_in = 256, r = 33;
-  vk::Buffer w(*device_, size_t(n_out * q4_0_row_bytes(n_in))), x(*device_, size_t(T * n_in) * 4);
-  vk::Buffer y(*device_, size_t(T * n_out) * 4), hs(*device_, size_t(T * r) * 4), b(*device_, size_t(n_out * r) * 4);
+  vk::Buffer any(*device_, 1 << 20);
   vk::Sequence s(*device_);
   s.begin();
-  EXPECT_FALSE(k.q4_0_gemm_lora(s, y, w, x, T, n_out, n_in, nullptr, hs, b, r));
+  EXPECT_FALSE(k.q4_0_gemm_lora(s, any, any, any, 64, 128, 256, nullptr, any, any, 33));
   s.end();
   EXPECT_EQ(s.dispatch_count(), 0u);
 }
@@ -379,24 +398,17 @@ TEST_F(VulkanKernels, TensorCoreGemmAddsTheAdapterTermOrDeclines) {
 // and n_in, products split over W's rows (only the first slice adds the term), dY split once per product or not,
 // ranks 5 to 32; rows of dh six decades apart, an A near 1e-5 (one power-of-two scale per tile of A) with a zero
 // column, dY near 1e-4 so that the term outweighs dY·W in some rows, and a dX that already holds values (of the
-// same size).
-// Declined, with nothing recorded, without tensor cores and above rank 32.
+// same size). Declined, with nothing recorded, without tensor cores and above rank 32.
 TEST_F(VulkanKernels, TensorCoreDxAddsTheAdapterTermOrDeclines) {
   struct Case { int64_t T, n_out, n_in, r; bool scratch; };
   vk::LinearKernels k(*device_);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (const Case c : {Case{64, 128, 128, 16, true}, Case{129, 4128, 288, 16, true}, Case{96, 2048, 512, 8, false},
                        Case{40, 512, 160, 32, true}, Case{65, 256, 4096, 5, true}}) {
     const auto w_host = random_q4_0(rng_, c.n_out, c.n_in);
-    auto dy_host = random_floats(rng_, c.T * c.n_out);
-    for (float& v : dy_host) v *= 1e-4f;
-    auto dx0 = random_floats(rng_, c.T * c.n_in);
-    for (float& v : dx0) v *= 1e-4f;
-    std::vector<float> dh_host(size_t(c.T * c.r)), a_host(size_t(c.r * c.n_in));
-    for (int64_t t = 0; t < c.T; ++t)
-      for (int64_t j = 0; j < c.r; ++j) dh_host[size_t(t * c.r + j)] = u(rng_) * std::pow(10.0f, float(t % 7 - 3));
-    for (int64_t j = 0; j < c.r; ++j)
-      for (int64_t n = 0; n < c.n_in; ++n) a_host[size_t(j * c.n_in + n)] = n == 5 ? 0.0f : 1e-5f * u(rng_);
+    const auto dy_host = scaled_floats(rng_, c.T * c.n_out, 1e-4f);
+    const auto dx0 = scaled_floats(rng_, c.T * c.n_in, 1e-4f);
+    const auto dh_host = decades_by_row(rng_, c.T, c.r);
+    const auto a_host = small_values(rng_, c.r, c.n_in, [](int64_t, int64_t n) { return n == 5; });
     vk::Buffer w(*device_, w_host.size()), dy(*device_, dy_host.size() * 4), dx(*device_, dx0.size() * 4);
     vk::Buffer dh(*device_, dh_host.size() * 4), a(*device_, a_host.size() * 4);
     vk::Buffer scratch(*device_, std::max<size_t>(k.q4_0_dx_device_scratch_bytes(c.T, c.n_out, c.n_in), 4));
@@ -410,29 +422,21 @@ TEST_F(VulkanKernels, TensorCoreDxAddsTheAdapterTermOrDeclines) {
     const bool took = k.q4_0_dx_lora(s, dx, w, dy, c.scratch ? &scratch : nullptr, c.T, c.n_out, c.n_in, dh, a, c.r);
     s.end();
     EXPECT_EQ(took, device_->coop_matrix());
-    if (!took) {
-      EXPECT_EQ(s.dispatch_count(), 0u);
-      continue;
-    }
+    EXPECT_EQ(s.dispatch_count() > 0, took);
+    if (!took) continue;
     s.run();
     auto want = ref::q4_0_dx(w_host.data(), dy_host.data(), dx0.data(), c.T, c.n_out, c.n_in, 0, c.n_out);
     for (int64_t t = 0; t < c.T; ++t)
       for (int64_t n = 0; n < c.n_in; ++n)
         for (int64_t j = 0; j < c.r; ++j)
           want[size_t(t * c.n_in + n)] += double(dh_host[size_t(t * c.r + j)]) * a_host[size_t(j * c.n_in + n)];
-    const auto got = dx.download_as<float>(size_t(c.T * c.n_in));
-    for (int64_t t = 0; t < c.T; ++t) {
-      const std::vector<double> row(want.begin() + t * c.n_in, want.begin() + (t + 1) * c.n_in);
-      ASSERT_LE(ref::max_rel_error(got.data() + t * c.n_in, row), kBound)
-          << "T=" << c.T << " n_out=" << c.n_out << " n_in=" << c.n_in << " r=" << c.r << " row " << t;
-    }
+    expect_rows_match(dx.download_as<float>(size_t(c.T * c.n_in)), want, c.T, c.n_in,
+                      "T=" + std::to_string(c.T) + " n_in=" + std::to_string(c.n_in) + " r=" + std::to_string(c.r));
   }
-  const int64_t T = 64, n_out = 128, n_in = 128, r = 33;
-  vk::Buffer w(*device_, size_t(n_out * q4_0_row_bytes(n_in))), dy(*device_, size_t(T * n_out) * 4);
-  vk::Buffer dx(*device_, size_t(T * n_in) * 4), dh(*device_, size_t(T * r) * 4), a(*device_, size_t(r * n_in) * 4);
+  vk::Buffer any(*device_, 1 << 20);
   vk::Sequence s(*device_);
   s.begin();
-  EXPECT_FALSE(k.q4_0_dx_lora(s, dx, w, dy, nullptr, T, n_out, n_in, dh, a, r));
+  EXPECT_FALSE(k.q4_0_dx_lora(s, any, any, any, nullptr, 64, 128, 128, any, any, 33));
   s.end();
   EXPECT_EQ(s.dispatch_count(), 0u);
 }

@@ -91,6 +91,18 @@ void check_fits_u32(const char* kernel, const char* what, int64_t elems) {
                      " elements exceeds the 4 GiB a kernel can address");
 }
 
+// What every Q4_0 product checks: W [n_out, n_in] and its bytes, and an input and an output of T rows (X and Y,
+// or dY and dX).
+void check_q4_0_product(const char* k, const Buffer& w, int64_t T, int64_t n_out, int64_t n_in, const char* in_name,
+                        const Buffer& in, int64_t in_cols, const char* out_name, const Buffer& out, int64_t out_cols) {
+  check_q4_0_linear(k, n_out, n_in, T);
+  check_fits_u32(k, in_name, T * in_cols);
+  check_fits_u32(k, out_name, T * out_cols);
+  check_min_size(k, "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
+  check_min_size(k, in_name, in.size(), size_t(T * in_cols) * 4);
+  check_min_size(k, out_name, out.size(), size_t(T * out_cols) * 4);
+}
+
 // cols_per_group: the dx columns one workgroup of the split pass covers.
 int64_t dx_rows_per_chunk(int64_t n_rows, int64_t n_in, int64_t cols_per_group) {
   const int64_t col_groups = (n_in + cols_per_group - 1) / cols_per_group;
@@ -231,11 +243,7 @@ void LinearKernels::q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, con
       q4_0_gemv(s, Y, w, X, n_out, n_in);
     return;
   }
-  check_fits_u32(k, "X", T * n_in);
-  check_fits_u32(k, "Y", T * n_out);
-  check_min_size(k, "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
-  check_min_size(k, "X", X.size(), size_t(T * n_in) * 4);
-  check_min_size(k, "Y", Y.size(), size_t(T * n_out) * 4);
+  check_q4_0_product(k, w, T, n_out, n_in, "X", X, n_in, "Y", Y, n_out);
   if (dev_.coop_matrix() && T >= kCoopMinTokens) return q4_0_gemm_coop(k, s, Y, w, X, T, n_out, n_in, scratch, {}, 0);
   tiled_gemm("q4_0_gemm", s, Y, w, X, T, n_out, n_in, scratch);
 }
@@ -269,12 +277,7 @@ bool LinearKernels::q4_0_gemm_lora(Sequence& s, const Buffer& Y, const Buffer& w
                                    const Buffer& B, int64_t r) {
   const char* k = "q4_0_gemm (with the adapter's term)";
   if (!dev_.coop_matrix() || T < kCoopMinTokens || r < 1 || r > kCoopLoraMaxRank) return false;
-  check_q4_0_linear(k, n_out, n_in, T);
-  check_fits_u32(k, "X", T * n_in);
-  check_fits_u32(k, "Y", T * n_out);
-  check_min_size(k, "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
-  check_min_size(k, "X", X.size(), size_t(T * n_in) * 4);
-  check_min_size(k, "Y", Y.size(), size_t(T * n_out) * 4);
+  check_q4_0_product(k, w, T, n_out, n_in, "X", X, n_in, "Y", Y, n_out);
   check_min_size(k, "hs", hs.size(), size_t(T * r) * 4);
   check_min_size(k, "B", B.size(), size_t(n_out * r) * 4);
   q4_0_gemm_coop(k, s, Y, w, X, T, n_out, n_in, scratch, {&hs, &B}, r);
@@ -392,11 +395,7 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
   const char* k = "q4_0_dx";
   check_q4_0_linear(k, n_out, n_in, T);
   check_j_range(k, j_start, j_end, n_out);
-  check_fits_u32(k, "dY", T * n_out);
-  check_fits_u32(k, "dX", T * n_in);
-  check_min_size(k, "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
-  check_min_size(k, "dY", dY.size(), size_t(T * n_out) * 4);
-  check_min_size(k, "dX", dX.size(), size_t(T * n_in) * 4);
+  check_q4_0_product(k, w, T, n_out, n_in, "dY", dY, n_out, "dX", dX, n_in);
   if (T > 1) {
     // On devices with cooperative matrices, q4_0_dx_coop.comp (each weight as two exact f16 parts, dY as f16
     // hi + lo; three products per K slice). H100, T = 512: 33.3 TFLOPS at 16384 x 16384 against 27.5 for the
@@ -471,12 +470,7 @@ bool LinearKernels::q4_0_dx_lora(Sequence& s, const Buffer& dX, const Buffer& w,
                                  const Buffer& A, int64_t r) {
   const char* k = "q4_0_dx (with the adapter's term)";
   if (!dev_.coop_matrix() || T < kCoopMinTokens || r < 1 || r > kCoopLoraMaxRank) return false;
-  check_q4_0_linear(k, n_out, n_in, T);
-  check_fits_u32(k, "dY", T * n_out);
-  check_fits_u32(k, "dX", T * n_in);
-  check_min_size(k, "W", w.size(), size_t(n_out * q4_0_row_bytes(n_in)));
-  check_min_size(k, "dY", dY.size(), size_t(T * n_out) * 4);
-  check_min_size(k, "dX", dX.size(), size_t(T * n_in) * 4);
+  check_q4_0_product(k, w, T, n_out, n_in, "dY", dY, n_out, "dX", dX, n_in);
   check_min_size(k, "dh", dh.size(), size_t(T * r) * 4);
   check_min_size(k, "A", A.size(), size_t(r * n_in) * 4);
   q4_0_dx_coop(k, s, dX, w, dY, scratch, T, n_out, n_in, 0, n_out, true, {&dh, &A}, r);
