@@ -127,8 +127,7 @@ class LinearKernels {
   const Pipeline& pipeline(const std::string& shader, uint32_t n_buffers, uint32_t push_bytes,
                            const std::vector<uint32_t>& spec = {});
   // The tensor-core dx with dY split once into `scratch`: dY's columns dy_col0 .. (rows of dy_stride floats) meet
-  // W's rows j_start .. j_end.
-  // With lora = {dh, A}, the adapter's dh·A (rank r) is added too (q4_0_dx_coop.comp).
+  // W's rows j_start .. j_end; with lora = {dh, A}, the adapter's dh·A (rank r) is added too.
   void dx_coop_split(const char* k, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
                      const Buffer& scratch, int64_t T, int64_t n_in, int64_t dy_stride, int64_t dy_col0,
                      int64_t j_start, int64_t j_end, bool accumulate, std::array<const Buffer*, 2> lora = {},
@@ -162,7 +161,7 @@ class LinearKernels {
   // Any GEMM pipeline p over `groups` (x: N tiles, y: M tiles) of C [M, N]: straight into C; or, given a scratch
   // and split = {slices > 1, k_slice}, as slices of K into the scratch, which dx_reduce then adds into C in order
   // (accumulating when push.accumulate says so).
-  // Pipelines of five bindings (q4_0_gemm_coop.comp) take `extra` as bindings 3 and 4.
+  // Pipelines of five bindings (q4_0_gemm_coop.comp, q4_0_dx_coop.comp) take `extra` as bindings 3 and 4.
   void dispatch_gemm(const char* k, const Pipeline& p, Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B,
                      const GemmPush& push, int64_t M, int64_t N, std::pair<int64_t, int64_t> split,
                      std::array<uint32_t, 2> groups, const Buffer* scratch, std::array<const Buffer*, 2> extra = {});
