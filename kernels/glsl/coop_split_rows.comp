@@ -66,9 +66,7 @@ void main() {
   if (t == 0u) {
     float v = 0.0;
     for (uint g = 0u; g < gl_NumSubgroups; ++g) v = max(v, part[g]);
-    int e = 0;
-    frexp(v, e);  // v = f · 2^e, f in [0.5, 1)
-    e = v > 0.0 ? clamp(13 - e, -120, 120) : 0;
+    const int e = split_scale_exponent(v);
     scale = ldexp(1.0, e);
     of[4u * (p.base + 2u * p.M * runs) + m] = ldexp(1.0, -e);
   }

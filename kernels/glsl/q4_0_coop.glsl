@@ -31,9 +31,7 @@ void find_row_scales(uint m0, uint M, uint lda, uint k_begin, uint k_end) {
     [[unroll]] for (uint r = 0u; r < 8u; ++r) {
       const float v = subgroupMax(max(max(amax[r].x, amax[r].y), max(amax[r].z, amax[r].w)));
       if (subgroupElect()) {
-        int e = 0;
-        frexp(v, e);  // v = f · 2^e, f in [0.5, 1)
-        e = v > 0.0 ? clamp(13 - e, -120, 120) : 0;
+        const int e = split_scale_exponent(v);
         row_scale[r0 + r] = ldexp(1.0, e);
         row_unscale[r0 + r] = ldexp(1.0, -e);
       }

@@ -79,9 +79,7 @@ void dy_row_scales(uint m0, uint k_first, uint k_last) {
     [[unroll]] for (uint r = 0u; r < 8u; ++r) {
       const float v = subgroupMax(amax[r]);
       if (subgroupElect()) {
-        int e = 0;
-        frexp(v, e);
-        e = v > 0.0 ? clamp(13 - e, -120, 120) : 0;
+        const int e = split_scale_exponent(v);
         row_scale[r0 + r] = ldexp(1.0, e);
         row_unscale[r0 + r] = ldexp(1.0, -e);
       }
@@ -180,9 +178,7 @@ void lora_term(uint m0, uint n0, uint sm, uint sn, inout F32_MAT acc[2][FN]) {
       v[k] = row < p.M && k < LORA_R ? dh[row * LORA_R + k] : 0.0;
       vmax = max(vmax, abs(v[k]));
     }
-    int e = 0;
-    frexp(vmax, e);
-    e = vmax > 0.0 ? clamp(13 - e, -120, 120) : 0;
+    const int e = split_scale_exponent(vmax);
     const float sc = ldexp(1.0, e);
     lora_unscale[t] = ldexp(1.0, -e);
     [[unroll]] for (uint k = 0u; k < LK; k += 8u) {
@@ -206,9 +202,7 @@ void lora_term(uint m0, uint n0, uint sm, uint sn, inout F32_MAT acc[2][FN]) {
   barrier();
   amax = 0.0;
   [[unroll]] for (uint i = 0u; i < NT / 32u; ++i) amax = max(amax, lora_max[i]);
-  int e = 0;
-  frexp(amax, e);
-  e = amax > 0.0 ? clamp(13 - e, -120, 120) : 0;
+  const int e = split_scale_exponent(amax);
   const float sc = ldexp(1.0, e);
   if (t == 0u) lora_unscale[BM] = ldexp(1.0, -e);
   [[unroll]] for (uint i = 0u; i < PU; ++i) {

@@ -156,9 +156,7 @@ void lora_term(uint m0, uint n0, uint sm, uint sn, inout F32_MAT acc[2][FN]) {
       v[k] = ok && k < LORA_R ? (is_h ? hs[row * LORA_R + k] : lb[row * LORA_R + k]) : 0.0;
       vmax = max(vmax, abs(v[k]));
     }
-    int e = 0;
-    frexp(vmax, e);
-    e = vmax > 0.0 ? clamp(13 - e, -120, 120) : 0;
+    const int e = split_scale_exponent(vmax);
     const float sc = ldexp(1.0, e);
     lora_unscale[t] = ldexp(1.0, -e);
     const uint hi0 = is_h ? t * LS : 2u * BM * LS + (t - BM) * LS;
