@@ -67,10 +67,11 @@ class CpuHostKernels final : public HostKernels {
 
 class VulkanHostKernels final : public HostKernels {
  public:
-  VulkanHostKernels(vk::Device& dev, uint32_t gemm_tile, vk::LinearKernels::IntegerDot integer_dot)
+  VulkanHostKernels(vk::Device& dev, uint32_t gemm_tile, vk::LinearKernels::IntegerDot integer_dot, bool f16_decode)
       : dev_(dev), kernels_(dev) {
     kernels_.force_gemm_tile(gemm_tile);
     kernels_.set_integer_dot(integer_dot);
+    kernels_.set_f16_decode(f16_decode);
   }
   std::string device_name() const override { return dev_.name(); }
 
@@ -221,8 +222,8 @@ class VulkanHostKernels final : public HostKernels {
 
 std::unique_ptr<HostKernels> make_cpu_host_kernels() { return std::make_unique<CpuHostKernels>(); }
 std::unique_ptr<HostKernels> make_vulkan_host_kernels(vk::Device& dev, uint32_t gemm_tile,
-                                                      vk::LinearKernels::IntegerDot integer_dot) {
-  return std::make_unique<VulkanHostKernels>(dev, gemm_tile, integer_dot);
+                                                      vk::LinearKernels::IntegerDot integer_dot, bool f16_decode) {
+  return std::make_unique<VulkanHostKernels>(dev, gemm_tile, integer_dot, f16_decode);
 }
 
 }  // namespace q4t

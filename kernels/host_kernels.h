@@ -48,9 +48,10 @@ class HostKernels {
 std::unique_ptr<HostKernels> make_cpu_host_kernels();
 // Borrows dev, which must outlive the result. gemm_tile forces the tiled GEMMs' tile edge (64 or 128; 0: each
 // product picks its own, see vk::LinearKernels::force_gemm_tile); integer_dot picks when the GEMVs take the
-// integer-dot path (vk::LinearKernels::set_integer_dot).
+// integer-dot path (vk::LinearKernels::set_integer_dot); f16_decode false keeps the one-token dx on its f32
+// decode (vk::LinearKernels::set_f16_decode).
 std::unique_ptr<HostKernels> make_vulkan_host_kernels(
     vk::Device& dev, uint32_t gemm_tile = 0,
-    vk::LinearKernels::IntegerDot integer_dot = vk::LinearKernels::IntegerDot::Auto);
+    vk::LinearKernels::IntegerDot integer_dot = vk::LinearKernels::IntegerDot::Auto, bool f16_decode = true);
 
 }  // namespace q4t

@@ -46,9 +46,11 @@ TEST(Cli, SelftestPassesOnVulkan) {
   const CmdResult r = run("selftest --device vulkan");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("selftest passed"), std::string::npos) << r.out;
-  // lavapipe has 8-bit integer dot products: the GEMVs' integer-dot path is checked too.
+  // lavapipe has 8-bit integer dot products and f16 arithmetic: the GEMVs' integer-dot path is checked too, and
+  // the one-token dx both with its f16 decode and with the f32 decode of devices without f16.
   if (r.out.find("llvmpipe") != std::string::npos)
-    for (const char* line : {"q4_0_gemv (dot)", "q4_k_gemv (dot)", "q6_k_gemv (dot)"})
+    for (const char* line : {"q4_0_gemv (dot)", "q4_k_gemv (dot)", "q6_k_gemv (dot)", "q4_0_dx (pairs)",
+                             "q4_0_dx (f32 decode)", "q4_k_dx (f32 decode)"})
       EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
 }
 

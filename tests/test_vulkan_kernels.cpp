@@ -541,6 +541,35 @@ TEST_F(VulkanKernels, FrozenFormatsDxTilesThatDoNotDivideSumToTheUntiledResult) 
     }
 }
 
+// The one-token dx of Q4_0 and Q4_K with and without the f16 decode (q4_0_dx_split_pairs.comp,
+// q4_k_dx_split.glsl). Q4_0 widths of an even block count take the pairs kernel: 1 pair, 17 pairs (three
+// workgroups along x, the last one partly out of range) and 65 pairs; odd counts keep q4_0_dx_split.comp either way.
+TEST_F(VulkanKernels, OneTokenDxWithAndWithoutTheF16DecodeMatchesReference) {
+  const auto f32_decode = make_vulkan_host_kernels(*device_, 0, vk::LinearKernels::IntegerDot::Auto, false);
+  for (HostKernels* k : {kernels_, f32_decode.get()}) {
+    const std::string mode = k == kernels_ ? "default decode" : "f32 decode";
+    for (int64_t n_in : {32, 64, 1088, 4128, 4160})
+      for (int64_t n_out : {1, 7, 65, 1000}) {
+        const auto w = random_q4_0(rng_, n_out, n_in);
+        const auto dy = random_floats(rng_, n_out);
+        expect_q4_0_dx_matches(*k, rng_, w, dy, 1, n_out, n_in, 0,
+                               mode + " q4_0 n_out=" + std::to_string(n_out) + " n_in=" + std::to_string(n_in));
+      }
+    for (int64_t n_in : {256, 2304, 4608})
+      for (int64_t n_out : {1, 37, 1000})
+        for (bool acc : {false, true}) {
+          const auto w = random_q4_k(rng_, n_out, n_in);
+          const auto dy = random_floats(rng_, n_out);
+          auto dx = random_floats(rng_, n_in);
+          const auto dx0 = dx;
+          k->q4_k_dx(dx, w, dy, 1, n_out, n_in, 0, n_out, acc);
+          const auto want = ref::q4_k_dx(w.data(), dy.data(), acc ? dx0.data() : nullptr, 1, n_out, n_in, 0, n_out);
+          EXPECT_LE(ref::max_rel_error(dx.data(), want), kBound)
+              << mode << " q4_k n_out=" << n_out << " n_in=" << n_in << " accumulate=" << acc;
+        }
+  }
+}
+
 // More row groups than one dispatch dimension guarantees (65535 of 2 Q8_0 or 4 F16 rows): the GEMVs number
 // workgroups over x and y. The K-quant GEMVs do the same in the same words; 4·65535 and more of their rows take
 // seconds on lavapipe, so they are left out here.

@@ -395,6 +395,7 @@ int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& ou
                                       : " (no cooperative matrices: every GEMM on FP32 FMAs)");
     if (dev.vulkan->integer_dot())
       out << " (Q4_0, Q4_K and Q6_K GEMVs of 2^25 weights and more on 8-bit integer dot products)";
+    if (dev.vulkan->float16()) out << " (Q4_0 and Q4_K one-token dx decoding through f16 pairs)";
   }
   out << "\n";
 

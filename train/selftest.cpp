@@ -165,6 +165,23 @@ void check_gemv(HostKernels& k, std::mt19937& rng, const Format& f, KernelResult
   }
 }
 
+// The one-token dx of format f through k on the T = 1 shapes among `shapes`, accumulating and not.
+void check_one_token_dx(HostKernels& k, std::mt19937& rng, const Format& f, std::span<const Shape> shapes,
+                        KernelResult& r) {
+  for (const Shape& s : shapes) {
+    if (s.T != 1) continue;
+    const auto w = f.make(rng, s.n_out, s.n_in);
+    const auto dy = random_floats(rng, s.n_out);
+    for (bool acc : {false, true}) {
+      auto dx = random_floats(rng, s.n_in);
+      const auto dx0 = dx;
+      (k.*f.dx)(dx, w, dy, 1, s.n_out, s.n_in, 0, s.n_out, acc);
+      r.add(ref::max_rel_error(dx.data(), f.ref_dx(w.data(), dy.data(), acc ? dx0.data() : nullptr, 1, s.n_out,
+                                                     s.n_in, 0, s.n_out)));
+    }
+  }
+}
+
 template <class F>
 void guarded(KernelResult& r, F&& f) {
   try {
@@ -200,25 +217,38 @@ int run_selftest(const DeviceChoice& dev, std::ostream& out) {
   for (FormatResults& r : formats)
     if (!r.all.error.empty()) all.push_back(&r.all);
   // The GEMVs that large matrices run on 8-bit integer dot products, forced onto that path for these shapes.
-  std::vector<KernelResult> dot_lines;
+  std::vector<KernelResult> path_lines;
   if (dev.vulkan && dev.vulkan->integer_dot()) {
     const auto dot = make_vulkan_host_kernels(*dev.vulkan, 0, vk::LinearKernels::IntegerDot::Always);
     for (const Format& f : kFormats)
       if (std::string(f.name) == "q4_0" || std::string(f.name) == "q4_k" || std::string(f.name) == "q6_k") {
-        dot_lines.push_back({std::string(f.name) + "_gemv (dot)"});
-        guarded(dot_lines.back(), [&] { check_gemv(*dot, rng, f, dot_lines.back()); });
+        path_lines.push_back({std::string(f.name) + "_gemv (dot)"});
+        guarded(path_lines.back(), [&] { check_gemv(*dot, rng, f, path_lines.back()); });
       }
   }
-  for (KernelResult& r : dot_lines) all.push_back(&r);
+  // Where the one-token dx of Q4_0 and Q4_K decodes through f16 pairs: Q4_0 rows of several block pairs per
+  // workgroup, and both formats with the f32 decode that devices without f16 arithmetic run.
+  if (dev.vulkan && dev.vulkan->float16()) {
+    const Shape wide[] = {{37, 1088, 1}, {1000, 4160, 1}};
+    path_lines.push_back({"q4_0_dx (pairs)"});
+    guarded(path_lines.back(), [&] { check_one_token_dx(*k, rng, kFormats[0], wide, path_lines.back()); });
+    const auto f32 = make_vulkan_host_kernels(*dev.vulkan, 0, vk::LinearKernels::IntegerDot::Auto, false);
+    for (const Format& f : kFormats)
+      if (std::string(f.name) == "q4_0" || std::string(f.name) == "q4_k") {
+        path_lines.push_back({std::string(f.name) + "_dx (f32 decode)"});
+        guarded(path_lines.back(), [&] { check_one_token_dx(*f32, rng, f, f.shapes, path_lines.back()); });
+      }
+  }
+  for (KernelResult& r : path_lines) all.push_back(&r);
   bool ok = true;
   for (const KernelResult* r : all) {
     const bool pass = r->error.empty() && r->cases > 0 && r->worst <= kBound;
     ok = ok && pass;
     char line[256];
     if (!r->error.empty())
-      std::snprintf(line, sizeof line, "%-16s error: %s  FAIL", r->name.c_str(), r->error.c_str());
+      std::snprintf(line, sizeof line, "%-20s error: %s  FAIL", r->name.c_str(), r->error.c_str());
     else
-      std::snprintf(line, sizeof line, "%-16s max rel err %.2e over %2d cases  %s", r->name.c_str(), r->worst,
+      std::snprintf(line, sizeof line, "%-20s max rel err %.2e over %2d cases  %s", r->name.c_str(), r->worst,
                     r->cases, pass ? "PASS" : "FAIL");
     out << line << "\n";
   }

@@ -253,6 +253,17 @@ std::unique_ptr<Device> Device::open(const Options& opt) {
     vkGetPhysicalDeviceFeatures2(d->physical_, &f2);
     d->integer_dot_ = dot_f.shaderIntegerDotProduct;
   }
+  // f16 arithmetic in shaders: part of the tensor-core set above, else on its own where the device has it.
+  VkPhysicalDeviceShaderFloat16Int8FeaturesKHR half_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR};
+  if (d->coop_matrix_) {
+    d->float16_ = true;
+  } else if (has_ext(VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME)) {
+    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+    f2.pNext = &half_f;
+    vkGetPhysicalDeviceFeatures2(d->physical_, &f2);
+    d->float16_ = half_f.shaderFloat16;
+  }
+  half_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR, nullptr, VK_TRUE, VK_FALSE};
   dot_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR, nullptr, VK_TRUE};
   coop_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV, &f16_f, VK_TRUE, VK_FALSE};
   f16_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR, &vmm_f, VK_TRUE, VK_FALSE};
@@ -270,6 +281,11 @@ std::unique_ptr<Device> Device::open(const Options& opt) {
   if (d->coop_matrix_) {
     dci.pNext = &coop_f;
     enabled = coop_exts;
+  }
+  if (d->float16_ && !d->coop_matrix_) {
+    half_f.pNext = const_cast<void*>(dci.pNext);
+    dci.pNext = &half_f;
+    enabled.push_back(VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME);
   }
   if (d->integer_dot_) {
     dot_f.pNext = const_cast<void*>(dci.pNext);

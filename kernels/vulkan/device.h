@@ -63,6 +63,8 @@ class Device {
   bool coop_matrix() const { return coop_matrix_; }
   // Whether shaders may use SPV_KHR_integer_dot_product (VK_KHR_shader_integer_dot_product is enabled).
   bool integer_dot() const { return integer_dot_; }
+  // Whether shaders may use f16 arithmetic (shaderFloat16, enabled at open when the device has it).
+  bool float16() const { return float16_; }
   double timestamp_period_ns() const { return props_.limits.timestampPeriod; }
   bool validation_enabled() const { return validation_; }
   // Validation-layer errors and warnings seen so far (tests assert there are none).
@@ -111,6 +113,7 @@ class Device {
   bool timestamps_ = false;
   bool coop_matrix_ = false;
   bool integer_dot_ = false;
+  bool float16_ = false;
   bool validation_ = false;
   mutable std::mutex messages_mutex_;
   HostBuffer staging_;

@@ -64,7 +64,8 @@ constexpr uint32_t kDxRowSlots = 8;   // row slots per dx workgroup (y)
 // passes are bound by how many loads are in flight, not by occupancy: on an H100 at 16384x16384, Q4_0 89 us
 // with 16 vs 100 with 4 (32: 91); Q4_K 83 us with 8 vs 92 with 4 (12 and 16 spill: 149, 198). Q6_K, whose unit
 // loads are 8-byte pieces with the block's alignment known (q6_k_dx_split.comp), is the exception: 108.7 us
-// with 4 vs 122.4 with 8 (12: 204.8, 168 registers).
+// with 4 vs 122.4 with 8 (12: 204.8, 168 registers). With the f16 decodes: Q4_0's pairs 67.8 us with 16 vs 69.2
+// with 8; Q4_K 78.4 with 8 vs 89.9 with 4 (12: 150.4).
 constexpr uint32_t kDxQ4_0RowsInFlight = 16;
 constexpr uint32_t kDxKRowsInFlight = 8;
 constexpr uint32_t kDxQ6_KRowsInFlight = 4;
@@ -425,7 +426,10 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
   check_min_size(k, "scratch", scratch->size(), need);
   struct { uint32_t n_in, j_start, j_end, rows_per_chunk; } split{uint32_t(n_in), uint32_t(j_start),
                                                                    uint32_t(j_end), uint32_t(rows_per_chunk)};
-  const auto& p1 = pipeline("q4_0_dx_split", 3, sizeof(split), {kDxRowSlots, kDxQ4_0RowsInFlight});
+  // Rows of an even number of blocks read as aligned words on devices with f16 arithmetic (q4_0_dx_split_pairs.comp).
+  const bool pairs = f16_decode() && (n_in / 32) % 2 == 0;
+  const auto& p1 =
+      pipeline(pairs ? "q4_0_dx_split_pairs" : "q4_0_dx_split", 3, sizeof(split), {kDxRowSlots, kDxQ4_0RowsInFlight});
   s.dispatch(p1, {scratch, &w, &dY}, split, {ceil_div(n_in / 8, kDxQuarters), uint32_t(n_chunks), 1});
   dx_reduce(s, dX, *scratch, n_in, n_chunks, accumulate);
 }
@@ -501,6 +505,7 @@ struct FrozenFormat {
   uint32_t dx_rows_in_flight;  // RU of the split pass; 0: the shader has no such constant
   int64_t (*row_bytes)(int64_t n_in);
   void (*check)(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
+  const char* dx_split_f16_shader = nullptr;  // the split pass with the f16 decode, if the format has one
 };
 
 namespace {
@@ -533,7 +538,9 @@ const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", nullptr, 0, "q8_0_
 // word) 73.2 us but 30 times the rounding error (2.7e-5 against 9e-7); exact floats from masks alone
 // (2^23 + n·16^k, one subtraction each) 75.9 us. The Q4_K and Q6_K dx likewise: loads alone 66 and 96 us, the
 // arithmetic alone 71 and 88, together 83 and 109. The integer-dot GEMVs (kGemvDotRows) take the decode away.
-// The one-token dx has no such path yet; measured for it on the H100 and not kept (16384x16384):
+// The one-token dx of Q4_0 and Q4_K decodes through f16 pairs instead (q4_0_dx_split_pairs.comp,
+// q4_k_dx_split.glsl): one integer operation per two weights. Measured for it on the H100 and not kept
+// (16384x16384):
 // - Q4_K on int8 tensor cores (16 x 16 x 32 products, codes exact, dy·d·sc as three int8 digits at one scale per
 //   chunk and sub-block, the token copied into the 16 rows of M): correct, but 313 us against 83; 160 us with
 //   the products left out, so staging 32 rows a step through shared memory behind two barriers already costs
@@ -549,17 +556,18 @@ const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", nullptr, 0, "q8_0_
 //   Correct, but 218-266 us against 83. Taken apart by leaving pieces out: the products with their tile loads
 //   about 53 us, the codes' writes to shared memory 38, the classes 28, the loop and its barriers alone 34. The
 //   codes' round trip through shared memory (4 bytes per weight) is most of the split pass's time by itself.
-// - Other split shapes (reduce pass included): Q4_K with 1, 2, 8 or 16 units, 2 to 64 row slots and 512 to 2048
-//   target groups (best 81.5 us, 8 units and 4 slots, against 82.2); Q6_K with 1, 2, 4 or 16 units, 4 to 128
+// - Other split shapes (reduce pass included), before the f16 decode: Q4_K with 1, 2, 8 or 16 units, 2 to 64
+//   row slots and 512 to 2048 target groups (best 81.5 us, 8 units and 4 slots, against 82.2); Q6_K with 1, 2, 4 or 16 units, 4 to 128
 //   slots and 512 to 2048 target groups (111-572 against 107.7); one chunk per column group, so no reduce pass
 //   at all: 132-572.
 constexpr uint32_t kGemvKWorkgroup = 128;
 constexpr uint32_t kGemvQ4_KRows = 4;
 constexpr uint32_t kGemvQ6_KRows = 2;
-constexpr int64_t kDxKCols = 128;
+constexpr int64_t kDxKCols = 256;     // q4_k_dx_split.glsl: 8 units of 32 columns
 constexpr int64_t kDxQ6_KCols = 256;  // q6_k_dx_split.comp: whole blocks per workgroup
 const FrozenFormat kQ4_K{"q4_k_gemm", "q4_k_dx", "q4_k_gemv", "q4_k_gemv_dot", 1, "q4_k_gemm", "q4_k_dx_gemm", "q4_k_dx_split",
-                         kGemvKWorkgroup, kGemvQ4_KRows, kDxKCols, kDxKRowsInFlight, q4_k_row_bytes, check_q4_k_linear};
+                         kGemvKWorkgroup, kGemvQ4_KRows, kDxKCols, kDxKRowsInFlight, q4_k_row_bytes, check_q4_k_linear,
+                         "q4_k_dx_split_f16"};
 const FrozenFormat kQ6_K{"q6_k_gemm", "q6_k_dx", "q6_k_gemv", "q6_k_gemv_dot", 2, "q6_k_gemm", "q6_k_dx_gemm", "q6_k_dx_split",
                          kGemvKWorkgroup, kGemvQ6_KRows, kDxQ6_KCols, kDxQ6_KRowsInFlight, q6_k_row_bytes,
                          check_q6_k_linear};
@@ -611,7 +619,8 @@ void LinearKernels::frozen_dx(const FrozenFormat& f, Sequence& s, const Buffer& 
                                                                    uint32_t(j_end), uint32_t(rows_per_chunk)};
   std::vector<uint32_t> spec{kDxRowSlots};
   if (f.dx_rows_in_flight) spec.push_back(f.dx_rows_in_flight);
-  const auto& p = pipeline(f.dx_split_shader, 3, sizeof(split), spec);
+  const bool f16 = f.dx_split_f16_shader && f16_decode();
+  const auto& p = pipeline(f16 ? f.dx_split_f16_shader : f.dx_split_shader, 3, sizeof(split), spec);
   s.dispatch(p, {scratch, &w, &dY}, split, {ceil_div(n_in, f.dx_cols_per_group), uint32_t(n_chunks), 1});
   dx_reduce(s, dX, *scratch, n_in, n_chunks, accumulate);
 }

@@ -121,6 +121,10 @@ class LinearKernels {
   enum class IntegerDot { Auto, Always, Never };
   void set_integer_dot(IntegerDot mode) { integer_dot_ = mode; }
   bool integer_dot_gemv(int64_t n_out, int64_t n_in) const;
+  // The one-token dx split passes of Q4_0 and Q4_K decode their codes through f16 pairs where the device has
+  // f16 arithmetic (Device::float16); tests switch that off to check the f32-decode shaders on one device.
+  void set_f16_decode(bool on) { f16_decode_ = on; }
+  bool f16_decode() const { return f16_decode_ && dev_.float16(); }
 
  private:
   struct GemmPush;  // the push constants of the tiled and tensor-core GEMMs (gemm_push.glsl)
@@ -181,6 +185,7 @@ class LinearKernels {
 
   Device& dev_;
   IntegerDot integer_dot_ = IntegerDot::Auto;
+  bool f16_decode_ = true;
   uint32_t forced_gemm_tile_ = 0;
   std::map<std::string, std::unique_ptr<Pipeline>> pipelines_;
 };

@@ -1,0 +1,101 @@
+#version 450
+// First pass of the one-token dx, as q4_0_dx_split.comp (chunks of rows, ROW_SLOTS row slots, partial[c, cols]
+// added in order by q4_0_dx_reduce.comp), for rows of an even number of blocks on devices with f16 arithmetic.
+//
+// Two blocks are 36 bytes, 9 words: with an even number of blocks per row every pair starts on a word, so each
+// invocation reads its quants as one aligned word per row, where the 18-byte blocks of q4_0_dx_split.comp take
+// two words and a select. Words of pair p (d0, d1 the blocks' f16 scales, qa and qb their 16 quant bytes):
+//   0: d0 qa0 qa1 | 1: qa2..qa5 | 2: qa6..qa9 | 3: qa10..qa13 | 4: qa14 qa15 d1 | 5..8: qb0..qb15
+// Invocation k (0..7) of the pair's eight takes the word k + (k >= 4) (quant bytes 4k - 2 .. 4k + 1 of block
+// 0, or 4(k - 4) .. of block 1) with its block's scale from word 0 or 4; invocation 0 takes qa0 qa1 from word 0
+// and qa14 qa15 from word 4. Quant byte i holds weights i (low nibble) and 16 + i (high nibble).
+//
+// Codes are decoded through f16 pairs: a nibble OR-ed into the mantissa of 1024 (0x6400) gives 1024 + n, or
+// 1024 + 16n in place for a high nibble, and one f16 subtraction per pair leaves n - 8 or 16(n - 8) exactly.
+// That is one integer operation per two weights where the f32 decode of q4_0_dx_split.comp takes two per
+// weight, and the integer pipe, which runs at half the FP32 rate on many GPUs, bounded that pass.
+// H100, 16384x16384, split and reduce together: 87.6 us with q4_0_dx_split.comp; the f16 decode alone 75.9;
+// with the aligned words as well 67.8. Measured and not faster: two words per invocation (72.2), 128 or 256
+// invocations along x with fewer slots (70.1-88.6), the row stride as a specialization constant (69.2).
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+
+layout(local_size_x = 64, local_size_y_id = 0) in;
+layout(constant_id = 0) const uint ROW_SLOTS = 8;
+layout(constant_id = 1) const uint RU = 4;  // rows whose loads an invocation issues together (the host sets it)
+
+layout(std430, binding = 0) writeonly buffer Partial { float partial[]; };  // [n_chunks, n_in]
+layout(std430, binding = 1) readonly buffer W { uint w[]; };
+layout(std430, binding = 2) readonly buffer DY { float dy[]; };
+layout(push_constant) uniform Push {
+  uint n_in;
+  uint j_start;
+  uint j_end;
+  uint rows_per_chunk;
+} p;
+
+shared vec4 red[ROW_SLOTS * 64 * 2];
+
+// lo += g·(n - 8) of quant bytes 0..3 of qs (low nibbles), hi += g·16(n - 8) (high nibbles).
+void add_word(uint qs, float g, inout vec4 lo, inout vec4 hi) {
+  const uint odd = qs >> 8u;  // bytes 1 and 3 at the bottom of each half
+  const f16vec2 l02 = unpackFloat2x16((qs & 0x000F000Fu) | 0x64006400u) - f16vec2(1032.0hf);
+  const f16vec2 l13 = unpackFloat2x16((odd & 0x000F000Fu) | 0x64006400u) - f16vec2(1032.0hf);
+  const f16vec2 h02 = unpackFloat2x16((qs & 0x00F000F0u) | 0x64006400u) - f16vec2(1152.0hf);
+  const f16vec2 h13 = unpackFloat2x16((odd & 0x00F000F0u) | 0x64006400u) - f16vec2(1152.0hf);
+  lo += g * vec4(float(l02.x), float(l13.x), float(l02.y), float(l13.y));
+  hi += g * vec4(float(h02.x), float(h13.x), float(h02.y), float(h13.y));
+}
+
+void main() {
+  const uint n_blocks = p.n_in / 32u;  // even (the host checks)
+  const uint lx = gl_LocalInvocationID.x, slot = gl_LocalInvocationID.y;
+  const uint u = gl_WorkGroupID.x * 64u + lx;
+  const bool in_range = u < n_blocks * 4u;
+  const uint pair = in_range ? u >> 3u : 0u, k = u & 7u;
+  const uint row_words = n_blocks / 2u * 9u;
+  // x: the quant word; y: the word holding the block's scale (and, for k = 0, quant bytes 0 and 1).
+  const uint xo = pair * 9u + (k == 0u ? 4u : (k < 4u ? k : k + 1u));
+  const uint yo = pair * 9u + (k < 4u ? 0u : 4u);
+  const uint y_mask = k == 0u ? 0xFFFFu : 0u, x_shift = k == 0u ? 16u : 0u, d_shift = k < 4u ? 0u : 16u;
+  const uint c = gl_WorkGroupID.y;
+  const uint j0 = p.j_start + c * p.rows_per_chunk;
+  const uint j1 = min(p.j_end, j0 + p.rows_per_chunk);
+  const uint S = ROW_SLOTS;
+
+  vec4 lo = vec4(0.0), hi = vec4(0.0);
+  uint j = j0 + slot;
+  for (; j + (RU - 1u) * S < j1; j += RU * S) {
+    uint x[RU], y[RU];
+    float g[RU];
+    for (uint i = 0u; i < RU; ++i) {
+      const uint r = (j + i * S) * row_words;
+      x[i] = w[r + xo];
+      y[i] = w[r + yo];
+      g[i] = dy[j + i * S];
+    }
+    for (uint i = 0u; i < RU; ++i)
+      add_word(((y[i] >> 16u) & y_mask) | (x[i] << x_shift), g[i] * unpackHalf2x16(y[i] >> d_shift).x, lo, hi);
+  }
+  for (; j < j1; j += S) {
+    const uint r = j * row_words, x = w[r + xo], y = w[r + yo];
+    add_word(((y >> 16u) & y_mask) | (x << x_shift), dy[j] * unpackHalf2x16(y >> d_shift).x, lo, hi);
+  }
+  hi *= 0.0625;
+
+  red[(slot * 64u + lx) * 2u] = lo;
+  red[(slot * 64u + lx) * 2u + 1u] = hi;
+  barrier();
+  if (slot != 0u || !in_range) return;
+  for (uint s = 1u; s < S; ++s) {
+    lo += red[(s * 64u + lx) * 2u];
+    hi += red[(s * 64u + lx) * 2u + 1u];
+  }
+  // The invocation's columns in its block: quant bytes (0, 1, 14, 15) for k = 0, else 4 in a row.
+  const uint base = c * p.n_in + (2u * pair + (k < 4u ? 0u : 1u)) * 32u;
+  const uvec4 col = k == 0u ? uvec4(0u, 1u, 14u, 15u) : uvec4(k < 4u ? 4u * k - 2u : 4u * k - 16u) + uvec4(0u, 1u, 2u, 3u);
+  for (uint e = 0u; e < 4u; ++e) {
+    partial[base + col[e]] = lo[e];
+    partial[base + 16u + col[e]] = hi[e];
+  }
+}

@@ -1,0 +1,134 @@
+// The first pass of dx[n_in] = dy[j_start:j_end] · W[j_start:j_end, :] for one token, W in Q4_K super-blocks (the
+// transposed GEMV), laid out as q4_0_dx_split.comp: the row range is cut into chunks of rows_per_chunk rows
+// (gl_WorkGroupID.y) and chunk c writes its sums to partial[c, cols]; q4_0_dx_reduce.comp adds the chunks in
+// order (deterministic, no float atomics).
+//
+// A workgroup covers UNITS units (a unit is 16 bytes of quants, one uvec4, as in q4_k_gemv.comp: 32 columns of
+// dx) and SLOTS = SUB·ROW_SLOTS row slots, slot s walking rows s, s + SLOTS, ... of the chunk. Few columns and
+// many slots per workgroup keep the chunks few (the host sizes them from the columns per workgroup), so the
+// reduce pass stays short. Per row an invocation adds dy·d·sc·q to its columns and dy·dmin·m to one correction
+// per sub-block, subtracted once at the end. The slots are summed through shared memory.
+//
+// Included by q4_k_dx_split_f16.comp (Q4_K_DX_F16 defined: codes decoded through f16 pairs, on devices with f16
+// arithmetic) and q4_k_dx_split.comp (codes decoded as f32, for the others). H100, 16384x16384, split and
+// reduce together: 82.2 us with the f32 decode at 4 units and 4 slots per unit; 78.5 with the f16 decode and
+// 75.9 with it at 8 units and 2 slots; 16 units and 1 slot 77.2, 4 units and 2 slots 86.6.
+
+const uint UNITS = 8;  // 256 columns per workgroup (linear_kernels.cpp: kDxKCols)
+const uint SUB = 2;    // row slots per unit along x
+layout(local_size_x = UNITS * SUB, local_size_y_id = 0) in;
+layout(constant_id = 0) const uint ROW_SLOTS = 8;
+layout(constant_id = 1) const uint RU = 4;  // rows whose loads an invocation issues together (the host sets it)
+const uint SLOTS = SUB * ROW_SLOTS;  // a multiple of 8
+const uint NV = UNITS * 8u;          // vec4 columns of the workgroup
+
+layout(std430, binding = 0) writeonly buffer Partial { vec4 partial4[]; };  // [n_chunks, n_in]
+layout(std430, binding = 1) readonly buffer W { uvec4 w4[]; };            // 9 per block
+layout(std430, binding = 2) readonly buffer DY { float dy[]; };
+layout(push_constant) uniform Push {
+  uint n_in;
+  uint j_start;
+  uint j_end;
+  uint rows_per_chunk;
+} p;
+
+#include "q4_k.glsl"
+
+shared vec4 red[SLOTS * NV];
+
+// Columns 64c + 16h + [0, 16) of the block (al, low nibbles) and 64c + 32 + 16h + [0, 16) (ah, high nibbles).
+vec4 al[4], ah[4];
+float corr_l = 0.0, corr_h = 0.0;
+
+#ifdef Q4_K_DX_F16
+// Codes through f16 pairs (q4_0_dx_split_pairs.comp): a nibble OR-ed into the mantissa of 1024 gives 1024 + q, or
+// 1024 + 16q in place for a high nibble; one f16 subtraction per pair leaves q or 16q exactly. The high nibbles'
+// 16 comes out once at the end (HIGH_SCALE), and the corrections hold the mins alone.
+const float HIGH_SCALE = 0.0625;
+void add_word(uint x, float a_l, float a_h, inout vec4 l, inout vec4 h) {
+  const uint odd = x >> 8u;  // bytes 1 and 3 at the bottom of each half
+  const f16vec2 l02 = unpackFloat2x16((x & 0x000F000Fu) | 0x64006400u) - f16vec2(1024.0hf);
+  const f16vec2 l13 = unpackFloat2x16((odd & 0x000F000Fu) | 0x64006400u) - f16vec2(1024.0hf);
+  const f16vec2 h02 = unpackFloat2x16((x & 0x00F000F0u) | 0x64006400u) - f16vec2(1024.0hf);
+  const f16vec2 h13 = unpackFloat2x16((odd & 0x00F000F0u) | 0x64006400u) - f16vec2(1024.0hf);
+  l += a_l * vec4(float(l02.x), float(l13.x), float(l02.y), float(l13.y));
+  h += a_h * vec4(float(h02.x), float(h13.x), float(h02.y), float(h13.y));
+}
+
+void add_row(uvec4 hd, uvec4 qs, float g, uint c) {
+  const vec2 dm = unpackHalf2x16(hd.x);
+  const vec4 s = q4_k_chunk_scales(hd.yzw, c);
+  const float gd = g * dm.x, gm = g * dm.y;
+  corr_l += gm * s.z;
+  corr_h += gm * s.w;
+  for (uint k = 0u; k < 4u; ++k) add_word(qs[k], gd * s.x, gd * s.y, al[k], ah[k]);
+}
+#else
+// Codes as f32 1 + q/16 (q4_k.glsl): per row, (16·dy·d·sc)·(1 + q/16) to the columns and 16·dy·d·sc + dy·dmin·m
+// to the sub-block's correction.
+const float HIGH_SCALE = 1.0;
+void add_row(uvec4 hd, uvec4 qs, float g, uint c) {
+  const vec2 dm = unpackHalf2x16(hd.x);
+  const vec4 s = q4_k_chunk_scales(hd.yzw, c);
+  const float gd = 16.0 * g * dm.x, gm = g * dm.y;
+  const float a_l = gd * s.x, a_h = gd * s.y;
+  corr_l += a_l + gm * s.z;
+  corr_h += a_h + gm * s.w;
+  for (uint k = 0u; k < 4u; ++k) {
+    al[k] += a_l * q4_k_low_1p(qs[k]);
+    ah[k] += a_h * q4_k_high_1p(qs[k]);
+  }
+}
+#endif
+
+void main() {
+  const uint n_blocks = p.n_in / 256u;
+  const uint ul = gl_LocalInvocationID.x % UNITS;
+  const uint slot = gl_LocalInvocationID.x / UNITS + SUB * gl_LocalInvocationID.y;
+  const uint u = gl_WorkGroupID.x * UNITS + ul;
+  const uint b = u < n_blocks * 8u ? u >> 3u : 0u, c = (u >> 1u) & 3u, h = u & 1u;
+  const uint q_off = 1u + 2u * c + h;  // the unit's uvec4 inside a block
+  const uint chunk = gl_WorkGroupID.y;
+  const uint j0 = p.j_start + chunk * p.rows_per_chunk;
+  const uint j1 = min(p.j_end, j0 + p.rows_per_chunk);
+
+  for (uint k = 0u; k < 4u; ++k) {
+    al[k] = vec4(0.0);
+    ah[k] = vec4(0.0);
+  }
+  uint j = j0 + slot;
+  for (; j + (RU - 1u) * SLOTS < j1; j += RU * SLOTS) {
+    uvec4 hd[RU], qs[RU];
+    float g[RU];
+    for (uint i = 0u; i < RU; ++i) {
+      const uint blk = ((j + i * SLOTS) * n_blocks + b) * 9u;
+      hd[i] = w4[blk];
+      qs[i] = w4[blk + q_off];
+      g[i] = dy[j + i * SLOTS];
+    }
+    for (uint i = 0u; i < RU; ++i) add_row(hd[i], qs[i], g[i], c);
+  }
+  for (; j < j1; j += SLOTS) {
+    const uint blk = (j * n_blocks + b) * 9u;
+    add_row(w4[blk], w4[blk + q_off], dy[j], c);
+  }
+
+  for (uint k = 0u; k < 4u; ++k) {
+    red[slot * NV + ul * 8u + k] = al[k] - corr_l;
+    red[slot * NV + ul * 8u + 4u + k] = ah[k] * HIGH_SCALE - corr_h;
+  }
+  barrier();
+  // Groups of 8 slots, then the groups; slots and groups are added in a fixed order.
+  const uint tid = gl_LocalInvocationIndex, v = tid % NV, grp = tid / NV;  // SLOTS / 8 groups
+  vec4 sum = red[grp * 8u * NV + v];
+  for (uint i = 1u; i < 8u; ++i) sum += red[(grp * 8u + i) * NV + v];
+  red[grp * 8u * NV + v] = sum;  // only this invocation reads that group's column v
+  barrier();
+  if (tid >= NV) return;
+  for (uint g = 1u; g < SLOTS / 8u; ++g) sum += red[g * 8u * NV + v];
+  const uint uo = gl_WorkGroupID.x * UNITS + v / 8u, k = v % 8u;
+  if (uo >= n_blocks * 8u) return;
+  const uint bo = uo >> 3u, co = (uo >> 1u) & 3u, ho = uo & 1u;
+  // Vec4 k < 4 holds columns 64c + 16h + 4k .., k >= 4 columns 64c + 32 + 16h + 4(k - 4) ..
+  partial4[(chunk * p.n_in) / 4u + 64u * bo + 16u * co + 4u * ho + (k < 4u ? k : 4u + k)] = sum;
+}
