@@ -15,8 +15,12 @@
 // That is one integer operation per two weights where the f32 decode of q4_0_dx_split.comp takes two per
 // weight, and the integer pipe, which runs at half the FP32 rate on many GPUs, bounded that pass.
 // H100, 16384x16384, split and reduce together: 87.6 us with q4_0_dx_split.comp; the f16 decode alone 75.9;
-// with the aligned words as well 67.8. Measured and not faster: two words per invocation (72.2), 128 or 256
-// invocations along x with fewer slots (70.1-88.6), the row stride as a specialization constant (69.2).
+// with the aligned words as well 67.8; invocation 0's two halves joined under a select rather than by masks and
+// shifts every invocation runs, 65.5-66.2 (the split pass alone 61.5: the reduce pass and the barrier before it
+// take about 4). Measured and not faster: two words per invocation (72.2), 128 or 256 invocations along x with
+// fewer slots (70.1-88.6), the row stride as a specialization constant (66.4), the row index made uniform per
+// subgroup (66.0), the reduce done by the last workgroup of each column group, counted with an atomic (71.3),
+// and the reduce pass's loads issued 8, 16 or 32 chunks at a time (no change).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 
@@ -57,7 +61,7 @@ void main() {
   // x: the quant word; y: the word holding the block's scale (and, for k = 0, quant bytes 0 and 1).
   const uint xo = pair * 9u + (k == 0u ? 4u : (k < 4u ? k : k + 1u));
   const uint yo = pair * 9u + (k < 4u ? 0u : 4u);
-  const uint y_mask = k == 0u ? 0xFFFFu : 0u, x_shift = k == 0u ? 16u : 0u, d_shift = k < 4u ? 0u : 16u;
+  const uint d_shift = k < 4u ? 0u : 16u;
   const uint c = gl_WorkGroupID.y;
   const uint j0 = p.j_start + c * p.rows_per_chunk;
   const uint j1 = min(p.j_end, j0 + p.rows_per_chunk);
@@ -75,11 +79,11 @@ void main() {
       g[i] = dy[j + i * S];
     }
     for (uint i = 0u; i < RU; ++i)
-      add_word(((y[i] >> 16u) & y_mask) | (x[i] << x_shift), g[i] * unpackHalf2x16(y[i] >> d_shift).x, lo, hi);
+      add_word(k == 0u ? (y[i] >> 16u) | (x[i] << 16u) : x[i], g[i] * unpackHalf2x16(y[i] >> d_shift).x, lo, hi);
   }
   for (; j < j1; j += S) {
     const uint r = j * row_words, x = w[r + xo], y = w[r + yo];
-    add_word(((y >> 16u) & y_mask) | (x << x_shift), dy[j] * unpackHalf2x16(y >> d_shift).x, lo, hi);
+    add_word(k == 0u ? (y >> 16u) | (x << 16u) : x, dy[j] * unpackHalf2x16(y >> d_shift).x, lo, hi);
   }
   hi *= 0.0625;
 
