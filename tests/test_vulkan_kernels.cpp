@@ -543,7 +543,8 @@ TEST_F(VulkanKernels, FrozenFormatsDxTilesThatDoNotDivideSumToTheUntiledResult) 
 
 // The one-token dx of Q4_0 and Q4_K with and without the f16 decode (q4_0_dx_split_pairs.comp,
 // q4_k_dx_split.glsl). Q4_0 widths of an even block count take the pairs kernel: 1 pair, 17 pairs (three
-// workgroups along x, the last one partly out of range) and 65 pairs; odd counts keep q4_0_dx_split.comp either way.
+// workgroups along x, the last one partly out of range) and 65 pairs, over all rows and from row 7 on (dy then
+// not read as vec4s); odd counts keep q4_0_dx_split.comp either way.
 TEST_F(VulkanKernels, OneTokenDxWithAndWithoutTheF16DecodeMatchesReference) {
   const auto f32_decode = make_vulkan_host_kernels(*device_, 0, vk::LinearKernels::IntegerDot::Auto, false);
   for (HostKernels* k : {kernels_, f32_decode.get()}) {
@@ -554,6 +555,10 @@ TEST_F(VulkanKernels, OneTokenDxWithAndWithoutTheF16DecodeMatchesReference) {
         const auto dy = random_floats(rng_, n_out);
         expect_q4_0_dx_matches(*k, rng_, w, dy, 1, n_out, n_in, 0,
                                mode + " q4_0 n_out=" + std::to_string(n_out) + " n_in=" + std::to_string(n_in));
+        // Rows from 7 on: the pairs kernel reads dy one float at a time, not as vec4s.
+        if (n_out > 7)
+          expect_q4_0_dx_matches(*k, rng_, w, dy, 1, n_out, n_in, 7,
+                                 mode + " q4_0 rows 7.. n_out=" + std::to_string(n_out) + " n_in=" + std::to_string(n_in));
       }
     for (int64_t n_in : {256, 2304, 4608})
       for (int64_t n_out : {1, 37, 1000})

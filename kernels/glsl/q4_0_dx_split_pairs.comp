@@ -1,6 +1,7 @@
 #version 450
 // First pass of the one-token dx, as q4_0_dx_split.comp (chunks of rows, ROW_SLOTS row slots, partial[c, cols]
 // added in order by q4_0_dx_reduce.comp), for rows of an even number of blocks on devices with f16 arithmetic.
+// Slot s takes RU rows in a row at a time: rows s·RU .. s·RU + RU - 1 of each run of ROW_SLOTS·RU rows.
 //
 // Two blocks are 36 bytes, 9 words: with an even number of blocks per row every pair starts on a word, so each
 // invocation reads its quants as one aligned word per row, where the 18-byte blocks of q4_0_dx_split.comp take
@@ -14,23 +15,27 @@
 // 1024 + 16n in place for a high nibble, and one f16 subtraction per pair leaves n - 8 or 16(n - 8) exactly.
 // That is one integer operation per two weights where the f32 decode of q4_0_dx_split.comp takes two per
 // weight, and the integer pipe, which runs at half the FP32 rate on many GPUs, bounded that pass.
+//
 // H100, 16384x16384, split and reduce together: 87.6 us with q4_0_dx_split.comp; the f16 decode alone 75.9;
 // with the aligned words as well 67.8; invocation 0's two halves joined under a select rather than by masks and
-// shifts every invocation runs, 65.5-66.2 (the split pass alone 61.5: the reduce pass and the barrier before it
-// take about 4). Measured and not faster: two words per invocation (72.2), 128 or 256 invocations along x with
-// fewer slots (70.1-88.6), the row stride as a specialization constant (66.4), the row index made uniform per
-// subgroup (66.0), the reduce done by the last workgroup of each column group, counted with an atomic (71.3),
-// and the reduce pass's loads issued 8, 16 or 32 chunks at a time (no change).
+// shifts that every invocation runs, 65.5-66.2; each slot's rows in a row, so that dy comes as one vec4 per 4
+// rows, 64.8-64.9 (with RU = 32 64.7-64.9, with 24 66.7). The split pass alone takes about 4 us less: the
+// reduce pass and the barrier before it. Measured and not faster: two words per invocation (72.2), 128 or 256
+// invocations along x with fewer slots (70.1-88.6), the row stride as a specialization constant (66.4, and 65.8
+// with the rows in a row), the row index made uniform per subgroup (66.0), the reduce done by the last
+// workgroup of each column group, counted with an atomic (71.3), and the reduce pass's loads issued 8, 16 or 32
+// chunks at a time (no change).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 
 layout(local_size_x = 64, local_size_y_id = 0) in;
 layout(constant_id = 0) const uint ROW_SLOTS = 8;
-layout(constant_id = 1) const uint RU = 4;  // rows whose loads an invocation issues together (the host sets it)
+layout(constant_id = 1) const uint RU = 4;  // rows whose loads an invocation issues together: a multiple of 4
 
 layout(std430, binding = 0) writeonly buffer Partial { float partial[]; };  // [n_chunks, n_in]
 layout(std430, binding = 1) readonly buffer W { uint w[]; };
 layout(std430, binding = 2) readonly buffer DY { float dy[]; };
+layout(std430, binding = 2) readonly buffer DY4 { vec4 dy4[]; };
 layout(push_constant) uniform Push {
   uint n_in;
   uint j_start;
@@ -40,8 +45,15 @@ layout(push_constant) uniform Push {
 
 shared vec4 red[ROW_SLOTS * 64 * 2];
 
-// lo += g·(n - 8) of quant bytes 0..3 of qs (low nibbles), hi += g·16(n - 8) (high nibbles).
-void add_word(uint qs, float g, inout vec4 lo, inout vec4 hi) {
+// Set by main: the invocation's word offsets (x: its quant word; y: the word with its block's scale, and for
+// k = 0 quant bytes 0 and 1), whether it joins two half-words (k = 0), and its scale's half.
+uint xo, yo, d_shift;
+bool joined;
+uint row_words;
+vec4 lo = vec4(0.0), hi = vec4(0.0);
+
+// The column sums: lo += g·(n - 8) of quant bytes 0..3 of qs (low nibbles), hi += g·16(n - 8) (high nibbles).
+void add_word(uint qs, float g) {
   const uint odd = qs >> 8u;  // bytes 1 and 3 at the bottom of each half
   const f16vec2 l02 = unpackFloat2x16((qs & 0x000F000Fu) | 0x64006400u) - f16vec2(1032.0hf);
   const f16vec2 l13 = unpackFloat2x16((odd & 0x000F000Fu) | 0x64006400u) - f16vec2(1032.0hf);
@@ -51,39 +63,56 @@ void add_word(uint qs, float g, inout vec4 lo, inout vec4 hi) {
   hi += g * vec4(float(h02.x), float(h13.x), float(h02.y), float(h13.y));
 }
 
+// The invocation's 4 quant bytes of a row, from the words at xo (x) and yo (y).
+uint quants(uint x, uint y) { return joined ? (y >> 16u) | (x << 16u) : x; }
+float block_scale(uint y) { return unpackHalf2x16(y >> d_shift).x; }
+
+// Rows jb .. jb + RU - 1: their loads issued together, then added in order. dy_vec4: dy read as vec4s (jb a
+// multiple of 4).
+void add_rows(uint jb, const bool dy_vec4) {
+  uint x[RU], y[RU];
+  float g[RU];
+  for (uint i = 0u; i < RU; ++i) {
+    const uint r = (jb + i) * row_words;
+    x[i] = w[r + xo];
+    y[i] = w[r + yo];
+  }
+  if (dy_vec4) {
+    for (uint m = 0u; m < RU / 4u; ++m) {
+      const vec4 v = dy4[jb / 4u + m];
+      for (uint e = 0u; e < 4u; ++e) g[4u * m + e] = v[e];
+    }
+  } else {
+    for (uint i = 0u; i < RU; ++i) g[i] = dy[jb + i];
+  }
+  for (uint i = 0u; i < RU; ++i) add_word(quants(x[i], y[i]), g[i] * block_scale(y[i]));
+}
+
 void main() {
   const uint n_blocks = p.n_in / 32u;  // even (the host checks)
   const uint lx = gl_LocalInvocationID.x, slot = gl_LocalInvocationID.y;
   const uint u = gl_WorkGroupID.x * 64u + lx;
   const bool in_range = u < n_blocks * 4u;
   const uint pair = in_range ? u >> 3u : 0u, k = u & 7u;
-  const uint row_words = n_blocks / 2u * 9u;
-  // x: the quant word; y: the word holding the block's scale (and, for k = 0, quant bytes 0 and 1).
-  const uint xo = pair * 9u + (k == 0u ? 4u : (k < 4u ? k : k + 1u));
-  const uint yo = pair * 9u + (k < 4u ? 0u : 4u);
-  const uint d_shift = k < 4u ? 0u : 16u;
+  row_words = n_blocks / 2u * 9u;
+  xo = pair * 9u + (k == 0u ? 4u : (k < 4u ? k : k + 1u));
+  yo = pair * 9u + (k < 4u ? 0u : 4u);
+  d_shift = k < 4u ? 0u : 16u;
+  joined = k == 0u;
   const uint c = gl_WorkGroupID.y;
   const uint j0 = p.j_start + c * p.rows_per_chunk;
   const uint j1 = min(p.j_end, j0 + p.rows_per_chunk);
   const uint S = ROW_SLOTS;
 
-  vec4 lo = vec4(0.0), hi = vec4(0.0);
-  uint j = j0 + slot;
-  for (; j + (RU - 1u) * S < j1; j += RU * S) {
-    uint x[RU], y[RU];
-    float g[RU];
-    for (uint i = 0u; i < RU; ++i) {
-      const uint r = (j + i * S) * row_words;
-      x[i] = w[r + xo];
-      y[i] = w[r + yo];
-      g[i] = dy[j + i * S];
-    }
-    for (uint i = 0u; i < RU; ++i)
-      add_word(k == 0u ? (y[i] >> 16u) | (x[i] << 16u) : x[i], g[i] * unpackHalf2x16(y[i] >> d_shift).x, lo, hi);
+  uint jb = j0 + slot * RU;
+  if ((p.j_start & 3u) == 0u && (p.rows_per_chunk & 3u) == 0u) {
+    for (; jb + RU <= j1; jb += S * RU) add_rows(jb, true);
+  } else {
+    for (; jb + RU <= j1; jb += S * RU) add_rows(jb, false);
   }
-  for (; j < j1; j += S) {
+  for (uint j = jb; j < min(j1, jb + RU); ++j) {
     const uint r = j * row_words, x = w[r + xo], y = w[r + yo];
-    add_word(k == 0u ? (y >> 16u) | (x << 16u) : x, dy[j] * unpackHalf2x16(y >> d_shift).x, lo, hi);
+    add_word(quants(x, y), dy[j] * block_scale(y));
   }
   hi *= 0.0625;
 
