@@ -558,7 +558,8 @@ TEST_F(VulkanKernels, OneTokenDxWithAndWithoutTheF16DecodeMatchesReference) {
         // Rows from 7 on: the pairs kernel reads dy one float at a time, not as vec4s.
         if (n_out > 7)
           expect_q4_0_dx_matches(*k, rng_, w, dy, 1, n_out, n_in, 7,
-                                 mode + " q4_0 rows 7.. n_out=" + std::to_string(n_out) + " n_in=" + std::to_string(n_in));
+                                 mode + " q4_0 rows 7.. n_out=" + std::to_string(n_out) +
+                                     " n_in=" + std::to_string(n_in));
       }
     for (int64_t n_in : {256, 2304, 4608})
       for (int64_t n_out : {1, 37, 1000})

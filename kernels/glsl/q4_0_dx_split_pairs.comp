@@ -126,7 +126,8 @@ void main() {
   }
   // The invocation's columns in its block: quant bytes (0, 1, 14, 15) for k = 0, else 4 in a row.
   const uint base = c * p.n_in + (2u * pair + (k < 4u ? 0u : 1u)) * 32u;
-  const uvec4 col = k == 0u ? uvec4(0u, 1u, 14u, 15u) : uvec4(k < 4u ? 4u * k - 2u : 4u * k - 16u) + uvec4(0u, 1u, 2u, 3u);
+  const uvec4 col =
+      k == 0u ? uvec4(0u, 1u, 14u, 15u) : uvec4(k < 4u ? 4u * k - 2u : 4u * k - 16u) + uvec4(0u, 1u, 2u, 3u);
   for (uint e = 0u; e < 4u; ++e) {
     partial[base + col[e]] = lo[e];
     partial[base + 16u + col[e]] = hi[e];

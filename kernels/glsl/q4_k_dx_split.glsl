@@ -64,8 +64,8 @@ void add_row(uvec4 hd, uvec4 qs, float g, uint c) {
   for (uint k = 0u; k < 4u; ++k) add_word(qs[k], gd * s.x, gd * s.y, al[k], ah[k]);
 }
 #else
-// Codes as f32 1 + q/16 (q4_k.glsl): per row, (16·dy·d·sc)·(1 + q/16) to the columns and 16·dy·d·sc + dy·dmin·m
-// to the sub-block's correction.
+// Codes as f32 1 + q/16 (q4_k.glsl): per row, (16·dy·d·sc)·(1 + q/16) to the columns and
+// 16·dy·d·sc + dy·dmin·m to the sub-block's correction.
 const float HIGH_SCALE = 1.0;
 void add_row(uvec4 hd, uvec4 qs, float g, uint c) {
   const vec2 dm = unpackHalf2x16(hd.x);

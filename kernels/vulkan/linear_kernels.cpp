@@ -64,9 +64,11 @@ constexpr uint32_t kDxRowSlots = 8;   // row slots per dx workgroup (y)
 // passes are bound by how many loads are in flight, not by occupancy: on an H100 at 16384x16384, Q4_0 89 us
 // with 16 vs 100 with 4 (32: 91); Q4_K 83 us with 8 vs 92 with 4 (12 and 16 spill: 149, 198). Q6_K, whose unit
 // loads are 8-byte pieces with the block's alignment known (q6_k_dx_split.comp), is the exception: 108.7 us
-// with 4 vs 122.4 with 8 (12: 204.8, 168 registers). With the f16 decodes: Q4_0's pairs 67.8 us with 16 vs 69.2
-// with 8; Q4_K 78.4 with 8 vs 89.9 with 4 (12: 150.4).
+// with 4 vs 122.4 with 8 (12: 204.8, 168 registers). With the f16 decodes: Q4_0's pairs 64.8 us with 16 vs 66.7
+// with 24 and 64.7 with 32 (q4_0_dx_split_pairs.comp reads dy 4 rows at a time: a multiple of 4); Q4_K 78.4
+// with 8 vs 89.9 with 4 (12: 150.4).
 constexpr uint32_t kDxQ4_0RowsInFlight = 16;
+static_assert(kDxQ4_0RowsInFlight % 4 == 0);
 constexpr uint32_t kDxKRowsInFlight = 8;
 constexpr uint32_t kDxQ6_KRowsInFlight = 4;
 constexpr int64_t kDxQ4_0Cols = 8 * kDxQuarters;  // dx columns per Q4_0 (and Q8_0) split workgroup
@@ -557,9 +559,9 @@ const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", nullptr, 0, "q8_0_
 //   about 53 us, the codes' writes to shared memory 38, the classes 28, the loop and its barriers alone 34. The
 //   codes' round trip through shared memory (4 bytes per weight) is most of the split pass's time by itself.
 // - Other split shapes (reduce pass included), before the f16 decode: Q4_K with 1, 2, 8 or 16 units, 2 to 64
-//   row slots and 512 to 2048 target groups (best 81.5 us, 8 units and 4 slots, against 82.2); Q6_K with 1, 2, 4 or 16 units, 4 to 128
-//   slots and 512 to 2048 target groups (111-572 against 107.7); one chunk per column group, so no reduce pass
-//   at all: 132-572.
+//   row slots and 512 to 2048 target groups (best 81.5 us, 8 units and 4 slots, against 82.2); Q6_K with 1, 2,
+//   4 or 16 units, 4 to 128 slots and 512 to 2048 target groups (111-572 against 107.7); one chunk per column
+//   group, so no reduce pass at all: 132-572. Q6_K's codes through f16 pairs as well: 108.4 against 108.2.
 constexpr uint32_t kGemvKWorkgroup = 128;
 constexpr uint32_t kGemvQ4_KRows = 4;
 constexpr uint32_t kGemvQ6_KRows = 2;
