@@ -12,7 +12,9 @@
 // Included by q4_k_dx_split_f16.comp (Q4_K_DX_F16 defined: codes decoded through f16 pairs, on devices with f16
 // arithmetic) and q4_k_dx_split.comp (codes decoded as f32, for the others). H100, 16384x16384, split and
 // reduce together: 82.2 us with the f32 decode at 4 units and 4 slots per unit; 78.5 with the f16 decode and
-// 75.9 with it at 8 units and 2 slots; 16 units and 1 slot 77.2, 4 units and 2 slots 86.6.
+// 75.9 with it at 8 units and 2 slots (16 units and 1 slot 77.2, 4 units and 2 slots 86.6); 73.5-73.8 with the
+// header loaded in halves and swapped between neighbours (the driver reports 168 registers against 113, yet it
+// is faster; with 10, 12 or 16 rows in flight 115-148).
 
 const uint UNITS = 8;  // 256 columns per workgroup (linear_kernels.cpp: kDxKCols)
 const uint SUB = 2;    // row slots per unit along x
@@ -24,6 +26,7 @@ const uint NV = UNITS * 8u;          // vec4 columns of the workgroup
 
 layout(std430, binding = 0) writeonly buffer Partial { vec4 partial4[]; };  // [n_chunks, n_in]
 layout(std430, binding = 1) readonly buffer W { uvec4 w4[]; };            // 9 per block
+layout(std430, binding = 1) readonly buffer W2 { uvec2 w2[]; };  // the same words, 18 per block
 layout(std430, binding = 2) readonly buffer DY { float dy[]; };
 layout(push_constant) uniform Push {
   uint n_in;
@@ -98,15 +101,21 @@ void main() {
   }
   uint j = j0 + slot;
   for (; j + (RU - 1u) * SLOTS < j1; j += RU * SLOTS) {
-    uvec4 hd[RU], qs[RU];
+    // The header (d, dmin, scales) of the two units of one chunk, invocations u and u ^ 1 (neighbours in the
+    // subgroup): each loads one half and they swap halves, so only 8 of its bytes per row wait in registers.
+    uvec2 hh[RU];
+    uvec4 qs[RU];
     float g[RU];
     for (uint i = 0u; i < RU; ++i) {
       const uint blk = ((j + i * SLOTS) * n_blocks + b) * 9u;
-      hd[i] = w4[blk];
+      hh[i] = w2[2u * blk + h];
       qs[i] = w4[blk + q_off];
       g[i] = dy[j + i * SLOTS];
     }
-    for (uint i = 0u; i < RU; ++i) add_row(hd[i], qs[i], g[i], c);
+    for (uint i = 0u; i < RU; ++i) {
+      const uvec2 other = subgroupShuffleXor(hh[i], 1u);
+      add_row(h == 0u ? uvec4(hh[i], other) : uvec4(other, hh[i]), qs[i], g[i], c);
+    }
   }
   for (; j < j1; j += SLOTS) {
     const uint blk = (j * n_blocks + b) * 9u;
