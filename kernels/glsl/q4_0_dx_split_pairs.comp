@@ -11,10 +11,9 @@
 // 0, or 4(k - 4) .. of block 1) with its block's scale from word 0 or 4; invocation 0 takes qa0 qa1 from word 0
 // and qa14 qa15 from word 4. Quant byte i holds weights i (low nibble) and 16 + i (high nibble).
 //
-// Codes are decoded through f16 pairs: a nibble OR-ed into the mantissa of 1024 (0x6400) gives 1024 + n, or
-// 1024 + 16n in place for a high nibble, and one f16 subtraction per pair leaves n - 8 or 16(n - 8) exactly.
-// That is one integer operation per two weights where the f32 decode of q4_0_dx_split.comp takes two per
-// weight, and the integer pipe, which runs at half the FP32 rate on many GPUs, bounded that pass.
+// Codes are decoded through f16 pairs (nibbles_f16.glsl): one integer operation per two weights where the f32
+// decode of q4_0_dx_split.comp takes two per weight, and the integer pipe, which runs at half the FP32 rate on
+// many GPUs, bounded that pass.
 //
 // H100, 16384x16384, split and reduce together: 87.6 us with q4_0_dx_split.comp; the f16 decode alone 75.9;
 // with the aligned words as well 67.8; invocation 0's two halves joined under a select rather than by masks and
@@ -43,6 +42,8 @@ layout(push_constant) uniform Push {
   uint rows_per_chunk;
 } p;
 
+#include "nibbles_f16.glsl"
+
 shared vec4 red[ROW_SLOTS * 64 * 2];
 
 // Set by main: the invocation's word offsets (x: its quant word; y: the word with its block's scale, and for
@@ -54,13 +55,10 @@ vec4 lo = vec4(0.0), hi = vec4(0.0);
 
 // The column sums: lo += g·(n - 8) of quant bytes 0..3 of qs (low nibbles), hi += g·16(n - 8) (high nibbles).
 void add_word(uint qs, float g) {
-  const uint odd = qs >> 8u;  // bytes 1 and 3 at the bottom of each half
-  const f16vec2 l02 = unpackFloat2x16((qs & 0x000F000Fu) | 0x64006400u) - f16vec2(1032.0hf);
-  const f16vec2 l13 = unpackFloat2x16((odd & 0x000F000Fu) | 0x64006400u) - f16vec2(1032.0hf);
-  const f16vec2 h02 = unpackFloat2x16((qs & 0x00F000F0u) | 0x64006400u) - f16vec2(1152.0hf);
-  const f16vec2 h13 = unpackFloat2x16((odd & 0x00F000F0u) | 0x64006400u) - f16vec2(1152.0hf);
-  lo += g * vec4(float(l02.x), float(l13.x), float(l02.y), float(l13.y));
-  hi += g * vec4(float(h02.x), float(h13.x), float(h02.y), float(h13.y));
+  vec4 l, h;
+  nibbles_f16(qs, 8.0hf, 128.0hf, l, h);
+  lo += g * l;
+  hi += g * h;
 }
 
 // The invocation's 4 quant bytes of a row, from the words at xo (x) and yo (y).

@@ -44,27 +44,22 @@ vec4 al[4], ah[4];
 float corr_l = 0.0, corr_h = 0.0;
 
 #ifdef Q4_K_DX_F16
-// Codes through f16 pairs (q4_0_dx_split_pairs.comp): a nibble OR-ed into the mantissa of 1024 gives 1024 + q, or
-// 1024 + 16q in place for a high nibble; one f16 subtraction per pair leaves q or 16q exactly. The high nibbles'
-// 16 comes out once at the end (HIGH_SCALE), and the corrections hold the mins alone.
+#include "nibbles_f16.glsl"
+// Codes through f16 pairs (nibbles_f16.glsl) as q and 16q; the high nibbles' 16 comes out once at the end
+// (HIGH_SCALE), and the corrections hold the mins alone.
 const float HIGH_SCALE = 0.0625;
-void add_word(uint x, float a_l, float a_h, inout vec4 l, inout vec4 h) {
-  const uint odd = x >> 8u;  // bytes 1 and 3 at the bottom of each half
-  const f16vec2 l02 = unpackFloat2x16((x & 0x000F000Fu) | 0x64006400u) - f16vec2(1024.0hf);
-  const f16vec2 l13 = unpackFloat2x16((odd & 0x000F000Fu) | 0x64006400u) - f16vec2(1024.0hf);
-  const f16vec2 h02 = unpackFloat2x16((x & 0x00F000F0u) | 0x64006400u) - f16vec2(1024.0hf);
-  const f16vec2 h13 = unpackFloat2x16((odd & 0x00F000F0u) | 0x64006400u) - f16vec2(1024.0hf);
-  l += a_l * vec4(float(l02.x), float(l13.x), float(l02.y), float(l13.y));
-  h += a_h * vec4(float(h02.x), float(h13.x), float(h02.y), float(h13.y));
-}
-
 void add_row(uvec4 hd, uvec4 qs, float g, uint c) {
   const vec2 dm = unpackHalf2x16(hd.x);
   const vec4 s = q4_k_chunk_scales(hd.yzw, c);
   const float gd = g * dm.x, gm = g * dm.y;
   corr_l += gm * s.z;
   corr_h += gm * s.w;
-  for (uint k = 0u; k < 4u; ++k) add_word(qs[k], gd * s.x, gd * s.y, al[k], ah[k]);
+  for (uint k = 0u; k < 4u; ++k) {
+    vec4 l, h;
+    nibbles_f16(qs[k], 0.0hf, 0.0hf, l, h);
+    al[k] += (gd * s.x) * l;
+    ah[k] += (gd * s.y) * h;
+  }
 }
 #else
 // Codes as f32 1 + q/16 (q4_k.glsl): per row, (16·dy·d·sc)·(1 + q/16) to the columns and
