@@ -48,18 +48,20 @@ float corr_l = 0.0, corr_h = 0.0;
 // Codes through f16 pairs (nibbles_f16.glsl) as q and 16q; the high nibbles' 16 comes out once at the end
 // (HIGH_SCALE), and the corrections hold the mins alone.
 const float HIGH_SCALE = 0.0625;
+void add_word(uint x, float a_l, float a_h, inout vec4 l, inout vec4 h) {
+  vec4 lo, hi;
+  nibbles_f16(x, 0.0hf, 0.0hf, lo, hi);
+  l += a_l * lo;
+  h += a_h * hi;
+}
+
 void add_row(uvec4 hd, uvec4 qs, float g, uint c) {
   const vec2 dm = unpackHalf2x16(hd.x);
   const vec4 s = q4_k_chunk_scales(hd.yzw, c);
   const float gd = g * dm.x, gm = g * dm.y;
   corr_l += gm * s.z;
   corr_h += gm * s.w;
-  for (uint k = 0u; k < 4u; ++k) {
-    vec4 l, h;
-    nibbles_f16(qs[k], 0.0hf, 0.0hf, l, h);
-    al[k] += (gd * s.x) * l;
-    ah[k] += (gd * s.y) * h;
-  }
+  for (uint k = 0u; k < 4u; ++k) add_word(qs[k], gd * s.x, gd * s.y, al[k], ah[k]);
 }
 #else
 // Codes as f32 1 + q/16 (q4_k.glsl): per row, (16·dy·d·sc)·(1 + q/16) to the columns and
