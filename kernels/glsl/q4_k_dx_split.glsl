@@ -14,7 +14,11 @@
 // reduce together: 82.2 us with the f32 decode at 4 units and 4 slots per unit; 78.5 with the f16 decode and
 // 75.9 with it at 8 units and 2 slots (16 units and 1 slot 77.2, 4 units and 2 slots 86.6); 73.5-73.8 with the
 // header loaded in halves and swapped between neighbours (the driver reports 168 registers against 113, yet it
-// is faster; with 10, 12 or 16 rows in flight 115-148).
+// is faster; with 10, 12 or 16 rows in flight 115-148). Loads alone then took 62.3 us and the arithmetic alone
+// (rows kept in cache) 60.6: the two overlapped badly at 12 warps per SM. Software-pipelined (the next RU rows
+// loaded before the current RU are added): 68.4-68.7 us with RU 4 (151-156 registers), against 72.4 with 3,
+// 72.0 with 5, 72.7 with 6 and 79.3 with 8; with RU 4, 768 or 396 target groups 69.7 and 70.2. The same loop
+// with the copy to the current group before the loads instead of after the additions: 69.7-70.4 us.
 
 const uint UNITS = 8;  // 256 columns per workgroup (linear_kernels.cpp: kDxKCols)
 const uint SUB = 2;    // row slots per unit along x
@@ -81,6 +85,37 @@ void add_row(uvec4 hd, uvec4 qs, float g, uint c) {
 }
 #endif
 
+// A group of RU rows: the loads in flight (next) and the rows being added (cur). The header (d, dmin, scales) is
+// shared by the two units of one chunk, invocations u and u ^ 1 (neighbours in the subgroup): each loads one
+// half and they swap halves, so only 8 of its bytes per row wait in registers.
+uvec2 hh_next[RU], hh_cur[RU];
+uvec4 qs_next[RU], qs_cur[RU];
+float g_next[RU], g_cur[RU];
+
+void load_rows(uint j, uint n_blocks, uint b, uint h, uint q_off) {
+  for (uint i = 0u; i < RU; ++i) {
+    const uint blk = ((j + i * SLOTS) * n_blocks + b) * 9u;
+    hh_next[i] = w2[2u * blk + h];
+    qs_next[i] = w4[blk + q_off];
+    g_next[i] = dy[j + i * SLOTS];
+  }
+}
+
+void take_rows() {
+  for (uint i = 0u; i < RU; ++i) {
+    hh_cur[i] = hh_next[i];
+    qs_cur[i] = qs_next[i];
+    g_cur[i] = g_next[i];
+  }
+}
+
+void add_rows(uint h, uint c) {
+  for (uint i = 0u; i < RU; ++i) {
+    const uvec2 other = subgroupShuffleXor(hh_cur[i], 1u);
+    add_row(h == 0u ? uvec4(hh_cur[i], other) : uvec4(other, hh_cur[i]), qs_cur[i], g_cur[i], c);
+  }
+}
+
 void main() {
   const uint n_blocks = p.n_in / 256u;
   const uint ul = gl_LocalInvocationID.x % UNITS;
@@ -96,23 +131,18 @@ void main() {
     al[k] = vec4(0.0);
     ah[k] = vec4(0.0);
   }
+  // Software-pipelined in groups of RU rows: the loads of the next group go out before the current group is
+  // added, so an invocation has loads in flight while it computes.
   uint j = j0 + slot;
-  for (; j + (RU - 1u) * SLOTS < j1; j += RU * SLOTS) {
-    // The header (d, dmin, scales) of the two units of one chunk, invocations u and u ^ 1 (neighbours in the
-    // subgroup): each loads one half and they swap halves, so only 8 of its bytes per row wait in registers.
-    uvec2 hh[RU];
-    uvec4 qs[RU];
-    float g[RU];
-    for (uint i = 0u; i < RU; ++i) {
-      const uint blk = ((j + i * SLOTS) * n_blocks + b) * 9u;
-      hh[i] = w2[2u * blk + h];
-      qs[i] = w4[blk + q_off];
-      g[i] = dy[j + i * SLOTS];
+  if (j + (RU - 1u) * SLOTS < j1) {
+    load_rows(j, n_blocks, b, h, q_off);
+    take_rows();
+    for (j += RU * SLOTS; j + (RU - 1u) * SLOTS < j1; j += RU * SLOTS) {
+      load_rows(j, n_blocks, b, h, q_off);
+      add_rows(h, c);
+      take_rows();
     }
-    for (uint i = 0u; i < RU; ++i) {
-      const uvec2 other = subgroupShuffleXor(hh[i], 1u);
-      add_row(h == 0u ? uvec4(hh[i], other) : uvec4(other, hh[i]), qs[i], g[i], c);
-    }
+    add_rows(h, c);
   }
   for (; j < j1; j += SLOTS) {
     const uint blk = (j * n_blocks + b) * 9u;
