@@ -10,6 +10,19 @@
 // even, else one per row parity. Slots are numbered so that a 32-wide subgroup's slots (two y values of
 // 16 invocations) share a parity, and the slot stride SLOTS is even: an invocation's rows all have one
 // alignment, so it picks the aligned or the shifted loads once (walk) and a subgroup never diverges on it.
+//
+// H100, 16384x16384, split and reduce passes: 107.5-108.5 us (74.5-74.9% of copy). Variants timed in its place:
+// - loads alone (the words xor-ed together): 95.0 us; with every block read as if aligned (wrong values) 89.2;
+//   with an odd block's third word per piece taken from the neighbouring unit by subgroupShuffle (it is that
+//   unit's first word, or the d word) 89.8, yet 108.6-108.9 with the arithmetic;
+// - the arithmetic alone (two rows read again and again from cache): 75.6-76.4 us;
+// - without the qh bits 103.3 us; without the masks and the subtraction of the decode (wrong values) 102.5;
+//   scales and d constant 105.0: no single part of the arithmetic holds the missing 8 us;
+// - software-pipelined as q4_k_dx_split.glsl (the next RU rows load while RU are added): 108.1-108.5 us with
+//   RU 2 (110 registers), 111-113 with 3 or 4, 131 with the shuffles above;
+// - codes as 2 + q/64 (the 6 bits under exponent 128, no subtraction; Σ a(q - 32) = 64 Σ a·f - 160 Σ a):
+//   110.5 us; qh shifted once into place instead of right then left: 111.9;
+// - 396 to 4096 target groups and 4 or 16 row slots: 107.9-152.9 us, none below 1024 groups and 8 slots.
 #extension GL_GOOGLE_include_directive : require
 
 // 8 units: a workgroup reads whole 210-byte blocks of each row (256 columns, linear_kernels.cpp: kDxQ6_KCols).
