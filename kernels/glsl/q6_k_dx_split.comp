@@ -19,7 +19,8 @@
 // - without the qh bits 103.3 us; without the masks and the subtraction of the decode (wrong values) 102.5;
 //   scales and d constant 105.0: no single part of the arithmetic holds the missing 8 us;
 // - software-pipelined as q4_k_dx_split.glsl (the next RU rows load while RU are added): 108.1-108.5 us with
-//   RU 2 (110 registers), 111-113 with 3 or 4, 131 with the shuffles above;
+//   RU 2 (110 registers), 111-113 with 3 or 4, 131 with the shuffles above; a ring of RU rows, each reloaded
+//   right after it is added: 108.4-110.7 us with RU 3 or 4, 132-141 with 6 or 8;
 // - codes as 2 + q/64 (the 6 bits under exponent 128, no subtraction; Σ a(q - 32) = 64 Σ a·f - 160 Σ a):
 //   110.5 us; qh shifted once into place instead of right then left: 111.9;
 // - 396 to 4096 target groups and 4 or 16 row slots: 107.9-152.9 us, none below 1024 groups and 8 slots.
