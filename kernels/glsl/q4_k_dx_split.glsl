@@ -16,11 +16,11 @@
 // header loaded in halves and swapped between neighbours (the driver reports 168 registers against 113, yet it
 // is faster; with 10, 12 or 16 rows in flight 115-148). Loads alone then took 62.3 us and the arithmetic alone
 // (rows kept in cache) 60.6: the two overlapped badly at 12 warps per SM. Software-pipelined (the next RU rows
-// loaded before the current RU are added): 68.4-68.7 us with RU 4 (151-156 registers), against 72.4 with 3,
-// 72.0 with 5, 72.7 with 6 and 79.3 with 8; with RU 4, 768 or 396 target groups 69.7 and 70.2. The same loop
-// with the copy to the current group before the loads instead of after the additions: 69.7-70.4 us. Also
-// slower: a slot taking RU rows in a row with dy read as a vec4 (75.0 us), and a ring of RU rows, each reloaded
-// right after it is added (75.7-78.3 us with RU 3 to 8, 120-168 registers).
+// loaded before the current RU are added): 68.4-69.1 us (80.0-80.8% of copy) with RU 4 (151-156 registers),
+// against 72.4 with 3, 72.0 with 5, 72.7 with 6 and 79.3 with 8; with RU 4, 768 or 396 target groups 69.7 and
+// 70.2. The same loop with the copy to the current group before the loads instead of after the additions:
+// 69.7-70.4 us. Also slower: a slot taking RU rows in a row with dy read as a vec4 (75.0 us), and a ring of RU
+// rows, each reloaded right after it is added (75.7-78.3 us with RU 3 to 8, 120-168 registers).
 
 const uint UNITS = 8;  // 256 columns per workgroup (linear_kernels.cpp: kDxKCols)
 const uint SUB = 2;    // row slots per unit along x

@@ -67,7 +67,7 @@ constexpr uint32_t kDxRowSlots = 8;   // row slots per dx workgroup (y)
 // with 4 vs 122.4 with 8 (12: 204.8, 168 registers). With the f16 decodes: Q4_0's pairs 64.8 us with 16 vs 66.7
 // with 24 and 64.7 with 32 (q4_0_dx_split_pairs.comp reads dy 4 rows at a time: a multiple of 4); Q4_K 78.4
 // with 8 vs 89.9 with 4 (12: 150.4), then software-pipelined (q4_k_dx_split.glsl: RU rows loading while RU are
-// added) 68.4-68.7 with 4 vs 72.4 with 3 and 79.3 with 8.
+// added) 68.4-69.1 with 4 vs 72.4 with 3 and 79.3 with 8.
 constexpr uint32_t kDxQ4_0RowsInFlight = 16;
 static_assert(kDxQ4_0RowsInFlight % 4 == 0);
 constexpr uint32_t kDxKRowsInFlight = 4;
