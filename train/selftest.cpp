@@ -107,6 +107,23 @@ struct FormatResults {
       : gemv{f + "_gemv"}, gemm{f + "_gemm"}, dx{f + "_dx"}, dx_multi{f + "_dx (T>1)"}, all{f + " kernels"} {}
 };
 
+// dx of shape s (weights w) into r, two cases: over row tiles of 3/8 of n_out (never dividing evenly),
+// accumulated from a non-zero start, then over all rows without accumulating.
+void check_dx(HostKernels& k, std::mt19937& rng, const Format& f, const Shape& s, const std::vector<uint8_t>& w,
+              KernelResult& r) {
+  const auto dy = random_floats(rng, s.T * s.n_out);
+  auto dxv = random_floats(rng, s.T * s.n_in);
+  const auto dx0 = dxv;
+  const int64_t tile = std::max<int64_t>(1, s.n_out * 3 / 8);
+  for (int64_t j = 0; j < s.n_out; j += tile)
+    (k.*f.dx)(dxv, w, dy, s.T, s.n_out, s.n_in, j, std::min(s.n_out, j + tile), true);
+  auto want = f.ref_dx(w.data(), dy.data(), dx0.data(), s.T, s.n_out, s.n_in, 0, s.n_out);
+  r.add(ref::max_rel_error(dxv.data(), want));
+  (k.*f.dx)(dxv, w, dy, s.T, s.n_out, s.n_in, 0, s.n_out, false);
+  want = f.ref_dx(w.data(), dy.data(), nullptr, s.T, s.n_out, s.n_in, 0, s.n_out);
+  r.add(ref::max_rel_error(dxv.data(), want));
+}
+
 void check_frozen(HostKernels& k, std::mt19937& rng, const Format& f, FormatResults& r) {
   for (const Shape& s : f.shapes) {
     const auto w = f.make(rng, s.n_out, s.n_in);
@@ -115,20 +132,7 @@ void check_frozen(HostKernels& k, std::mt19937& rng, const Format& f, FormatResu
     (k.*f.gemm)(y, w, x, s.T, s.n_out, s.n_in);
     const auto want_y = f.ref_gemm(w.data(), x.data(), s.T, s.n_out, s.n_in);
     (s.T == 1 ? r.gemv : r.gemm).add(ref::max_rel_error(y.data(), want_y));
-
-    // dx over row tiles of 3/8 of n_out (never dividing evenly), accumulated, from a non-zero start.
-    const auto dy = random_floats(rng, s.T * s.n_out);
-    auto dxv = random_floats(rng, s.T * s.n_in);
-    const auto dx0 = dxv;
-    const int64_t tile = std::max<int64_t>(1, s.n_out * 3 / 8);
-    for (int64_t j = 0; j < s.n_out; j += tile)
-      (k.*f.dx)(dxv, w, dy, s.T, s.n_out, s.n_in, j, std::min(s.n_out, j + tile), true);
-    auto want = f.ref_dx(w.data(), dy.data(), dx0.data(), s.T, s.n_out, s.n_in, 0, s.n_out);
-    KernelResult& dx = s.T == 1 ? r.dx : r.dx_multi;
-    dx.add(ref::max_rel_error(dxv.data(), want));
-    (k.*f.dx)(dxv, w, dy, s.T, s.n_out, s.n_in, 0, s.n_out, false);
-    want = f.ref_dx(w.data(), dy.data(), nullptr, s.T, s.n_out, s.n_in, 0, s.n_out);
-    dx.add(ref::max_rel_error(dxv.data(), want));
+    check_dx(k, rng, f, s, w, s.T == 1 ? r.dx : r.dx_multi);
   }
 }
 
@@ -165,21 +169,11 @@ void check_gemv(HostKernels& k, std::mt19937& rng, const Format& f, KernelResult
   }
 }
 
-// The one-token dx of format f through k on the T = 1 shapes among `shapes`, accumulating and not.
+// The one-token dx of format f through k on the T = 1 shapes among `shapes` (check_dx's two cases each).
 void check_one_token_dx(HostKernels& k, std::mt19937& rng, const Format& f, std::span<const Shape> shapes,
                         KernelResult& r) {
-  for (const Shape& s : shapes) {
-    if (s.T != 1) continue;
-    const auto w = f.make(rng, s.n_out, s.n_in);
-    const auto dy = random_floats(rng, s.n_out);
-    for (bool acc : {false, true}) {
-      auto dx = random_floats(rng, s.n_in);
-      const auto dx0 = dx;
-      (k.*f.dx)(dx, w, dy, 1, s.n_out, s.n_in, 0, s.n_out, acc);
-      r.add(ref::max_rel_error(dx.data(), f.ref_dx(w.data(), dy.data(), acc ? dx0.data() : nullptr, 1, s.n_out,
-                                                     s.n_in, 0, s.n_out)));
-    }
-  }
+  for (const Shape& s : shapes)
+    if (s.T == 1) check_dx(k, rng, f, s, f.make(rng, s.n_out, s.n_in), r);
 }
 
 template <class F>
