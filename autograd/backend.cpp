@@ -3,6 +3,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
+
+#include "kernels/quant/k_quants.h"
+#include "kernels/shapes.h"
 
 namespace q4t::ag {
 
@@ -32,6 +36,8 @@ std::shared_ptr<Storage> new_storage(const vk::Device* dev, const Shape& shape, 
     if (d <= 0) throw GraphError("tensor shape " + shape_str(shape) + " has a non-positive dimension");
   auto st = std::make_shared<Storage>();
   st->bytes = storage_bytes(dtype, shape);
+  // Q6_K on the device: the grouped layout of the Vulkan kernels (kernels/shapes.h).
+  if (dev && dtype == DType::Q6_K) st->bytes = size_t(q6_k_device_bytes(shape[0], shape[1]));
   return st;
 }
 constexpr size_t kHostAlignment = 64;
@@ -149,19 +155,28 @@ Tensor Backend::quantized(std::span<const uint8_t> bytes, const Shape& shape, DT
   if (bytes.size() != t.bytes())
     throw GraphError(std::string(dtype_name(dtype)) + " tensor " + shape_str(shape) + " needs " +
                      std::to_string(t.bytes()) + " bytes, got " + std::to_string(bytes.size()));
-  if (t.on_host())
+  if (t.on_host()) {
     std::memcpy(t.data<uint8_t>(), bytes.data(), bytes.size());
-  else
+  } else if (dtype == DType::Q6_K) {
+    const std::vector<uint8_t> grouped = quant::q6_k_to_device(bytes);
+    const_cast<vk::Buffer&>(t.buffer()).upload(grouped.data(), grouped.size());
+  } else {
     const_cast<vk::Buffer&>(t.buffer()).upload(bytes.data(), bytes.size());
+  }
   return t;
 }
 
 std::vector<uint8_t> Backend::raw_bytes(const Tensor& t) const {
   std::vector<uint8_t> out(t.bytes());
-  if (t.on_host())
+  if (t.on_host()) {
     std::memcpy(out.data(), t.data<uint8_t>(), out.size());
-  else
+  } else if (t.dtype() == DType::Q6_K) {
+    std::vector<uint8_t> grouped(t.storage().bytes);
+    t.buffer().download(grouped.data(), grouped.size());
+    out = quant::q6_k_from_device(grouped, int64_t(out.size()) / kQ6_KBlockBytes);
+  } else {
     t.buffer().download(out.data(), out.size());
+  }
   return out;
 }
 

@@ -37,7 +37,8 @@ class Backend {
   Tensor from_host(std::span<const float> v, const Shape& shape);
   Tensor from_host(std::span<const double> v, const Shape& shape);
   Tensor from_host_i32(std::span<const int32_t> v, const Shape& shape);
-  // A frozen weight tensor (q4_0, q8_0 or f16) [rows, cols] from its raw GGML bytes.
+  // A frozen weight tensor (q4_0, q8_0, q4_k, q6_k or f16) [rows, cols] from its raw GGML bytes, and those bytes
+  // back (raw_bytes). A Vulkan device keeps q6_k in its grouped layout (kernels/shapes.h): both convert.
   Tensor quantized(std::span<const uint8_t> bytes, const Shape& shape, DType dtype);
   std::vector<double> to_host(const Tensor& t) const;
   std::vector<uint8_t> raw_bytes(const Tensor& t) const;

@@ -32,7 +32,8 @@ using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);
 int64_t numel(const Shape& s);
 // Bytes that a tensor of this dtype and shape occupies (Q4_0: rows * cols/32 * 18; Q8_0: rows * cols/32 * 34;
-// Q4_K: rows * cols/256 * 144; Q6_K: rows * cols/256 * 210; F16: 2 per element).
+// Q4_K: rows * cols/256 * 144; Q6_K: rows * cols/256 * 210; F16: 2 per element). A Vulkan tensor's buffer holds
+// Q6_K in the device's grouped layout, rounded up to 8 blocks (Storage::bytes; kernels/shapes.h).
 size_t storage_bytes(DType t, const Shape& s);
 
 // Where the bytes live. Exactly one of host / buffer is used. A planned tensor (see Graph::defer_memory) has

@@ -1,6 +1,9 @@
 #include "kernels/host_kernels.h"
 
+#include <vector>
+
 #include "kernels/cpu/linear.h"
+#include "kernels/quant/k_quants.h"
 #include "kernels/shapes.h"
 #include "kernels/vulkan/linear_kernels.h"
 
@@ -145,23 +148,27 @@ class VulkanHostKernels final : public HostKernels {
     void (*check)(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
     int64_t (*row_bytes)(int64_t n_in);
     size_t (*dx_scratch_bytes)(int64_t T, int64_t n_rows, int64_t n_in);
+    std::vector<uint8_t> (*to_device)(std::span<const uint8_t>);  // nullptr: GGML's bytes as they are
   };
   static constexpr Format kQ4_0{"q4_0_gemm", "q4_0_dx", check_q4_0_linear, q4_0_row_bytes,
-                                vk::LinearKernels::q4_0_dx_scratch_bytes};
+                                vk::LinearKernels::q4_0_dx_scratch_bytes, nullptr};
   static constexpr Format kQ8_0{"q8_0_gemm", "q8_0_dx", check_q8_0_linear, q8_0_row_bytes,
-                                vk::LinearKernels::q8_0_dx_scratch_bytes};
+                                vk::LinearKernels::q8_0_dx_scratch_bytes, nullptr};
   static constexpr Format kQ4_K{"q4_k_gemm", "q4_k_dx", check_q4_k_linear, q4_k_row_bytes,
-                                vk::LinearKernels::q4_k_dx_scratch_bytes};
+                                vk::LinearKernels::q4_k_dx_scratch_bytes, nullptr};
   static constexpr Format kQ6_K{"q6_k_gemm", "q6_k_dx", check_q6_k_linear, q6_k_row_bytes,
-                                vk::LinearKernels::q6_k_dx_scratch_bytes};
+                                vk::LinearKernels::q6_k_dx_scratch_bytes, quant::q6_k_to_device};
   static constexpr Format kF16{"f16_gemm", "f16_dx", check_f16_linear, f16_row_bytes,
-                               vk::LinearKernels::f16_dx_scratch_bytes};
+                               vk::LinearKernels::f16_dx_scratch_bytes, nullptr};
 
   template <class T>
   vk::Buffer upload(std::span<const T> v) {
     vk::Buffer b(dev_, v.size_bytes());
     b.upload(v.data(), v.size_bytes());
     return b;
+  }
+  vk::Buffer upload_weight(const Format& f, std::span<const uint8_t> w) {
+    return f.to_device ? upload(std::span<const uint8_t>(f.to_device(w))) : upload(w);
   }
   template <class F>
   void run(F&& record) {
@@ -177,7 +184,7 @@ class VulkanHostKernels final : public HostKernels {
     check_size(f.gemm_name, "W", w.size(), size_t(n_out * f.row_bytes(n_in)));
     check_size(f.gemm_name, "X", X.size(), size_t(T * n_in), "floats");
     check_size(f.gemm_name, "Y", Y.size(), size_t(T * n_out), "floats");
-    vk::Buffer bw = upload(w), bx = upload(X), by(dev_, Y.size_bytes());
+    vk::Buffer bw = upload_weight(f, w), bx = upload(X), by(dev_, Y.size_bytes());
     const size_t split = kernels_.forward_scratch_bytes(T, n_out, n_in);
     vk::Buffer scratch(dev_, std::max<size_t>(split, 4));
     run([&](vk::Sequence& s) { (kernels_.*fn)(s, by, bw, bx, T, n_out, n_in, split ? &scratch : nullptr); });
@@ -191,7 +198,7 @@ class VulkanHostKernels final : public HostKernels {
     check_size(f.dx_name, "W", w.size(), size_t(n_out * f.row_bytes(n_in)));
     check_size(f.dx_name, "dY", dY.size(), size_t(T * n_out), "floats");
     check_size(f.dx_name, "dX", dX.size(), size_t(T * n_in), "floats");
-    vk::Buffer bw = upload(w), bdy = upload(dY), bdx = upload(std::span<const float>(dX));
+    vk::Buffer bw = upload_weight(f, w), bdy = upload(dY), bdx = upload(std::span<const float>(dX));
     size_t bytes = f.dx_scratch_bytes(T, j_end - j_start, n_in);
     if (&f == &kQ4_0) bytes = std::max(bytes, kernels_.q4_0_dx_device_scratch_bytes(T, j_end - j_start, n_in));
     vk::Buffer scratch(dev_, std::max<size_t>(bytes, 4));

@@ -33,6 +33,17 @@ inline constexpr int64_t kQ6_KBlockBytes = 210;
 inline int64_t q4_k_row_bytes(int64_t n_in) { return n_in / kQK_KBlockElems * kQ4_KBlockBytes; }
 inline int64_t q6_k_row_bytes(int64_t n_in) { return n_in / kQK_KBlockElems * kQ6_KBlockBytes; }
 
+// Q6_K on a Vulkan device (kernels/glsl/q6_k.glsl): the blocks of a matrix, counted row after row, in groups of
+// 8 blocks (1680 bytes): the first 208 bytes of each block (ql, qh, scales), then the 8 blocks' f16 d's. A last
+// group that the matrix does not fill is completed with zero blocks. Every 8-byte piece of a block then lies on
+// an 8-byte boundary (GGML's 210-byte blocks start on 2-byte ones), in as many bytes as GGML's rounded up to 8
+// blocks. kernels/quant/k_quants.h converts.
+inline constexpr int64_t kQ6_KGroupBlocks = 8;
+inline int64_t q6_k_device_bytes(int64_t n_out, int64_t n_in) {
+  const int64_t blocks = n_out * (n_in / kQK_KBlockElems);
+  return (blocks + kQ6_KGroupBlocks - 1) / kQ6_KGroupBlocks * kQ6_KGroupBlocks * kQ6_KBlockBytes;
+}
+
 // F16: one IEEE half per weight, so any n_in works (the Vulkan kernels additionally need it even).
 inline int64_t f16_row_bytes(int64_t n_in) { return n_in * 2; }
 

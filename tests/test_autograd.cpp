@@ -8,6 +8,7 @@
 #include "autograd/gradcheck.h"
 #include "autograd/memory_plan.h"
 #include "autograd/ops.h"
+#include "kernels/quant/k_quants.h"
 #include "kernels/quant/q4_0.h"
 
 namespace q4t::ag {
@@ -151,6 +152,21 @@ TEST(GraphRules, AVulkanGraphRecordedOnceSeesNewInputsOnEveryRun) {
   EXPECT_EQ(be.to_host(g.grad(s)), (std::vector<double>{-1, 0, 5}));
   g.backward(y, be.from_host(std::vector<float>{1, 1, 1}, {3}));  // zeroed first: not doubled
   EXPECT_EQ(be.to_host(g.grad(s)), (std::vector<double>{-1, 0, 5}));
+}
+
+// Frozen weights come back as the GGML bytes they were made from, on either backend, although the device keeps
+// Q6_K in its own grouped layout (an odd block count: the last group is part padding).
+TEST(GraphRules, FrozenWeightsReturnTheirGgmlBytesOnEitherBackend) {
+  const int64_t n_out = 3, n_in = 768;
+  std::vector<float> f(size_t(n_out * n_in));
+  for (size_t i = 0; i < f.size(); ++i) f[i] = float(i % 13) - 6.0f + 0.01f * float(i % 101);
+  std::vector<uint8_t> q6(size_t(n_out * n_in / 256 * 210)), q4(size_t(n_out * n_in / 32 * 18));
+  quant::quantize_q6_k(q6, f, n_out, n_in);
+  quant::quantize_q4_0(q4, f, n_out, n_in);
+  for (Backend* be : {backends().cpu32.get(), backends().vulkan.get()}) {
+    EXPECT_EQ(be->raw_bytes(be->quantized(q6, {n_out, n_in}, DType::Q6_K)), q6) << be->name();
+    EXPECT_EQ(be->raw_bytes(be->quantized(q4, {n_out, n_in}, DType::Q4_0)), q4) << be->name();
+  }
 }
 
 TEST(GraphRules, ProfilingTimesEachOpOfTheRecordedPassesWithoutChangingResults) {

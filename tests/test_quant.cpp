@@ -2,6 +2,7 @@
 // blocks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -656,6 +657,40 @@ TEST(KQuants, MatrixQuantizersWriteRowsOfBlocksBackToBack) {
     EXPECT_EQ(std::memcmp(out4.data() + r * 288, row4, 288), 0) << "row " << r;
     EXPECT_EQ(std::memcmp(out6.data() + r * 420, row6, 420), 0) << "row " << r;
   }
+}
+
+// The Vulkan layout of Q6_K (kernels/shapes.h): 13 blocks take two groups of 8, the second with 3 zero blocks;
+// block i's first 208 bytes sit at 1680·(i / 8) + 208·(i % 8) and its d at 1680·(i / 8) + 1664 + 2·(i % 8);
+// converting back gives GGML's bytes.
+TEST(Q6_K, DeviceLayoutGroupsEightBlocksAndConvertsBack) {
+  const int64_t n = 13;
+  std::vector<float> w(size_t(n) * 256);
+  for (size_t i = 0; i < w.size(); i++) w[i] = std::cos(0.11f * float(i)) * float(1 + i % 7);
+  std::vector<uint8_t> ggml(size_t(n) * 210);
+  quantize_q6_k(ggml, w, 1, n * 256);
+  const std::vector<uint8_t> dev = q6_k_to_device(ggml);
+  ASSERT_EQ(dev.size(), 2u * 1680u);
+  EXPECT_EQ(int64_t(dev.size()), q6_k_device_bytes(1, n * 256));
+  EXPECT_EQ(q6_k_device_bytes(n, 256), q6_k_device_bytes(1, n * 256));
+  EXPECT_EQ(q6_k_device_bytes(4, 512), 1680);
+  for (size_t i = 0; i < size_t(n); i++) {
+    const uint8_t* group = dev.data() + i / 8 * 1680;
+    EXPECT_EQ(std::memcmp(group + 208 * (i % 8), ggml.data() + 210 * i, 208), 0) << "block " << i;
+    EXPECT_EQ(std::memcmp(group + 1664 + 2 * (i % 8), ggml.data() + 210 * i + 208, 2), 0) << "block " << i;
+  }
+  for (size_t i = size_t(n); i < 16; i++) {
+    const uint8_t* group = dev.data() + 1680;
+    EXPECT_TRUE(std::all_of(group + 208 * (i % 8), group + 208 * (i % 8 + 1), [](uint8_t b) { return b == 0; }));
+    EXPECT_EQ(group[1664 + 2 * (i % 8)] | group[1665 + 2 * (i % 8)], 0);
+  }
+  EXPECT_EQ(q6_k_from_device(dev, n), ggml);
+  EXPECT_EQ(q6_k_from_device(dev, 5), std::vector<uint8_t>(ggml.begin(), ggml.begin() + 5 * 210));
+  EXPECT_NE(shape_error([&] { q6_k_to_device(std::span<const uint8_t>(ggml).first(300)); })
+                .find("q6_k_to_device: 300 bytes are not whole 210-byte Q6_K blocks"),
+            std::string::npos);
+  EXPECT_NE(shape_error([&] { q6_k_from_device(std::span<const uint8_t>(dev).first(1680), 9); })
+                .find("q6_k_from_device: 1680 bytes cannot hold 9 grouped Q6_K blocks"),
+            std::string::npos);
 }
 
 TEST(KQuants, RejectBadSizesWithActionableMessages) {

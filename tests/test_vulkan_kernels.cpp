@@ -156,6 +156,12 @@ std::vector<uint8_t> random_q6_k(std::mt19937& rng, int64_t n_out, int64_t n_in)
   return w;
 }
 
+// A table or output matrix in the shaders' format code (5 = Q6_K) as a Vulkan buffer holds it: Q6_K in the
+// grouped layout (kernels/shapes.h), the others as GGML stores them.
+std::vector<uint8_t> device_bytes(uint32_t format, const std::vector<uint8_t>& w) {
+  return format == 5 ? quant::q6_k_to_device(w) : w;
+}
+
 // Row-range tiles of a dx: rows [0, n_out) in steps of `tile`, with T tokens.
 struct DxTileCase {
   int64_t n_out, n_in, T, tile;
@@ -163,8 +169,8 @@ struct DxTileCase {
 
 // A frozen weight format: how to make W, its host kernels and its references, and the shapes to check. F16 adds
 // n_in = 2 and 98 (even, but not a multiple of 4, 32 or the tile width); the K-quants take whole super-blocks
-// (n_in = 256 and 9·256, both odd block counts, so Q6_K rows alternate between word and half-word alignment)
-// and odd row counts around their GEMV row groups. The first width is the smallest.
+// (n_in = 256 and 9·256, both odd block counts, so Q6_K rows start at every place in the device's groups of 8
+// blocks) and odd row counts around their GEMV row groups. The first width is the smallest.
 struct FrozenFormat {
   const char* name;
   std::vector<uint8_t> (*make)(std::mt19937&, int64_t, int64_t);
@@ -185,8 +191,8 @@ const std::vector<DxTileCase> kKQuantDxTiles = {{1000, 256, 1, 300}, {1000, 256,
                                                 {37, 256, 3, 10},    {130, 512, 65, 70},   {257, 256, 17, 64},
                                                 {1400, 256, 1, 1300}};
 
-// K-quant widths: 1 and 9 super-blocks (odd counts: Q6_K blocks alternate alignment from row to row) and 18
-// (even: every row starts aligned, and the one-token kernels' invocations take more than one pass).
+// K-quant widths: 1 and 9 super-blocks (odd counts: Q6_K rows start anywhere in a group of 8 blocks, and the
+// last group is part padding) and 18 (the one-token kernels' invocations take more than one pass).
 const FrozenFormat kFrozenFormats[] = {
     {"q8_0", random_q8_0, &HostKernels::q8_0_gemm, &HostKernels::q8_0_dx, ref::q8_0_gemm, ref::q8_0_dx,
      {32, 64, 4128}, {1, 7, 63, 65, 1000}, kBlock32DxTiles},
@@ -219,9 +225,9 @@ TEST_F(VulkanKernels, FrozenFormatsForwardMatchReferenceOnAwkwardShapes) {
 
 // The one-token GEMVs of Q4_0, Q4_K and Q6_K take 8-bit integer dot products on activations as limbs where the
 // device has them (lavapipe does) and the matrix is large: both that path, forced here, and the float one match
-// the reference, on rows that are odd in number (Q6_K blocks of both alignments), widths of one block or
-// super-block and more, and activations whose groups mix values six decades apart with groups of zeros (one
-// scale per group: the small values keep 2^-24 of the group's largest).
+// the reference, on rows that are odd in number (Q6_K rows starting anywhere in a group of 8 blocks), widths of
+// one block or super-block and more, and activations whose groups mix values six decades apart with groups of
+// zeros (one scale per group: the small values keep 2^-24 of the group's largest).
 TEST_F(VulkanKernels, OneTokenGemvsMatchReferenceOnEitherPath) {
   using Mode = vk::LinearKernels::IntegerDot;
   if (!device_->integer_dot()) GTEST_SKIP() << device_->name() << " has no 8-bit integer dot products";
@@ -705,8 +711,9 @@ TEST_F(VulkanKernels, EmbeddingForwardLooksUpKQuantRows) {
   for (const KTable& t : kKTables) {
     const auto table = t.make(rng_, V, C);
     const auto want = t.dequantize(table, V * C);
-    vk::Buffer y(*device_, ids.size() * C * 4), tb(*device_, table.size()), idb(*device_, ids.size() * 4);
-    tb.upload(table);
+    const auto table_dev = device_bytes(t.format, table);
+    vk::Buffer y(*device_, ids.size() * C * 4), tb(*device_, table_dev.size()), idb(*device_, ids.size() * 4);
+    tb.upload(table_dev);
     idb.upload(ids);
     struct { uint32_t T, C, V, format; } push{uint32_t(ids.size()), uint32_t(C), uint32_t(V), t.format};
     run_shader(*device_, "embedding_forward", y, tb, idb, push, {groups_of(int64_t(ids.size()) * C, 256), 1, 1});
@@ -743,9 +750,10 @@ TEST_F(VulkanKernels, LossTilesReadEveryQuantisedOutputMatrixWithEitherTile) {
       const auto w = t.make(rng_, V, C);
       const uint8_t* tile_w = w.data() + row0 * t.row_bytes(C);
       const auto x = random_floats(rng_, T * C), d = random_floats(rng_, T * n), dx0 = random_floats(rng_, T * C);
-      vk::Buffer wb(*device_, w.size()), xb(*device_, x.size() * 4), db(*device_, d.size() * 4);
+      const auto w_dev = device_bytes(t.format, w);
+      vk::Buffer wb(*device_, w_dev.size()), xb(*device_, x.size() * 4), db(*device_, d.size() * 4);
       vk::Buffer logits(*device_, T * n * 4), dx(*device_, dx0.size() * 4);
-      wb.upload(w);
+      wb.upload(w_dev);
       xb.upload(x);
       db.upload(d);
       dx.upload(dx0);

@@ -267,7 +267,8 @@ Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, d
     finish(r, time_vulkan(dev, budget_s, [&](vk::Sequence& s, int) { k.copy(s, b, a, kCopyBytes); }), 0);
     return r;
   }
-  const auto& w_host = random_weights(c.weights, c.n_out, c.n_in);
+  const auto& w_ggml = random_weights(c.weights, c.n_out, c.n_in);
+  const std::vector<uint8_t> w_host = c.weights == Weights::Q6_K ? quant::q6_k_to_device(w_ggml) : w_ggml;
   const size_t n_copies = std::clamp<size_t>(kRotateBytes / w_host.size() + 1, 1, 32);
   std::vector<vk::Buffer> ws;
   for (size_t i = 0; i < n_copies; ++i) {

@@ -1,8 +1,8 @@
 #version 450
 // y[T, C] = table[ids[t], :], the table [V, C] stored as `format`: 0 = f32, 1 = Q4_0 blocks, 2 = Q8_0 blocks,
-// 3 = f16, 4 = Q4_K and 5 = Q6_K super-blocks (C a multiple of 256); rows are dequantised or widened on the fly,
-// one weight per invocation. An id outside [0, V) is clamped to the nearest row: a shader cannot throw, and the
-// CPU backend reports such ids as an error instead.
+// 3 = f16, 4 = Q4_K and 5 = Q6_K super-blocks (C a multiple of 256; Q6_K in the grouped layout of q6_k.glsl);
+// rows are dequantised or widened on the fly, one weight per invocation. An id outside [0, V) is clamped to the
+// nearest row: a shader cannot throw, and the CPU backend reports such ids as an error instead.
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) writeonly buffer Y { float y[]; };
@@ -40,8 +40,8 @@ float q4_k_weight(uint id, uint c) {
   return q4_k_weights4(bw, k & ~3u)[k & 3u];
 }
 float q6_k_weight(uint id, uint c) {
-  const uint bb = (id * (p.C / 256u) + c / 256u) * Q6_K_BLOCK_BYTES, k = c % 256u;
-  return q6_k_weights4(bb, k & ~3u)[k & 3u];
+  const uint k = c % 256u;
+  return q6_k_weights4(id * (p.C / 256u) + c / 256u, k & ~3u)[k & 3u];
 }
 
 void main() {

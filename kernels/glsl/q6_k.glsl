@@ -1,55 +1,39 @@
-// Q6_K super-block access (kernels/quant/k_quants.h) from a buffer of 32-bit words holding raw blocks
-// { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d } of 256 weights, weight = d·scale·(q − 32). 210 bytes: block b
-// starts at byte 210·b, on a 16-bit boundary only, so every read below is aligned word loads plus shifts (as
-// q8_0.glsl).
+// Q6_K super-block access (kernels/quant/k_quants.h) from a buffer of 32-bit words holding the blocks of 256
+// weights { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }, weight = d·scale·(q − 32), in the GPU's grouped
+// layout (kernels/shapes.h, q6_k_device_bytes): the blocks of the matrix, counted row after row, go in groups of
+// 8, each group 1680 bytes (420 words): the first 208 bytes (ql, qh, scales) of its 8 blocks, then their 8 d's.
+// Every 8-byte piece of a block then lies on an 8-byte boundary, where GGML's 210-byte blocks fall on 2-byte ones.
+// A block is named by its index in the matrix (row · blocks per row + block).
 //
 // Each 128-weight half h uses ql[64h..64h+64), qh[32h..32h+32) and scales[8h..8h+8). For l in [0, 32) its
 // "quadrant" k4 (0..3) holds weight 32·k4 + l: the low (k4 = 0, 1) or high (k4 = 2, 3) nibble of
 // ql[64h + 32·(k4 & 1) + l], the bits 2·k4 .. 2·k4+1 of qh[32h + l], and the scale scales[8h + 2·k4 + l / 16].
+//
+// Define Q6_K_WORDS as the uint[] array holding the blocks, and Q6_K_PAIRS as a uvec2[] view of the same buffer
+// where the shader has one (8-byte pieces in one load each).
 #ifndef Q6_K_WORDS
 #error "define Q6_K_WORDS as the uint[] array holding the blocks"
 #endif
 
-const uint Q6_K_BLOCK_BYTES = 210u;
-const uint Q6_K_QH = 128u, Q6_K_SCALES = 192u, Q6_K_D = 208u;  // byte offsets inside a block
+const uint Q6_K_GROUP_WORDS = 420u, Q6_K_BODY_WORDS = 52u, Q6_K_D_WORDS = 416u;  // d's after 8 bodies
+const uint Q6_K_QH = 32u, Q6_K_SCALES = 48u;  // word offsets of qh and scales inside a block
 
-// The 4 bytes starting at the even byte address `a`, packed little-endian in one uint. Both words are always
-// loaded (the second is the first again when `a` is word-aligned, so nothing past the bytes is read) and
-// combined by a select: neighbouring blocks differ in alignment, and a branch would diverge.
-uint q6_k_word(uint a) {
-  const uint i = a >> 2u, odd = (a >> 1u) & 1u;
-  const uint lo = Q6_K_WORDS[i], hi = Q6_K_WORDS[i + odd];
-  return odd != 0u ? (lo >> 16u) | (hi << 16u) : lo;
+// The word holding ql[0] of block `blk` (always even).
+uint q6_k_base(uint blk) { return (blk >> 3u) * Q6_K_GROUP_WORDS + (blk & 7u) * Q6_K_BODY_WORDS; }
+
+// Words i and i + 1 (i even: every piece the kernels read is 8 bytes on an 8-byte boundary).
+uvec2 q6_k_pair(uint i) {
+#ifdef Q6_K_PAIRS
+  return Q6_K_PAIRS[i >> 1u];
+#else
+  return uvec2(Q6_K_WORDS[i], Q6_K_WORDS[i + 1u]);
+#endif
 }
 
-// The 8 bytes starting at the even byte address `a`, as two words, when the caller knows the alignment: `odd`
-// says that a is 2 mod 4 (the block starts on an odd 16-bit word: block index odd). With `odd` a constant, an aligned pair is two loads and nothing else. The GEMV
-// and dx arrange their invocations so that a subgroup's blocks share the alignment and branch on it.
-uvec2 q6_k_words2_known(uint a, bool odd) {
-  const uint i = a >> 2u;
-  if (!odd) return uvec2(Q6_K_WORDS[i], Q6_K_WORDS[i + 1u]);
-  const uint w0 = Q6_K_WORDS[i], w1 = Q6_K_WORDS[i + 1u], w2 = Q6_K_WORDS[i + 2u];
-  return uvec2((w0 >> 16u) | (w1 << 16u), (w1 >> 16u) | (w2 << 16u));
-}
-
-// The f16 super-block scale of the block starting at byte `bb`.
-float q6_k_d(uint bb) {
-  const uint a = bb + Q6_K_D;
-  return unpackHalf2x16(Q6_K_WORDS[a >> 2u] >> ((a & 2u) * 8u)).x;
-}
-float q6_k_d_known(uint bb, bool odd) {
-  return unpackHalf2x16(Q6_K_WORDS[(bb + Q6_K_D) >> 2u] >> (odd ? 16u : 0u)).x;
-}
-
-// The GEMVs' unit (8 per block: half h, l-group g) that invocation `lane` of a set of set_size starts at, then
-// striding by set_size. In each run of 64 invocations, invocations 0-31 take the 8 units of blocks 0, 2, 4, 6 of
-// the run's 8 blocks and 32-63 those of blocks 1, 3, 5, 7; the stride is a multiple of 8 blocks, so an
-// invocation's blocks all have one parity (and a 32-wide subgroup's too). Sets whose size is not a multiple of
-// 64 take units in order.
-uint q6_k_unit_of(uint lane, uint set_size) {
-  if (set_size % 64u != 0u) return lane;
-  const uint q = lane % 32u, half_ = (lane / 32u) % 2u, run = lane / 64u;
-  return 8u * (8u * run + 2u * (q / 8u) + half_) + q % 8u;
+// The f16 super-block scale of block `blk`.
+float q6_k_d(uint blk) {
+  const uint word = Q6_K_WORDS[(blk >> 3u) * Q6_K_GROUP_WORDS + Q6_K_D_WORDS + ((blk & 7u) >> 1u)];
+  return unpackHalf2x16(word >> (16u * (blk & 1u))).x;
 }
 
 // Signed byte i (0..3) of a word, as a float.
@@ -81,12 +65,12 @@ vec4 q6_k_unpack_scaled(uint q) {
          vec4(Q6_K_MAGIC_PLUS_32, 8388608.0 + 8192.0, 8388608.0 + 2097152.0, Q6_K_MAGIC_PLUS_32);
 }
 
-// Weights k..k+3 (k a multiple of 4) of the block starting at byte `bb`.
-vec4 q6_k_weights4(uint bb, uint k) {
-  const uint h = k / 128u, k4 = (k % 128u) / 32u, l = k % 32u;
-  const uint ql = q6_k_word(bb + 64u * h + 32u * (k4 & 1u) + l);
-  const uint qh = q6_k_word(bb + Q6_K_QH + 32u * h + l);
-  const uint s = Q6_K_SCALES + 8u * h + 2u * k4 + l / 16u;  // byte offset of the scale
-  const uint sw = Q6_K_WORDS[(bb + s) >> 2u];
-  return (q6_k_d(bb) * q6_k_i8(sw, (bb + s) & 3u)) * q6_k_unpack(q6_k_quants(ql, qh, k4));
+// Weights k..k+3 (k a multiple of 4) of block `blk`.
+vec4 q6_k_weights4(uint blk, uint k) {
+  const uint h = k / 128u, k4 = (k % 128u) / 32u, l = k % 32u, base = q6_k_base(blk);
+  const uint ql = Q6_K_WORDS[base + 16u * h + 8u * (k4 & 1u) + l / 4u];
+  const uint qh = Q6_K_WORDS[base + Q6_K_QH + 8u * h + l / 4u];
+  const uint s = 8u * h + 2u * k4 + l / 16u;  // the scale's byte in scales[]
+  const uint sw = Q6_K_WORDS[base + Q6_K_SCALES + s / 4u];
+  return (q6_k_d(blk) * q6_k_i8(sw, s % 4u)) * q6_k_unpack(q6_k_quants(ql, qh, k4));
 }

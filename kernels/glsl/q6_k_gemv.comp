@@ -9,11 +9,7 @@
 // activations are loaded once per unit and reused for every row. Sums are reduced per set with subgroupAdd,
 // then across subgroups through shared memory. Workgroups are numbered over x and y.
 //
-// A 210-byte block starts on a 32-bit word or halfway into one, by the parity of its index in the matrix. The
-// set's invocations take units in an order (q6_k_unit_of, q6_k.glsl) that gives each run of 32 of them blocks
-// of one parity, so that for every row a 32-wide subgroup branches one way: aligned loads, or loads shifted by
-// a constant.
-// Subgroups of other widths get the same results, only with both branches taken.
+// The blocks are in the GPU's grouped layout (q6_k.glsl): a unit's pieces are 8-byte loads.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -24,21 +20,24 @@ layout(constant_id = 2) const uint ROWS_PER_INVOCATION = 2;  // NUM_ROWS must be
 
 layout(std430, binding = 0) writeonly buffer Y { float y[]; };
 layout(std430, binding = 1) readonly buffer W { uint w[]; };
+layout(std430, binding = 1) readonly buffer W2 { uvec2 w2[]; };  // the same words in pairs
 layout(std430, binding = 2) readonly buffer X { vec4 x4[]; };
 layout(push_constant) uniform Push { uint n_out; uint n_in; } p;
 #include "gemv_row_sets.glsl"
 
 #define Q6_K_WORDS w
+#define Q6_K_PAIRS w2
 #include "q6_k.glsl"
 
-// Σ over the unit's 32 weights of (q − 32)·x, each quadrant times its scale, for the block at byte bb.
-// x: the unit's activations times Q6_K_SCALE (q6_k_unpack_scaled). odd: the block's alignment (q6_k.glsl).
-float unit_dot(uint bb, uint h, uint g, vec4 x[8], bool odd) {
-  const uvec2 ql0 = q6_k_words2_known(bb + 64u * h + 8u * g, odd);
-  const uvec2 ql1 = q6_k_words2_known(bb + 64u * h + 32u + 8u * g, odd);
-  const uvec2 qh = q6_k_words2_known(bb + Q6_K_QH + 32u * h + 8u * g, odd);
+// Σ over the unit's 32 weights of (q − 32)·x, each quadrant times its scale, for block blk.
+// x: the unit's activations times Q6_K_SCALE (q6_k_unpack_scaled).
+float unit_dot(uint blk, uint h, uint g, vec4 x[8]) {
+  const uint base = q6_k_base(blk);
+  const uvec2 ql0 = q6_k_pair(base + 16u * h + 2u * g);
+  const uvec2 ql1 = q6_k_pair(base + 16u * h + 8u + 2u * g);
+  const uvec2 qh = q6_k_pair(base + Q6_K_QH + 8u * h + 2u * g);
   // Scales 2·k4 + g/2 in bytes 0 and 2.
-  const uvec2 sw = q6_k_words2_known(bb + Q6_K_SCALES + 8u * h, odd) >> (8u * (g >> 1u));
+  const uvec2 sw = q6_k_pair(base + Q6_K_SCALES + 2u * h) >> (8u * (g >> 1u));
   float sum = 0.0;
   for (uint k4 = 0u; k4 < 4u; ++k4) {
     const uvec2 ql = (k4 & 1u) != 0u ? ql1 : ql0;
@@ -46,7 +45,7 @@ float unit_dot(uint bb, uint h, uint g, vec4 x[8], bool odd) {
                     dot(q6_k_unpack_scaled(q6_k_quants(ql.y, qh.y, k4)), x[2u * k4 + 1u]);
     sum += q6_k_i8(sw[k4 >> 1u], 2u * (k4 & 1u)) * d;
   }
-  return q6_k_d_known(bb, odd) * sum;
+  return q6_k_d(blk) * sum;
 }
 
 void main() {
@@ -60,7 +59,7 @@ void main() {
   float acc[ROWS_PER_INVOCATION];
   for (uint r = 0u; r < ROWS_PER_INVOCATION; ++r) acc[r] = 0.0;
 
-  for (uint u = q6_k_unit_of(lane, SET_SIZE); u < n_units; u += SET_SIZE) {
+  for (uint u = lane; u < n_units; u += SET_SIZE) {
     const uint b = u >> 3u, h = (u >> 2u) & 1u, g = u & 3u;
     // Activations 128h + 32·k4 + 8g + [0, 8) of block b, two vec4s per quadrant.
     vec4 x[8];
@@ -71,11 +70,7 @@ void main() {
     }
     for (uint r = 0u; r < ROWS_PER_INVOCATION; ++r) {
       const uint row = min(rows + r, p.n_out - 1u);
-      const uint blk = row * n_blocks + b;
-      if ((blk & 1u) != 0u)
-        acc[r] += unit_dot(blk * Q6_K_BLOCK_BYTES, h, g, x, true);
-      else
-        acc[r] += unit_dot(blk * Q6_K_BLOCK_BYTES, h, g, x, false);
+      acc[r] += unit_dot(row * n_blocks + b, h, g, x);
     }
   }
 

@@ -1,10 +1,10 @@
 #version 450
 // y[n_out] = W[n_out, n_in] · x[n_in], W in Q6_K super-blocks, for one token, on 8-bit integer dot products:
-// the work split of q6_k_gemv.comp (row sets, units of 32 weights walked so that a subgroup's blocks share their
-// alignment), with the activations as limbs (x_limbs.comp layout 2: one scale per super-block, a unit's 32
-// activations side by side). The codes become signed bytes q − 32 in place (add 96 to each byte, no carry since
-// q < 64, and flip the top bit), so each quadrant's Σ (q − 32)·A is six dot instructions, exact in integers,
-// weighted by the quadrant's int8 scale, and the unit's sum turns into a float once: y += d·s·Σ sc·(q − 32)·A.
+// the work split of q6_k_gemv.comp (row sets, units of 32 weights), with the activations as limbs (x_limbs.comp
+// layout 2: one scale per super-block, a unit's 32 activations side by side). The codes become signed bytes
+// q − 32 in place (add 96 to each byte, no carry since q < 64, and flip the top bit), so each quadrant's
+// Σ (q − 32)·A is six dot instructions, exact in integers, weighted by the quadrant's int8 scale, and the unit's
+// sum turns into a float once: y += d·s·Σ sc·(q − 32)·A.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -16,23 +16,26 @@ layout(constant_id = 2) const uint ROWS_PER_INVOCATION = 2;  // NUM_ROWS must be
 
 layout(std430, binding = 0) writeonly buffer Y { float y[]; };
 layout(std430, binding = 1) readonly buffer W { uint w[]; };
+layout(std430, binding = 1) readonly buffer W2 { uvec2 w2[]; };  // the same words in pairs
 layout(std430, binding = 2) readonly buffer Limbs { uvec4 limb4[]; };
 layout(std430, binding = 2) readonly buffer LimbFloats { float limbf[]; };
 layout(push_constant) uniform Push { uint n_out; uint n_in; } p;
 #include "gemv_row_sets.glsl"
 
 #define Q6_K_WORDS w
+#define Q6_K_PAIRS w2
 #include "int_dot.glsl"
 #include "q6_k.glsl"
 
-// Σ over the unit's 32 weights of sc·(q − 32)·A for the block at byte bb, as the three limb sums. l[i][j]:
-// limb plane i, quadrants 2j and 2j + 1 (two words each). odd: the block's alignment (q6_k.glsl).
-ivec3 unit_dot(uint bb, uint h, uint g, uvec4 l[3][2], bool odd) {
-  const uvec2 ql0 = q6_k_words2_known(bb + 64u * h + 8u * g, odd);
-  const uvec2 ql1 = q6_k_words2_known(bb + 64u * h + 32u + 8u * g, odd);
-  const uvec2 qh = q6_k_words2_known(bb + Q6_K_QH + 32u * h + 8u * g, odd);
+// Σ over the unit's 32 weights of sc·(q − 32)·A for block blk, as the three limb sums. l[i][j]: limb plane i,
+// quadrants 2j and 2j + 1 (two words each).
+ivec3 unit_dot(uint blk, uint h, uint g, uvec4 l[3][2]) {
+  const uint base = q6_k_base(blk);
+  const uvec2 ql0 = q6_k_pair(base + 16u * h + 2u * g);
+  const uvec2 ql1 = q6_k_pair(base + 16u * h + 8u + 2u * g);
+  const uvec2 qh = q6_k_pair(base + Q6_K_QH + 8u * h + 2u * g);
   // Scales 2·k4 + g/2 in bytes 0 and 2.
-  const uvec2 sw = q6_k_words2_known(bb + Q6_K_SCALES + 8u * h, odd) >> (8u * (g >> 1u));
+  const uvec2 sw = q6_k_pair(base + Q6_K_SCALES + 2u * h) >> (8u * (g >> 1u));
   ivec3 sum = ivec3(0);
   for (uint k4 = 0u; k4 < 4u; ++k4) {
     const uvec2 ql = (k4 & 1u) != 0u ? ql1 : ql0;
@@ -58,7 +61,7 @@ void main() {
   float acc[ROWS_PER_INVOCATION];
   for (uint r = 0u; r < ROWS_PER_INVOCATION; ++r) acc[r] = 0.0;
 
-  for (uint u = q6_k_unit_of(lane, SET_SIZE); u < n_units; u += SET_SIZE) {
+  for (uint u = lane; u < n_units; u += SET_SIZE) {
     const uint b = u >> 3u, h = (u >> 2u) & 1u, g = u & 3u;
     uvec4 l[3][2];
     for (uint i = 0u; i < 3u; ++i)
@@ -67,11 +70,10 @@ void main() {
     for (uint r = 0u; r < ROWS_PER_INVOCATION; ++r) {
       const uint row = min(rows + r, p.n_out - 1u);
       const uint blk = row * n_blocks + b;
-      const uint bb = blk * Q6_K_BLOCK_BYTES;
       // |Σ| < 2^26 per part: float() rounds the first two at 2^-24 relative, as f32 sums would.
-      const ivec3 i = (blk & 1u) != 0u ? unit_dot(bb, h, g, l, true) : unit_dot(bb, h, g, l, false);
+      const ivec3 i = unit_dot(blk, h, g, l);
       const float v = (float(i.x) + 256.0 * float(i.y)) + 65536.0 * float(i.z);
-      acc[r] += ((blk & 1u) != 0u ? q6_k_d_known(bb, true) : q6_k_d_known(bb, false)) * s * v;
+      acc[r] += q6_k_d(blk) * s * v;
     }
   }
 

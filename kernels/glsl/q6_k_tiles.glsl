@@ -10,7 +10,7 @@ void q6_k_load_wt(uint n0, uint k0, uint row0, uint n_rows, uint n_in) {
     const uint r = t / 8u, e = t % 8u;
     vec4 v = vec4(0.0);
     if (n0 + r < n_rows)
-      v = q6_k_weights4(((row0 + n0 + r) * n_blocks + k0 / 256u) * Q6_K_BLOCK_BYTES, k0 % 256u + 4u * e);
+      v = q6_k_weights4((row0 + n0 + r) * n_blocks + k0 / 256u, k0 % 256u + 4u * e);
     for (uint i = 0u; i < 4u; ++i) Bs[(4u * e + i) * BN + r] = v[i];
   }
 }
@@ -23,7 +23,7 @@ void q6_k_load_w(uint n0, uint k0, uint k_end, uint row0, uint n_in) {
     const uint kr = t / (BN / 4u), n = 4u * (t % (BN / 4u));
     vec4 v = vec4(0.0);
     if (k0 + kr < k_end && n0 + n < n_in)
-      v = q6_k_weights4(((row0 + k0 + kr) * n_blocks + (n0 + n) / 256u) * Q6_K_BLOCK_BYTES, (n0 + n) % 256u);
+      v = q6_k_weights4((row0 + k0 + kr) * n_blocks + (n0 + n) / 256u, (n0 + n) % 256u);
     for (uint i = 0u; i < 4u; ++i) Bs[kr * BN + n + i] = v[i];
   }
 }

@@ -49,7 +49,8 @@ constexpr uint32_t kGemvQ4_0Workgroup = 128;
 // the limb pass included: Q4_0 60.4 us and Q4_K 60.1 (91.5% and 91.9% of copy) against 65.9 and 63.7 with 4 rows,
 // 71.7 and 70.8 with 8, and 67.2 and 65.4 with 4 rows of 256 invocations; the float GEMVs they replace take 90.2
 // and 77.2. Q6_K: 87.9 us (91.6%) against 94.4 with 1 row, 105.2 with 4 and 92.4 with 2 sets of 2; the float
-// GEMV 97.3. Without the limb pass the Q4_K GEMV takes 59.7 us with 4 rows: the decode's instructions, not the
+// GEMV 97.3 (all in GGML's layout; in the grouped one of q6_k.glsl, 79.9 us: 100.8% of a copy, which also
+// writes). Without the limb pass the Q4_K GEMV takes 59.7 us with 4 rows: the decode's instructions, not the
 // memory, bounded the float GEMVs (the comment above kGemvKWorkgroup).
 // The limb pass is a dispatch and a barrier more (about 2.5 us), so small matrices keep the float GEMVs: H100,
 // integer-dot against float, Q4_0 and Q4_K, us: 2048x2048 7.5/7.7 vs 5.0/5.9, 5632x2048 10.0/10.5 vs 8.0/9.7,
@@ -62,9 +63,10 @@ constexpr uint32_t kDxQuarters = 64;  // quarters of block columns per dx workgr
 constexpr uint32_t kDxRowSlots = 8;   // row slots per dx workgroup (y)
 // Rows whose loads an invocation of the one-token dx split issues together (RU of the shaders). The split
 // passes are bound by how many loads are in flight, not by occupancy: on an H100 at 16384x16384, Q4_0 89 us
-// with 16 vs 100 with 4 (32: 91); Q4_K 83 us with 8 vs 92 with 4 (12 and 16 spill: 149, 198). Q6_K, whose unit
-// loads are 8-byte pieces with the block's alignment known (q6_k_dx_split.comp), is the exception: 108.7 us
-// with 4 vs 122.4 with 8 (12: 204.8, 168 registers). With the f16 decodes: Q4_0's pairs 64.8 us with 16 vs 66.7
+// with 16 vs 100 with 4 (32: 91); Q4_K 83 us with 8 vs 92 with 4 (12 and 16 spill: 149, 198). Q6_K in GGML's
+// layout, each 8-byte piece loaded with its block's alignment known, was the exception: 108.7 us with 4 vs 122.4
+// with 8 (12: 204.8, 168 registers); in the grouped layout (q6_k.glsl), software-pipelined as Q4_K below: 92.2
+// with 4 vs 94.2 with 3, 96.8 with 5 and 100.3 with 6. With the f16 decodes: Q4_0's pairs 64.8 us with 16 vs 66.7
 // with 24 and 64.7 with 32 (q4_0_dx_split_pairs.comp reads dy 4 rows at a time: a multiple of 4); Q4_K 78.4
 // with 8 vs 89.9 with 4 (12: 150.4), then software-pipelined (q4_k_dx_split.glsl: RU rows loading while RU are
 // added) 68.4-69.1 with 4 vs 72.4 with 3 and 79.3 with 8.
@@ -506,7 +508,7 @@ struct FrozenFormat {
   uint32_t gemv_rows;         // rows per GEMV workgroup
   int64_t dx_cols_per_group;  // dx columns per workgroup of the one-token split pass
   uint32_t dx_rows_in_flight;  // RU of the split pass; 0: the shader has no such constant
-  int64_t (*row_bytes)(int64_t n_in);
+  int64_t (*weight_bytes)(int64_t n_out, int64_t n_in);  // of W on the device
   void (*check)(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
   const char* dx_split_f16_shader = nullptr;  // the split pass with the f16 decode, if the format has one
 };
@@ -514,22 +516,28 @@ struct FrozenFormat {
 namespace {
 constexpr int64_t kDxF16Cols = 4 * 64;  // f16_dx_split.comp: 64 invocations x 4 columns
 
+// The bytes of n_out rows of a format stored as GGML stores it (all but Q6_K: shapes.h).
+template <int64_t (*RowBytes)(int64_t)>
+int64_t rows_of(int64_t n_out, int64_t n_in) { return n_out * RowBytes(n_in); }
+
 void check_f16_on_gpu(const char* kernel, int64_t n_out, int64_t n_in, int64_t T) {
   check_f16_linear(kernel, n_out, n_in, T);
   check_f16_pairs(kernel, n_in);
 }
 
 const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", nullptr, 0, "q8_0_gemm", "q8_0_dx_gemm",
-                         "q8_0_dx_split", kGemvWorkgroup, 2, kDxQ4_0Cols, 0, q8_0_row_bytes, check_q8_0_linear};
+                         "q8_0_dx_split", kGemvWorkgroup, 2, kDxQ4_0Cols, 0, rows_of<q8_0_row_bytes>,
+                         check_q8_0_linear};
 // K-quant GEMVs: 128 invocations per workgroup, each taking ROWS_PER_INVOCATION rows (q4_k_gemv.comp: 4, so one
 // row set; q6_k_gemv.comp: 2, so one set of 128 as well). Measured at 16384x16384 against other (invocations,
 // rows) pairs: on an H100, Q4_K 78.2 us here vs 81.7 with (256, 4) and 79.6 with (64, 4); Q6_K 100.2 us vs
 // 108.4 with (256, 8) and 103.7 with (64, 2); on an H200 the same order, and 8 rows per invocation was slower
-// still. Q6_K's in-place decode with the block alignment known per subgroup (q6_k.glsl) then took it to 97.4 us;
-// the same in-place decode for Q4_K gave 78.5 us against 76.8 (72 registers against 64), so Q4_K keeps 1 + q/16. The split passes cover 4 units of 32 columns per workgroup (Q6_K: 8, whole blocks), so that the
-// chunks, which the reduce pass adds one after another, stay few (1024 target groups and 8 row slots measured
-// best on the H100, against 512 to 8192 groups and 4 or 16 slots; 792, 1188 and 1584 slower too). Also measured
-// there and slower: Q4_K with 8 to 32 units, with 16-column units (half the registers: 78 against 131, yet 61% of
+// still. Q6_K's in-place decode with the block alignment known per subgroup (GGML's layout) took it to 97.4 us;
+// the same in-place decode for Q4_K gave 78.5 us against 76.8 (72 registers against 64), so Q4_K keeps 1 + q/16.
+// The split passes cover 4 units of 32 columns per workgroup (Q6_K: 8, whole blocks), so that the chunks, which
+// the reduce pass adds one after another, stay few (1024 target groups and 8 row slots measured best on the
+// H100, against 512 to 8192 groups and 4 or 16 slots; 792, 1188 and 1584 slower too). Also measured there and
+// slower: Q4_K with 8 to 32 units, with 16-column units (half the registers: 78 against 131, yet 61% of
 // copy against 67%), with rows streamed through shared memory a tile at a time (52%), and with the chunks added
 // by the last workgroup of each column group to finish instead of a second pass (an arrival counter behind a
 // device-wide memory barrier: Q4_K 96 us and Q6_K 133 against 83 and 109, Q4_0 no faster).
@@ -561,21 +569,22 @@ const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", nullptr, 0, "q8_0_
 //   codes' round trip through shared memory (4 bytes per weight) is most of the split pass's time by itself.
 // - Other split shapes (reduce pass included), before the f16 decode: Q4_K with 1, 2, 8 or 16 units, 2 to 64
 //   row slots and 512 to 2048 target groups (best 81.5 us, 8 units and 4 slots, against 82.2); Q6_K with 1, 2,
-//   4 or 16 units, 4 to 128 slots and 512 to 2048 target groups (111-572 against 107.7); one chunk per column
-//   group, so no reduce pass at all: 132-572. Q6_K's codes through f16 pairs as well: 108.4 against 108.2.
+//   4 or 16 units, 4 to 128 slots and 512 to 2048 target groups (111-572 against 107.7, GGML's layout); one
+//   chunk per column group, so no reduce pass at all: 132-572. Q6_K's codes through f16 pairs as well: 108.4
+//   against 108.2.
 constexpr uint32_t kGemvKWorkgroup = 128;
 constexpr uint32_t kGemvQ4_KRows = 4;
 constexpr uint32_t kGemvQ6_KRows = 2;
 constexpr int64_t kDxKCols = 256;     // q4_k_dx_split.glsl: 8 units of 32 columns
 constexpr int64_t kDxQ6_KCols = 256;  // q6_k_dx_split.comp: whole blocks per workgroup
 const FrozenFormat kQ4_K{"q4_k_gemm", "q4_k_dx", "q4_k_gemv", "q4_k_gemv_dot", 1, "q4_k_gemm", "q4_k_dx_gemm", "q4_k_dx_split",
-                         kGemvKWorkgroup, kGemvQ4_KRows, kDxKCols, kDxKRowsInFlight, q4_k_row_bytes, check_q4_k_linear,
-                         "q4_k_dx_split_f16"};
+                         kGemvKWorkgroup, kGemvQ4_KRows, kDxKCols, kDxKRowsInFlight, rows_of<q4_k_row_bytes>,
+                         check_q4_k_linear, "q4_k_dx_split_f16"};
 const FrozenFormat kQ6_K{"q6_k_gemm", "q6_k_dx", "q6_k_gemv", "q6_k_gemv_dot", 2, "q6_k_gemm", "q6_k_dx_gemm", "q6_k_dx_split",
-                         kGemvKWorkgroup, kGemvQ6_KRows, kDxQ6_KCols, kDxQ6_KRowsInFlight, q6_k_row_bytes,
+                         kGemvKWorkgroup, kGemvQ6_KRows, kDxQ6_KCols, kDxQ6_KRowsInFlight, q6_k_device_bytes,
                          check_q6_k_linear};
 const FrozenFormat kF16{"f16_gemm", "f16_dx", "f16_gemv", nullptr, 0, "f16_gemm", "f16_dx_gemm",
-                        "f16_dx_split", kGemvWorkgroup, 4, kDxF16Cols, 0, f16_row_bytes, check_f16_on_gpu};
+                        "f16_dx_split", kGemvWorkgroup, 4, kDxF16Cols, 0, rows_of<f16_row_bytes>, check_f16_on_gpu};
 }  // namespace
 
 void LinearKernels::frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer& Y, const Buffer& w,
@@ -584,7 +593,7 @@ void LinearKernels::frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer
   f.check(k, n_out, n_in, T);
   check_fits_u32(k, "X", T * n_in);
   check_fits_u32(k, "Y", T * n_out);
-  check_min_size(k, "W", w.size(), size_t(n_out * f.row_bytes(n_in)));
+  check_min_size(k, "W", w.size(), size_t(f.weight_bytes(n_out, n_in)));
   check_min_size(k, "X", X.size(), size_t(T * n_in) * 4);
   check_min_size(k, "Y", Y.size(), size_t(T * n_out) * 4);
   if (T == 1) {
@@ -607,7 +616,7 @@ void LinearKernels::frozen_dx(const FrozenFormat& f, Sequence& s, const Buffer& 
   check_j_range(k, j_start, j_end, n_out);
   check_fits_u32(k, "dY", T * n_out);
   check_fits_u32(k, "dX", T * n_in);
-  check_min_size(k, "W", w.size(), size_t(n_out * f.row_bytes(n_in)));
+  check_min_size(k, "W", w.size(), size_t(f.weight_bytes(n_out, n_in)));
   check_min_size(k, "dY", dY.size(), size_t(T * n_out) * 4);
   check_min_size(k, "dX", dX.size(), size_t(T * n_in) * 4);
   if (T > 1) return dx_gemm(f.dx_gemm_shader, s, dX, w, dY, scratch, T, n_out, n_in, j_start, j_end, accumulate);

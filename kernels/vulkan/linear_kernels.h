@@ -1,7 +1,8 @@
 // Host side of the Vulkan linear kernels: checks shapes and buffer sizes, then records dispatches into a
 // Sequence. Same contracts as kernels/cpu/linear.h. Pipelines are built on first use and kept. Frozen weights
-// come as raw GGML bytes: Q4_0 or Q8_0 blocks (n_in a multiple of 32), Q4_K or Q6_K super-blocks (n_in a
-// multiple of 256), or F16 halves (n_in even here).
+// come as raw GGML bytes: Q4_0 or Q8_0 blocks (n_in a multiple of 32), Q4_K super-blocks (n_in a multiple of
+// 256), or F16 halves (n_in even here); Q6_K super-blocks (n_in a multiple of 256) come in the device's grouped
+// layout (kernels/shapes.h: q6_k_device_bytes; quant::q6_k_to_device converts).
 #pragma once
 #include <cstdint>
 #include <array>
