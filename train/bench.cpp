@@ -267,8 +267,11 @@ Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, d
     finish(r, time_vulkan(dev, budget_s, [&](vk::Sequence& s, int) { k.copy(s, b, a, kCopyBytes); }), 0);
     return r;
   }
+  // W as the device holds it: Q6_K regrouped (kernels/shapes.h), the others as they are.
   const auto& w_ggml = random_weights(c.weights, c.n_out, c.n_in);
-  const std::vector<uint8_t> w_host = c.weights == Weights::Q6_K ? quant::q6_k_to_device(w_ggml) : w_ggml;
+  std::vector<uint8_t> w_grouped;
+  if (c.weights == Weights::Q6_K) w_grouped = quant::q6_k_to_device(w_ggml);
+  const std::vector<uint8_t>& w_host = c.weights == Weights::Q6_K ? w_grouped : w_ggml;
   const size_t n_copies = std::clamp<size_t>(kRotateBytes / w_host.size() + 1, 1, 32);
   std::vector<vk::Buffer> ws;
   for (size_t i = 0; i < n_copies; ++i) {

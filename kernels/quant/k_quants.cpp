@@ -313,20 +313,21 @@ constexpr size_t kQ6_KBody = offsetof(BlockQ6_K, d);  // 208 bytes before d
 constexpr size_t kQ6_KGroupBytes = size_t(kQ6_KGroupBlocks) * kQ6_KBlockBytes;
 constexpr size_t kQ6_KGroupD = size_t(kQ6_KGroupBlocks) * kQ6_KBody;  // the d's after the group's bodies
 static_assert(kQ6_KBody == 208 && sizeof(BlockQ6_K::d) == 2);
+
+// Where block i's body and d lie in the grouped layout.
+size_t q6_k_body_at(size_t i) { return i / kQ6_KGroupBlocks * kQ6_KGroupBytes + i % kQ6_KGroupBlocks * kQ6_KBody; }
+size_t q6_k_d_at(size_t i) { return i / kQ6_KGroupBlocks * kQ6_KGroupBytes + kQ6_KGroupD + 2 * (i % kQ6_KGroupBlocks); }
 }  // namespace
 
 std::vector<uint8_t> q6_k_to_device(std::span<const uint8_t> blocks) {
   if (blocks.size() % kQ6_KBlockBytes != 0)
-    throw ShapeError("q6_k_to_device: " + std::to_string(blocks.size()) +
-                                " bytes are not whole 210-byte Q6_K blocks");
+    throw ShapeError("q6_k_to_device: " + std::to_string(blocks.size()) + " bytes are not whole 210-byte Q6_K blocks");
   const size_t n = blocks.size() / kQ6_KBlockBytes;
   std::vector<uint8_t> out(size_t(q6_k_device_bytes(int64_t(n), kQK_KBlockElems)), 0);
   for (size_t i = 0; i < n; ++i) {
-    uint8_t* group = out.data() + i / kQ6_KGroupBlocks * kQ6_KGroupBytes;
-    const size_t pos = i % kQ6_KGroupBlocks;
     const uint8_t* src = blocks.data() + i * kQ6_KBlockBytes;
-    std::memcpy(group + pos * kQ6_KBody, src, kQ6_KBody);
-    std::memcpy(group + kQ6_KGroupD + 2 * pos, src + kQ6_KBody, 2);
+    std::memcpy(out.data() + q6_k_body_at(i), src, kQ6_KBody);
+    std::memcpy(out.data() + q6_k_d_at(i), src + kQ6_KBody, 2);
   }
   return out;
 }
@@ -334,14 +335,12 @@ std::vector<uint8_t> q6_k_to_device(std::span<const uint8_t> blocks) {
 std::vector<uint8_t> q6_k_from_device(std::span<const uint8_t> grouped, int64_t n_blocks) {
   if (n_blocks < 0 || grouped.size() < size_t(q6_k_device_bytes(n_blocks, kQK_KBlockElems)))
     throw ShapeError("q6_k_from_device: " + std::to_string(grouped.size()) + " bytes cannot hold " +
-                                std::to_string(n_blocks) + " grouped Q6_K blocks");
+                     std::to_string(n_blocks) + " grouped Q6_K blocks");
   std::vector<uint8_t> out(size_t(n_blocks) * kQ6_KBlockBytes);
   for (size_t i = 0; i < size_t(n_blocks); ++i) {
-    const uint8_t* group = grouped.data() + i / kQ6_KGroupBlocks * kQ6_KGroupBytes;
-    const size_t pos = i % kQ6_KGroupBlocks;
     uint8_t* dst = out.data() + i * kQ6_KBlockBytes;
-    std::memcpy(dst, group + pos * kQ6_KBody, kQ6_KBody);
-    std::memcpy(dst + kQ6_KBody, group + kQ6_KGroupD + 2 * pos, 2);
+    std::memcpy(dst, grouped.data() + q6_k_body_at(i), kQ6_KBody);
+    std::memcpy(dst + kQ6_KBody, grouped.data() + q6_k_d_at(i), 2);
   }
   return out;
 }
