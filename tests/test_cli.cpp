@@ -165,7 +165,18 @@ TEST(Cli, BenchTrainTimesEachBatchSizeAndWritesJson) {
   const auto k = nlohmann::json::parse(g);
   ASSERT_EQ(k.size(), 1u);
   EXPECT_EQ(k[0]["grad_checkpoint"], true);
+  EXPECT_EQ(k[0]["keep_ffn_layers"], 0);
   EXPECT_EQ(k[0]["loss"], j[0]["loss"]);
+  // Nor does keeping some layers' ffn gate and up outputs instead of recomputing them.
+  const CmdResult kept = run("bench train --device cpu --shape small --seq-len 16 --batch-sizes 1 --steps 1 "
+                             "--warmup 0 --lora-rank 4 --grad-checkpoint --keep-ffn-layers 3 --json " + path.string());
+  ASSERT_EQ(kept.code, 0) << kept.out;
+  EXPECT_NE(kept.out.find("the ffn gate and up outputs of the last 3 kept"), std::string::npos) << kept.out;
+  std::ifstream h(path);
+  const auto l = nlohmann::json::parse(h);
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_EQ(l[0]["keep_ffn_layers"], 3);
+  EXPECT_EQ(l[0]["loss"], j[0]["loss"]);
   std::filesystem::remove(path);
 }
 
@@ -179,6 +190,12 @@ TEST(Cli, BenchTrainRejectsAnUnknownShapeAndBadCounts) {
   r = run("bench train --device cpu --batch-sizes 2,0");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("--batch-sizes: 0 is not a positive batch size"), std::string::npos) << r.out;
+  r = run("bench train --device cpu --grad-checkpoint --keep-ffn-layers 9");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--keep-ffn-layers: 9 is outside 0..8 (the shape's layers)"), std::string::npos) << r.out;
+  r = run("bench train --device cpu --keep-ffn-layers 2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--keep-ffn-layers: applies only with --grad-checkpoint"), std::string::npos) << r.out;
 }
 
 TEST(Cli, InfoOnEachMalformedGgufIsOneLineNamingTheProblem) {

@@ -139,11 +139,13 @@ struct Grads {
   double loss = 0;
   std::map<std::string, std::vector<double>> g;
   size_t graph_bytes = 0;  // the op nodes' values, gradients and scratch: their arena, or their own tensors
+  int64_t recomputed = 0;  // forward runs the backward repeats
 };
 
 Grads step_gradients(const model::Model& m, const std::vector<data::Example>& ex, int64_t B, int64_t T, bool pack,
                      int64_t rows_per_micro, Grads* naive = nullptr,
-                     LossGraph::Memory memory = LossGraph::Memory::Planned, double dropout = 0) {
+                     LossGraph::Memory memory = LossGraph::Memory::Planned, double dropout = 0,
+                     int64_t keep_ffn_layers = 0) {
   data::DatasetOptions o;
   o.seq_len = T;
   o.pack = pack;
@@ -156,6 +158,7 @@ Grads step_gradients(const model::Model& m, const std::vector<data::Example>& ex
   spec.cfg.dropout = dropout;
   std::mt19937 rng(11);
   lg.model_graph().add_adapters(spec, rng);
+  lg.model_graph().keep_ffn_layers(keep_ffn_layers);
   lg.build();
   // B starts at zero, which would leave A without gradient: give every B the same values in every graph.
   ag::Backend& be = m.backend();
@@ -172,6 +175,7 @@ Grads step_gradients(const model::Model& m, const std::vector<data::Example>& ex
   Grads out;
   out.loss = sl.loss;
   out.graph_bytes = lg.graph().planned_bytes();
+  out.recomputed = lg.graph().recomputed_steps();
   for (int id = 0; memory == LossGraph::Memory::PerTensor && id < lg.graph().size(); ++id) {
     const ag::Node& n = lg.graph().node(id);
     if (!n.op) continue;
@@ -246,8 +250,10 @@ TEST(GradAccumulation, MicroBatchesGiveTheGradientsOfOneBatchVulkan) {
 
 // ---------------------------------------------------------------------------------------------------------------
 // The memory plan changes where tensors live, never a result: with every tensor in memory of its own, with the
-// planned arena, and with the layers recomputed in the backward, a step of 5 micro-batches (LoRA dropout on) gives
-// bit-identical losses and gradients, and each mode holds less than the one before.
+// planned arena, with the layers recomputed in the backward but for the ffn gate and up outputs of the last 2
+// layers (--keep-ffn-layers 2), and with the layers recomputed in full, a step of 5 micro-batches (LoRA dropout on)
+// gives bit-identical losses and gradients, and each mode holds less than the one before. Keeping a layer's gate
+// and up outputs takes 2·T·n_ff floats and spares the recomputation their two products.
 
 void check_memory_modes(ag::Backend& be, const std::string& label) {
   const fs::path dir = temp_dir("memory");
@@ -256,16 +262,23 @@ void check_memory_modes(ag::Backend& be, const std::string& label) {
   using Memory = LossGraph::Memory;
   const Grads own = step_gradients(*m, ex, 1, 40, false, 1, nullptr, Memory::PerTensor, 0.25);
   const Grads planned = step_gradients(*m, ex, 1, 40, false, 1, nullptr, Memory::Planned, 0.25);
+  const Grads kept = step_gradients(*m, ex, 1, 40, false, 1, nullptr, Memory::Recompute, 0.25, 2);
   const Grads again = step_gradients(*m, ex, 1, 40, false, 1, nullptr, Memory::Recompute, 0.25);
   ASSERT_EQ(own.g.size(), 42u);  // A and B on 7 targets of 3 layers
-  for (const Grads* other : {&planned, &again}) {
+  for (const Grads* other : {&planned, &kept, &again}) {
     EXPECT_EQ(other->loss, own.loss) << label;
     for (const auto& [name, g] : own.g) EXPECT_EQ(other->g.at(name), g) << label << " " << name;
   }
   EXPECT_LT(planned.graph_bytes, own.graph_bytes) << label;
-  EXPECT_LT(again.graph_bytes, planned.graph_bytes) << label;
+  EXPECT_LT(kept.graph_bytes, planned.graph_bytes) << label;
+  EXPECT_LT(again.graph_bytes, kept.graph_bytes) << label;
+  // The kept layers' gate and up (adapted: the LoRA linear op each) are not run again.
+  EXPECT_EQ(planned.recomputed, 0) << label;
+  EXPECT_EQ(again.recomputed - kept.recomputed, 2 * 2) << label;
   std::cout << label << ": loss " << own.loss << "; graph memory " << own.graph_bytes << " bytes per tensor, "
-            << planned.graph_bytes << " planned, " << again.graph_bytes << " with recomputation\n";
+            << planned.graph_bytes << " planned, " << kept.graph_bytes << " recomputing all but 2 layers' ffn gate "
+            << "and up, " << again.graph_bytes << " recomputing all; " << again.recomputed << " and "
+            << kept.recomputed << " forward runs repeated\n";
   fs::remove_all(dir);
 }
 
@@ -478,6 +491,18 @@ TEST_F(TrainErrors, MissingConfigFile) {
   auto a = base();
   a.insert(a.end(), {"--config", (dir / "none.toml").string()});
   expect_error(a, {"none.toml"});
+}
+
+TEST_F(TrainErrors, KeepFfnLayersWithoutGradCheckpoint) {
+  auto a = base();
+  a.insert(a.end(), {"--keep-ffn-layers", "1"});
+  expect_error(a, {"--keep-ffn-layers", "only with --grad-checkpoint"});
+}
+
+TEST_F(TrainErrors, KeepFfnLayersBeyondTheModel) {
+  auto a = base();
+  a.insert(a.end(), {"--grad-checkpoint", "--keep-ffn-layers", "2"});
+  expect_error(a, {"--keep-ffn-layers", "2 exceeds the model's layer count (1)"});
 }
 
 TEST_F(TrainErrors, UnknownLoraTarget) {

@@ -116,6 +116,11 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
   if (opt.steps < 1) throw std::invalid_argument("--steps: must be at least 1");
   if (opt.warmup < 0) throw std::invalid_argument("--warmup: must be 0 or more");
   if (opt.lora_rank < 1) throw std::invalid_argument("--lora-rank: must be at least 1");
+  if (opt.keep_ffn_layers < 0 || opt.keep_ffn_layers > cfg.n_layer)
+    throw std::invalid_argument("--keep-ffn-layers: " + std::to_string(opt.keep_ffn_layers) + " is outside 0.." +
+                                std::to_string(cfg.n_layer) + " (the shape's layers)");
+  if (opt.keep_ffn_layers > 0 && !opt.grad_checkpoint)
+    throw std::invalid_argument("--keep-ffn-layers: applies only with --grad-checkpoint");
   BenchJson json(opt.json_path);
 
   auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan);
@@ -129,7 +134,9 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
       << train::fmt_bytes(model->weight_bytes()) << " (made in " << std::fixed << std::setprecision(1) << model_s
       << " s); LoRA r=" << opt.lora_rank << " on q,k,v,o,gate,up,down; seq " << opt.seq_len << "; " << opt.warmup
       << " warm-up + " << opt.steps << " timed steps"
-      << (opt.grad_checkpoint ? "; layers recomputed in the backward (--grad-checkpoint)" : "") << "\n";
+      << (opt.grad_checkpoint ? "; layers recomputed in the backward (--grad-checkpoint)" : "");
+  if (opt.keep_ffn_layers > 0) out << ", the ffn gate and up outputs of the last " << opt.keep_ffn_layers << " kept";
+  out << "\n";
   out.unsetf(std::ios::floatfield);
 
   nlohmann::json rows = nlohmann::json::array();
@@ -146,6 +153,7 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
       spec.cfg.alpha = 2.0 * double(opt.lora_rank);
       std::mt19937 init_rng(7);
       lg.model_graph().add_adapters(spec, init_rng);
+      lg.model_graph().keep_ffn_layers(opt.keep_ffn_layers);
       lg.build();
       ag::AdamW adam(lg.graph(), {1e-4, 0.9, 0.999, 1e-8, 0.0});
       for (const ag::Var& p : adam.params()) r.trainable += p.value().numel();
@@ -190,6 +198,7 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
                     {"trainable_params", r.trainable},
                     {"lora_rank", opt.lora_rank},
                     {"grad_checkpoint", opt.grad_checkpoint},
+                    {"keep_ffn_layers", opt.keep_ffn_layers},
                     {"loss", r.loss}});
   }
   json.write(rows);

@@ -164,7 +164,12 @@ int main(int argc, char** argv) {
   bench_train->add_flag("--profile", bt_opt.profile,
                         "Vulkan: also print the GPU time per op (forward and backward) of the timed steps");
   bench_train->add_flag("--grad-checkpoint", bt_opt.grad_checkpoint,
-                        "keep only each layer's output from the forward and recompute the rest in the backward");
+                        "keep each layer's output, attention inputs and output and residual from the forward and "
+                        "recompute the ffn's activations in the backward");
+  bench_train->add_option("--keep-ffn-layers", bt_opt.keep_ffn_layers,
+                          "with --grad-checkpoint: the last N layers keep their ffn gate and up outputs instead of "
+                          "recomputing them")
+      ->capture_default_str();
   bench_train->add_option("--json", bt_opt.json_path, "also write the results as a JSON array to this file");
 
   q4t::TrainOptions train_opt;

@@ -130,7 +130,7 @@ json identity_json(const TrainOptions& o, const std::string& model_path, const s
   j["epochs"] = o.epochs;
   j["seed"] = o.seed;
   j["vocab-tile"] = o.vocab_tile;
-  j["grad-checkpoint"] = o.grad_checkpoint;
+  j["grad-checkpoint"] = o.grad_checkpoint;  // (--keep-ffn-layers is not here: it changes what is kept, no number)
   return j;
 }
 
@@ -262,6 +262,9 @@ void validate_train_options(const TrainOptions& o) {
   if (o.keep_checkpoints < 0) fail_option("keep-checkpoints", "must be non-negative (0: keep all)");
   if (o.log_every < 1) fail_option("log-every", "must be at least 1");
   if (o.vocab_tile < 1) fail_option("vocab-tile", "must be at least 1");
+  if (o.keep_ffn_layers < 0) fail_option("keep-ffn-layers", "must be non-negative");
+  if (o.keep_ffn_layers > 0 && !o.grad_checkpoint)
+    fail_option("keep-ffn-layers", "applies only with --grad-checkpoint (without it every activation is kept)");
   if (!(o.val_fraction >= 0 && o.val_fraction < 1)) fail_option("val-fraction", "must lie in [0, 1)");
   if (o.sample_tokens < 0) fail_option("sample-tokens", "must be non-negative");
   // The output directory: created if missing, and writable (a probe file, removed at once).
@@ -323,6 +326,9 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
   auto model = model::Model::load(model_path, *be);
   check_vocab(*tok, *model, model_path);
   const model::ModelConfig& mc = model->config();
+  if (opt.keep_ffn_layers > mc.n_layer)
+    fail_option("keep-ffn-layers", std::to_string(opt.keep_ffn_layers) + " exceeds the model's layer count (" +
+                                       std::to_string(mc.n_layer) + ")");
   out << "model " << model_path << ": " << mc.arch << ", " << mc.n_layer << " layers, dim " << mc.n_embd << ", "
       << train::fmt_bytes(model->weight_bytes()) << " of weights on " << dev.name() << "\n";
 
@@ -346,6 +352,7 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
   // The graph: the model, adapters on the targets, the fused loss.
   LossGraph lg(*model, B, opt.seq_len, opt.vocab_tile,
                opt.grad_checkpoint ? LossGraph::Memory::Recompute : LossGraph::Memory::Planned);
+  lg.model_graph().keep_ffn_layers(opt.keep_ffn_layers);
   model::LoraSpec spec;
   spec.targets = opt.lora_targets;
   spec.cfg.rank = opt.lora_rank;

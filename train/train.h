@@ -62,6 +62,7 @@ struct TrainOptions {
   int64_t sample_tokens = 64;
   int64_t vocab_tile = 4096;  // rows of the output matrix per tile of the fused loss
   bool grad_checkpoint = false;  // keep only each layer's output; recompute the rest in the backward
+  int64_t keep_ffn_layers = 0;   // with grad_checkpoint: the last N layers keep their ffn gate and up outputs
 };
 
 // Registers every train option on cmd, plus --config FILE.toml (every flag is a key; flags override the file;

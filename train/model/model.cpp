@@ -209,6 +209,13 @@ ag::Var ModelGraph::project(ag::Var x, int64_t layer, const std::string& target)
   return it->second(x, frozen_input(x, w));
 }
 
+void ModelGraph::keep_ffn_layers(int64_t n) {
+  if (n < 0 || n > m_.config().n_layer)
+    throw std::invalid_argument("ffn layers to keep: " + std::to_string(n) + " is outside 0.." +
+                                std::to_string(m_.config().n_layer) + " (the model's layers)");
+  keep_ffn_layers_ = n;
+}
+
 ag::Var ModelGraph::output_weight() const {
   return m_.config().tied ? vars_.at("token_embd.weight") : vars_.at("output.weight");
 }
@@ -242,7 +249,10 @@ ag::Var ModelGraph::hidden(ag::Var ids, const AttentionStep& attend) const {
     x = ag::add(x, project(attend(l, q, k, v), l, "o"));
     g_.keep(x);  // with recomputation: the residual the ffn norm reads, so the o projection is not run again
     h = ag::rms_norm(x, vars_.at(b + "ffn_norm.weight"), c.rms_eps);
-    x = ag::add(x, project(ag::swiglu(project(h, l, "gate"), project(h, l, "up")), l, "down"));
+    const ag::Var gate = project(h, l, "gate"), up = project(h, l, "up");
+    if (l >= c.n_layer - keep_ffn_layers_)
+      for (const ag::Var& kept : {gate, up}) g_.keep(kept);
+    x = ag::add(x, project(ag::swiglu(gate, up), l, "down"));
     g_.checkpoint(x);
   }
   return ag::rms_norm(x, vars_.at("output_norm.weight"), c.rms_eps);

@@ -92,6 +92,10 @@ class ModelGraph {
   ag::Var hidden(ag::Var ids, const AttentionStep& attend) const;
   // The output matrix [V, C] (output.weight, or token_embd.weight when tied).
   ag::Var output_weight() const;
+  // With recomputation (Graph::plan_memory), the last n layers keep their ffn gate and up outputs from the forward
+  // instead of computing them again in the backward: each such layer saves two of the three products that
+  // recomputation repeats and holds 2·T·n_ff more floats. Set before hidden()/logits(); 0 to n_layer.
+  void keep_ffn_layers(int64_t n);
 
  private:
   ag::Var project(ag::Var x, int64_t layer, const std::string& target) const;
@@ -105,6 +109,7 @@ class ModelGraph {
   std::map<std::string, ag::LoraLinear> adapters_;
   ag::Var dropout_salt_;
   bool llama_cpp_numerics_;
+  int64_t keep_ffn_layers_ = 0;
 };
 
 }  // namespace q4t::model
