@@ -15,6 +15,12 @@
 // tiles after them, as in q4_0_gemm_coop.comp, whose way out (and the reason for it) this shares. Invocations
 // 0 .. 127 each fetch a whole block of W, the 5 words that hold it (H100, T = 512, against every invocation
 // fetching half a block in 4 words: 50.5 -> 55.2 TFLOPS at 16384 x 16384, 40-48 -> 42-51 at tinyllama's shapes).
+// Measured and not faster (H100, T = 512, against 55.5 TFLOPS at 16384 x 16384 and 42-51 at tinyllama's shapes):
+// each subgroup loading the words of 4 rows of the W tile lane after lane, through shared memory (52.5, 38-45);
+// subgroups in two roles, 4 multiplying and 4 loading the next step into the other of two stages of BK = 16
+// (36.0, 33-37); and 2 products instead of 3, with d taken into dY per subgroup (its 32 columns are one block
+// column of W: dY·d split into hi + lo against the exact codes, element by element on the matrices, converted
+// from f32 to f16 matrices) (51.1, 37-45).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require

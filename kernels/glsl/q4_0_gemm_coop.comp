@@ -34,6 +34,12 @@
 // the next step's loads issued before the barrier that precedes the products, not after it (59.2; 57.5 rolled);
 // each block's 5 words taken out of two aligned 16-byte loads instead of 5 word loads (74.1, and tinyllama's
 // bs 4 step with --grad-checkpoint 235.6 ms against 233.0).
+// Each subgroup loading the words of 16 rows of the W tile lane after lane (fewer rows per load instruction, no
+// word asked for twice) and passing them through shared memory to the invocations that unpack them: 75.2.
+// Subgroups in two roles (4 multiplying 32 x 64 corners, 4 loading and unpacking the next step into the other of
+// two stages of BK = 32, the most NVIDIA's 48 KiB of shared memory holds; one barrier per step): 44.5, and 76.1
+// with the lane-after-lane loads. There the loading subgroups set the pace: alone (no products) they took 3097
+// us, the products alone 2118; the loads of a step issued two steps ahead instead of one changed nothing.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
