@@ -156,46 +156,41 @@ TEST(Cli, BenchTrainTimesEachBatchSizeAndWritesJson) {
   const int64_t norm_bytes = (8 * 2 + 1) * 512 * 4;
   EXPECT_EQ(j[0]["weight_bytes"], q4_0_bytes + norm_bytes);
   EXPECT_EQ(j[0]["grad_checkpoint"], false);
-  // Recomputing the layers in the backward changes no number of the step.
-  const CmdResult again = run("bench train --device cpu --shape small --seq-len 16 --batch-sizes 1 --steps 1 "
-                              "--warmup 0 --lora-rank 4 --grad-checkpoint --json " + path.string());
-  ASSERT_EQ(again.code, 0) << again.out;
-  EXPECT_NE(again.out.find("layers recomputed in the backward"), std::string::npos) << again.out;
-  std::ifstream g(path);
-  const auto k = nlohmann::json::parse(g);
-  ASSERT_EQ(k.size(), 1u);
-  EXPECT_EQ(k[0]["grad_checkpoint"], true);
-  EXPECT_EQ(k[0]["keep_ffn_layers"], 0);
-  EXPECT_EQ(k[0]["loss"], j[0]["loss"]);
-  // Nor does keeping some layers' ffn gate and up outputs instead of recomputing them.
-  const CmdResult kept = run("bench train --device cpu --shape small --seq-len 16 --batch-sizes 1 --steps 1 "
-                             "--warmup 0 --lora-rank 4 --grad-checkpoint --keep-ffn-layers 3 --json " + path.string());
-  ASSERT_EQ(kept.code, 0) << kept.out;
-  EXPECT_NE(kept.out.find("the ffn gate and up outputs of the last 3 kept"), std::string::npos) << kept.out;
-  std::ifstream h(path);
-  const auto l = nlohmann::json::parse(h);
-  ASSERT_EQ(l.size(), 1u);
-  EXPECT_EQ(l[0]["keep_ffn_layers"], 3);
-  EXPECT_EQ(l[0]["loss"], j[0]["loss"]);
+  // Recomputing the layers in the backward changes no number of the step, nor does keeping some layers' ffn
+  // gate and up outputs instead of recomputing them. one_row: the run's one JSON row, its output saying `says`.
+  auto one_row = [&](const std::string& flags, const std::string& says) {
+    const CmdResult r = run("bench train --device cpu --shape small --seq-len 16 --batch-sizes 1 --steps 1 "
+                            "--warmup 0 --lora-rank 4 " + flags + " --json " + path.string());
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(says), std::string::npos) << r.out;
+    std::ifstream f(path);
+    const auto rows = nlohmann::json::parse(f);
+    EXPECT_EQ(rows.size(), 1u);
+    return rows.at(0);
+  };
+  const auto again = one_row("--grad-checkpoint", "layers recomputed in the backward");
+  EXPECT_EQ(again["grad_checkpoint"], true);
+  EXPECT_EQ(again["keep_ffn_layers"], 0);
+  EXPECT_EQ(again["loss"], j[0]["loss"]);
+  const auto kept = one_row("--grad-checkpoint --keep-ffn-layers 3", "the ffn gate and up outputs of the last 3 kept");
+  EXPECT_EQ(kept["keep_ffn_layers"], 3);
+  EXPECT_EQ(kept["loss"], j[0]["loss"]);
   std::filesystem::remove(path);
 }
 
 TEST(Cli, BenchTrainRejectsAnUnknownShapeAndBadCounts) {
-  CmdResult r = run("bench train --device cpu --shape tiny");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("--shape: unknown shape 'tiny' (known: small, tinyllama-1.1b, llama-7b)"), std::string::npos) << r.out;
-  r = run("bench train --device cpu --steps 0");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("--steps: must be at least 1"), std::string::npos) << r.out;
-  r = run("bench train --device cpu --batch-sizes 2,0");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("--batch-sizes: 0 is not a positive batch size"), std::string::npos) << r.out;
-  r = run("bench train --device cpu --grad-checkpoint --keep-ffn-layers 9");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("--keep-ffn-layers: 9 is outside 0..8 (the shape's layers)"), std::string::npos) << r.out;
-  r = run("bench train --device cpu --keep-ffn-layers 2");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("--keep-ffn-layers: applies only with --grad-checkpoint"), std::string::npos) << r.out;
+  const std::pair<const char*, const char*> cases[] = {
+      {"--shape tiny", "--shape: unknown shape 'tiny' (known: small, tinyllama-1.1b, llama-7b)"},
+      {"--steps 0", "--steps: must be at least 1"},
+      {"--batch-sizes 2,0", "--batch-sizes: 0 is not a positive batch size"},
+      {"--grad-checkpoint --keep-ffn-layers 9", "--keep-ffn-layers: 9 is outside 0..8 (the shape's layers)"},
+      {"--keep-ffn-layers 2", "--keep-ffn-layers: applies only with --grad-checkpoint"},
+  };
+  for (const auto& [args, says] : cases) {
+    const CmdResult r = run(std::string("bench train --device cpu ") + args);
+    EXPECT_NE(r.code, 0) << args;
+    EXPECT_NE(r.out.find(says), std::string::npos) << args << ": " << r.out;
+  }
 }
 
 TEST(Cli, InfoOnEachMalformedGgufIsOneLineNamingTheProblem) {
