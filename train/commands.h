@@ -78,7 +78,7 @@ struct BenchTrainOptions {
   int64_t steps = 5, warmup = 2;  // timed steps, and untimed ones before them
   int64_t lora_rank = 16;
   bool profile = false;   // Vulkan: GPU time per op of the graph's passes
-  bool grad_checkpoint = false;  // recompute each layer in the backward (see LossGraph)
+  bool grad_checkpoint = false;  // as TrainOptions::grad_checkpoint
   int64_t keep_ffn_layers = 0;   // with grad_checkpoint: the last N layers keep their ffn gate and up outputs
   std::string json_path;  // empty: no JSON
 };

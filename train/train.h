@@ -61,7 +61,7 @@ struct TrainOptions {
   std::string sample_prompt;
   int64_t sample_tokens = 64;
   int64_t vocab_tile = 4096;  // rows of the output matrix per tile of the fused loss
-  bool grad_checkpoint = false;  // keep only each layer's output; recompute the rest in the backward
+  bool grad_checkpoint = false;  // recompute the ffn activations in the backward (ModelGraph::hidden)
   int64_t keep_ffn_layers = 0;   // with grad_checkpoint: the last N layers keep their ffn gate and up outputs
 };
 
