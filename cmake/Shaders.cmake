@@ -1,27 +1,58 @@
 # Compiles GLSL compute shaders to SPIR-V at build time and embeds the words in the binary.
 #
-# q4t_add_shaders(TARGET <lib> SOURCES a.comp b.comp ...)
+# q4t_add_shaders(TARGET <lib> SOURCES a.comp b.comp ... [VARIANTS "name|source.comp|DEF1 DEF2=3" ...])
 # For each <name>.comp this writes <build>/spirv/<name>.spv.h holding `const uint32_t spv_<name>[]` (glslang's
 # own --vn output, so the words are uint32_t-aligned) and a depfile, so editing an included .glsl header
-# rebuilds the shaders that include it. A generated shaders_index.cpp maps each name to its words.
+# rebuilds the shaders that include it. A variant compiles a source of SOURCES' folder under another name with
+# preprocessor definitions (-D), so one GLSL file serves several formats or tile shapes; a source that has
+# variants is compiled only as its variants, never under its own name. A generated
+# shaders_index.cpp maps each name to its words.
 function(q4t_add_shaders)
-  cmake_parse_arguments(ARG "" "TARGET" "SOURCES" ${ARGN})
+  cmake_parse_arguments(ARG "" "TARGET" "SOURCES;VARIANTS" ${ARGN})
   set(out_dir ${CMAKE_CURRENT_BINARY_DIR}/spirv)
   file(MAKE_DIRECTORY ${out_dir})
   set(headers)
   set(index_includes "")
   set(index_entries "")
+  set(jobs)
+  set(variant_sources)
+  foreach(v ${ARG_VARIANTS})
+    string(REPLACE "|" ";" parts "${v}")
+    list(GET parts 0 name)
+    list(GET parts 1 src)
+    list(GET parts 2 defs)
+    get_filename_component(abs ${CMAKE_CURRENT_SOURCE_DIR}/glsl/${src} ABSOLUTE)
+    list(APPEND jobs "${name}|${abs}|${defs}")
+    list(APPEND variant_sources ${abs})
+  endforeach()
   foreach(src ${ARG_SOURCES})
     get_filename_component(name ${src} NAME_WE)
     get_filename_component(abs ${src} ABSOLUTE)
+    if(NOT abs IN_LIST variant_sources)
+      list(APPEND jobs "${name}|${abs}|")
+    endif()
+  endforeach()
+  foreach(job ${jobs})
+    string(REPLACE "|" ";" parts "${job}")
+    list(GET parts 0 name)
+    list(GET parts 1 abs)
+    list(LENGTH parts n_parts)
+    set(dflags)
+    if(n_parts GREATER 2)
+      list(GET parts 2 defs)
+      separate_arguments(defs_list UNIX_COMMAND "${defs}")
+      foreach(d ${defs_list})
+        list(APPEND dflags "-D${d}")
+      endforeach()
+    endif()
     set(header ${out_dir}/${name}.spv.h)
     add_custom_command(
       OUTPUT ${header}
-      COMMAND ${GLSLANG_VALIDATOR} --target-env vulkan1.1 -Os --quiet
+      COMMAND ${GLSLANG_VALIDATOR} --target-env vulkan1.1 -Os --quiet ${dflags}
               --depfile ${out_dir}/${name}.d --vn spv_${name} -o ${header} ${abs}
       DEPENDS ${abs}
       DEPFILE ${out_dir}/${name}.d
-      COMMENT "glslang ${name}.comp"
+      COMMENT "glslang ${name}"
       VERBATIM)
     list(APPEND headers ${header})
     string(APPEND index_includes "#include \"${name}.spv.h\"\n")

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <random>
@@ -31,9 +32,13 @@ namespace q4t {
 namespace {
 
 enum class Weights { None, Q4_0, Q8_0, F16, Q4_K, Q6_K };
-enum class Op { Copy, Gemv, Gemm, Dx };
+// Copy: the roofline. Gemv, Gemm, Dx: a format's product as training calls it (LinearKernels' entry points, at
+// the bench's --precision). CoopGemm: f16_coop_gemm, the plain f16 x f16 -> f32 tensor-core GEMM (A and W f16 in
+// memory; no conversion, no decode), the practical ceiling of the mixed products. MixedGemm, MixedDx: a format's
+// mixed product with a named path and tile shape (kernel names <format>_mixed_gemm, <format>_decoded_dx, ...).
+enum class Op { Copy, Gemv, Gemm, Dx, CoopGemm, MixedGemm, MixedDx };
 
-// A kernel --kernels can name: the weights it reads and what it computes (dx runs at T = 1 and T = 512).
+// A kernel --kernels can name (dx and the routed gemm run at T = 1 and T = 512, the mixed ones at T = 512).
 struct KernelInfo {
   const char* name;
   Weights weights;
@@ -49,19 +54,46 @@ const KernelInfo kKernels[] = {
     {"q4_k_gemv", Weights::Q4_K, Op::Gemv, false}, {"q4_k_gemm", Weights::Q4_K, Op::Gemm, false},
     {"q4_k_dx", Weights::Q4_K, Op::Dx, false},    {"q6_k_gemv", Weights::Q6_K, Op::Gemv, false},
     {"q6_k_gemm", Weights::Q6_K, Op::Gemm, false}, {"q6_k_dx", Weights::Q6_K, Op::Dx, false},
+    {"f16_coop_gemm", Weights::F16, Op::CoopGemm, false},
 };
+
+// The mixed kernels by path: fused (each tile decoded in the GEMM) or decoded (W decoded to f16 rows once per
+// product, then the F16 GEMM); with a tile-shape suffix of kernels/CMakeLists.txt's bench tiles.
+const char* const kMixedPaths[] = {"mixed", "decoded"};
+const char* const kTileSuffixes[] = {"", "_t128x128w8m", "_t128x128w8n", "_t64x128w4", "_t128x64w4", "_t64x64w4"};
+
+Weights weights_named(const std::string& f) {
+  if (f == "q4_0") return Weights::Q4_0;
+  if (f == "q8_0") return Weights::Q8_0;
+  if (f == "f16") return Weights::F16;
+  if (f == "q4_k") return Weights::Q4_K;
+  if (f == "q6_k") return Weights::Q6_K;
+  return Weights::None;
+}
+
+Format format_of(Weights w) {
+  switch (w) {
+    case Weights::Q8_0: return Format::Q8_0;
+    case Weights::F16: return Format::F16;
+    case Weights::Q4_K: return Format::Q4_K;
+    case Weights::Q6_K: return Format::Q6_K;
+    default: return Format::Q4_0;
+  }
+}
 
 struct Case {
   std::string kernel;
   int64_t n_out, n_in, T;
   Weights weights = Weights::None;
   Op op = Op::Copy;
+  bool decoded = false;   // MixedGemm / MixedDx: through a decoded f16 copy of W
+  std::string variant;    // CoopGemm / MixedGemm / MixedDx: the tile shape's suffix ("" the default)
 };
 
 struct Result {
   Case c;
-  double us = 0, gbps = 0, tflops = 0, roofline_frac = 0;
-  bool has_gbps = false, has_tflops = false, has_roofline = false;
+  double us = 0, gbps = 0, tflops = 0, roofline_frac = 0, ceiling_frac = 0;
+  bool has_gbps = false, has_tflops = false, has_roofline = false, has_ceiling = false;
 };
 
 const char* kDefaultShapes[] = {"4096x4096", "4096x14336", "14336x4096", "16384x16384"};
@@ -118,39 +150,66 @@ const FormatKernels& format_kernels(Weights w) {
   }
 }
 
-const KernelInfo& kernel_info(const std::string& name) {
+// The kernel --kernels names: one of kKernels, or <format>_<mixed|decoded>_<gemm|dx>[tile], or
+// f16_coop_gemm[tile].
+Case kernel_case(const std::string& name) {
   for (const KernelInfo& k : kKernels)
-    if (name == k.name) return k;
+    if (name == k.name) return {name, 0, 0, 0, k.weights, k.op};
+  for (const char* tile : kTileSuffixes) {
+    const std::string t = tile;
+    if (!t.empty() && name == "f16_coop_gemm" + t) return {name, 0, 0, 0, Weights::F16, Op::CoopGemm, false, t};
+    for (const char* path : kMixedPaths)
+      for (const char* op : {"gemm", "dx"}) {
+        const std::string tail = std::string("_") + path + "_" + op + t;
+        if (name.size() <= tail.size() || name.compare(name.size() - tail.size(), tail.size(), tail) != 0) continue;
+        const Weights w = weights_named(name.substr(0, name.size() - tail.size()));
+        if (w == Weights::None || (std::string(path) == "decoded" && !t.empty())) continue;
+        return {name, 0, 0, 0, w, std::string(op) == "gemm" ? Op::MixedGemm : Op::MixedDx, std::string(path) == "decoded", t};
+      }
+  }
   std::string known;
   for (const KernelInfo& k : kKernels) known += std::string(known.empty() ? "" : ", ") + k.name;
-  throw std::invalid_argument("--kernels: unknown kernel '" + name + "' (known: " + known + ")");
+  throw std::invalid_argument("--kernels: unknown kernel '" + name + "' (known: " + known +
+                              ", <format>_mixed_gemm, <format>_mixed_dx, <format>_decoded_gemm, <format>_decoded_dx, "
+                              "and f16_coop_gemm or a mixed kernel with a tile suffix _t128x128w8m, _t128x128w8n, "
+                              "_t64x128w4, _t128x64w4 or _t64x64w4)");
 }
 
-std::vector<Case> make_cases(const BenchOptions& opt) {
+void check_shape(Weights w, int64_t n_out, int64_t n_in) {
+  if (w == Weights::Q4_0) check_q4_0_linear("bench", n_out, n_in, 1);
+  if (w == Weights::Q8_0) check_q8_0_linear("bench", n_out, n_in, 1);
+  if (w == Weights::F16) check_f16_linear("bench", n_out, n_in, 1);
+  if (w == Weights::Q4_K) check_q4_k_linear("bench", n_out, n_in, 1);
+  if (w == Weights::Q6_K) check_q6_k_linear("bench", n_out, n_in, 1);
+}
+
+bool is_product(Op op) { return op == Op::Gemm || op == Op::Dx || op == Op::MixedGemm || op == Op::MixedDx; }
+
+// Per shape: f16_coop_gemm first where a product at T = 512 asks for its ceiling (tensor cores only), then the
+// kernels as listed.
+std::vector<Case> make_cases(const BenchOptions& opt, bool coop) {
   std::vector<std::string> kernels = opt.kernels;
   if (kernels.empty())
     for (const KernelInfo& k : kKernels)
       if (k.by_default) kernels.push_back(k.name);
-  for (const auto& k : kernels) kernel_info(k);
+  std::vector<Case> named;
+  for (const auto& k : kernels) named.push_back(kernel_case(k));
   std::vector<std::string> shapes = opt.shapes;
   if (shapes.empty()) shapes.assign(std::begin(kDefaultShapes), std::end(kDefaultShapes));
   std::vector<Case> cases;
   if (std::find(kernels.begin(), kernels.end(), "copy") != kernels.end()) cases.push_back({"copy", 0, 0, 0});
   for (const auto& s : shapes) {
     const auto [n_out, n_in] = parse_shape(s);
-    for (const auto& name : kernels) {
-      const KernelInfo& k = kernel_info(name);
-      if (k.weights == Weights::Q4_0) check_q4_0_linear("bench", n_out, n_in, 1);
-      if (k.weights == Weights::Q8_0) check_q8_0_linear("bench", n_out, n_in, 1);
-      if (k.weights == Weights::F16) check_f16_linear("bench", n_out, n_in, 1);
-      if (k.weights == Weights::Q4_K) check_q4_k_linear("bench", n_out, n_in, 1);
-      if (k.weights == Weights::Q6_K) check_q6_k_linear("bench", n_out, n_in, 1);
-      if (k.op == Op::Gemv) cases.push_back({name, n_out, n_in, 1, k.weights, k.op});
-      if (k.op == Op::Gemm) cases.push_back({name, n_out, n_in, 512, k.weights, k.op});
-      if (k.op == Op::Dx) {
-        cases.push_back({name, n_out, n_in, 1, k.weights, k.op});
-        cases.push_back({name, n_out, n_in, 512, k.weights, k.op});
-      }
+    const bool ceiling_listed = std::any_of(named.begin(), named.end(), [](const Case& c) { return c.kernel == "f16_coop_gemm"; });
+    const bool wants_ceiling = coop && std::any_of(named.begin(), named.end(), [](const Case& c) { return is_product(c.op); });
+    if (wants_ceiling && !ceiling_listed) cases.push_back({"f16_coop_gemm", n_out, n_in, 512, Weights::F16, Op::CoopGemm});
+    for (Case c : named) {
+      if (c.op == Op::Copy) continue;
+      check_shape(c.weights, n_out, n_in);
+      c.n_out = n_out;
+      c.n_in = n_in;
+      if (c.op == Op::Gemv || c.op == Op::Dx) cases.push_back([&] { Case one = c; one.T = 1; return one; }());
+      if (c.op != Op::Gemv) cases.push_back([&] { Case many = c; many.T = 512; return many; }());
     }
   }
   return cases;
@@ -259,15 +318,9 @@ double time_vulkan(vk::Device& dev, double budget_s, const std::function<void(vk
   return best;
 }
 
-Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, double budget_s, double copy_gbps) {
-  Result r{c};
-  if (c.kernel == "copy") {
-    vk::Buffer a(dev, kCopyBytes), b(dev, kCopyBytes);
-    a.fill_zero();
-    finish(r, time_vulkan(dev, budget_s, [&](vk::Sequence& s, int) { k.copy(s, b, a, kCopyBytes); }), 0);
-    return r;
-  }
-  // W as the device holds it: Q6_K regrouped (kernels/shapes.h), the others as they are.
+// W as the device holds it (Q6_K regrouped, kernels/shapes.h; the others as they are), in enough copies to rotate
+// through more than the last-level cache.
+std::vector<vk::Buffer> device_weights(vk::Device& dev, const Case& c) {
   const auto& w_ggml = random_weights(c.weights, c.n_out, c.n_in);
   std::vector<uint8_t> w_grouped;
   if (c.weights == Weights::Q6_K) w_grouped = quant::q6_k_to_device(w_ggml);
@@ -278,6 +331,61 @@ Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, d
     ws.emplace_back(dev, w_host.size());
     ws.back().upload(w_host);
   }
+  return ws;
+}
+
+size_t align16(size_t b) { return (b + 15) / 16 * 16; }
+
+// f16_coop_gemm and the explicit mixed kernels: Y = X·Wᵀ (or dX = dY·W) at the shape's K and N, through the A rows
+// pass and, on the decoded path, W's decode (both timed; f16_coop_gemm times the product alone, its A made once).
+double time_mixed(vk::Device& dev, vk::LinearKernels& k, const Case& c, double budget_s) {
+  const bool dx = c.op == Op::MixedDx;
+  const Format f = format_of(c.weights);
+  const int64_t K = dx ? c.n_out : c.n_in, N = dx ? c.n_in : c.n_out;
+  const auto ws = device_weights(dev, c);
+  const size_t split = align16(k.mixed_split_bytes(c.T, N, K, c.variant));
+  vk::Buffer scratch(dev, split + vk::LinearKernels::f16_rows_bytes(c.T, K));
+  vk::Buffer in(dev, size_t(c.T * K) * 4), out(dev, size_t(c.T * N) * 4);
+  in.upload(random_acts(c.T * K));
+  out.fill_zero();
+  std::unique_ptr<vk::Buffer> w16;
+  if (c.decoded) w16 = std::make_unique<vk::Buffer>(dev, size_t(c.n_out * c.n_in) * 2);
+  const vk::Buffer* split_buf = split > 0 ? &scratch : nullptr;
+  if (c.op == Op::CoopGemm) {
+    vk::Sequence prep(dev);
+    prep.begin();
+    const auto a = k.to_f16(prep, scratch, split, in, c.T, K, K, 0);
+    prep.end();
+    prep.run();
+    vk::LinearKernels::F16Rows plain = a;
+    plain.s_base = vk::LinearKernels::kNoScales;
+    return time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int i) {
+      k.mixed_product(Format::F16, false, seq, out, plain, ws[size_t(i) % ws.size()], N, 0, c.n_in, false, split_buf,
+                      c.variant);
+    });
+  }
+  return time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int i) {
+    const vk::Buffer& w = ws[size_t(i) % ws.size()];
+    if (c.decoded) k.decode_f16(f, seq, *w16, 0, w, c.n_out, c.n_in, 0);
+    const auto a = k.to_f16(seq, scratch, split, in, c.T, K, K, 0);
+    k.mixed_product(c.decoded ? Format::F16 : f, dx, seq, out, a, c.decoded ? *w16 : w, N, 0, c.n_in, false,
+                    split_buf, c.variant);
+  });
+}
+
+Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, double budget_s, double copy_gbps) {
+  Result r{c};
+  if (c.kernel == "copy") {
+    vk::Buffer a(dev, kCopyBytes), b(dev, kCopyBytes);
+    a.fill_zero();
+    finish(r, time_vulkan(dev, budget_s, [&](vk::Sequence& s, int) { k.copy(s, b, a, kCopyBytes); }), 0);
+    return r;
+  }
+  if (c.op == Op::CoopGemm || c.op == Op::MixedGemm || c.op == Op::MixedDx) {
+    finish(r, time_mixed(dev, k, c, budget_s), copy_gbps);
+    return r;
+  }
+  const auto ws = device_weights(dev, c);
   const bool dx = c.op == Op::Dx;
   const int64_t in_elems = c.T * (dx ? c.n_out : c.n_in);
   const int64_t out_elems = c.T * (dx ? c.n_in : c.n_out);
@@ -351,9 +459,14 @@ std::string format_row(const Result& r) {
   char tflops[32] = "-", frac[32] = "-";
   if (r.has_tflops) std::snprintf(tflops, sizeof tflops, "%.2f", r.tflops);
   if (r.has_roofline) std::snprintf(frac, sizeof frac, "%.1f%%", 100.0 * r.roofline_frac);
-  std::snprintf(buf, sizeof buf, "%-10s %-12s T=%-4lld %11.1f us %9.1f GB/s %7s TFLOPS %7s of copy",
+  std::snprintf(buf, sizeof buf, "%-22s %-12s T=%-4lld %11.1f us %9.1f GB/s %7s TFLOPS %7s of copy",
                 r.c.kernel.c_str(), shape.c_str(), (long long)r.c.T, r.us, r.gbps, tflops, frac);
-  return buf;
+  std::string row = buf;
+  if (r.has_ceiling) {
+    std::snprintf(buf, sizeof buf, " %6.1f%% of f16_coop_gemm", 100.0 * r.ceiling_frac);
+    row += buf;
+  }
+  return row;
 }
 
 nlohmann::json to_json(const Result& r, const std::string& device) {
@@ -366,6 +479,7 @@ nlohmann::json to_json(const Result& r, const std::string& device) {
   j["gbps"] = r.has_gbps ? nlohmann::json(r.gbps) : nlohmann::json(nullptr);
   j["tflops"] = r.has_tflops ? nlohmann::json(r.tflops) : nlohmann::json(nullptr);
   j["roofline_frac"] = r.has_roofline ? nlohmann::json(r.roofline_frac) : nlohmann::json(nullptr);
+  j["ceiling_frac"] = r.has_ceiling ? nlohmann::json(r.ceiling_frac) : nlohmann::json(nullptr);
   j["device"] = device;
   return j;
 }
@@ -387,7 +501,12 @@ void BenchJson::write(const nlohmann::json& rows) {
 }
 
 int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& out) {
-  std::vector<Case> cases = make_cases(opt);
+  const bool coop = !dev.is_cpu() && dev.vulkan->coop_matrix();
+  std::vector<Case> cases = make_cases(opt, coop);
+  if (dev.is_cpu())
+    for (const Case& c : cases)
+      if (c.op == Op::CoopGemm || c.op == Op::MixedGemm || c.op == Op::MixedDx)
+        throw std::invalid_argument("--kernels: " + c.kernel + " runs on Vulkan devices only");
   // The roofline is always measured in the same run, first, even when --kernels leaves copy out.
   const bool copy_listed = !cases.empty() && cases.front().kernel == "copy";
   if (!copy_listed) cases.insert(cases.begin(), {"copy", 0, 0, 0});
@@ -404,13 +523,23 @@ int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& ou
   out << "\n";
 
   std::unique_ptr<vk::LinearKernels> kernels;
-  if (!dev.is_cpu()) kernels = std::make_unique<vk::LinearKernels>(*dev.vulkan);
+  if (!dev.is_cpu()) {
+    kernels = std::make_unique<vk::LinearKernels>(*dev.vulkan);
+    kernels->set_precision(opt.precision);
+  }
   double copy_gbps = 0;
+  std::map<std::pair<int64_t, int64_t>, double> ceiling;  // f16_coop_gemm's TFLOPS per shape, this run
   nlohmann::json rows = nlohmann::json::array();
   for (const Case& c : cases) {
     Result r = dev.is_cpu() ? bench_cpu_case(c, opt.seconds_per_case, copy_gbps)
                             : bench_vulkan_case(*dev.vulkan, *kernels, c, opt.seconds_per_case, copy_gbps);
     if (c.kernel == "copy") copy_gbps = r.gbps;
+    const auto shape = std::make_pair(c.n_out, c.n_in);
+    if (c.kernel == "f16_coop_gemm") ceiling[shape] = r.tflops;
+    if (r.has_tflops && c.kernel != "f16_coop_gemm" && ceiling.count(shape)) {
+      r.ceiling_frac = r.tflops / ceiling[shape];
+      r.has_ceiling = true;
+    }
     out << format_row(r) << std::endl;
     rows.push_back(to_json(r, dev.name()));
   }

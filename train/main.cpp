@@ -136,8 +136,15 @@ int main(int argc, char** argv) {
                                    "T=1 and T=512) on model-sized shapes");
   bench_dev.add(bench);
   bench->add_option("--kernels", bench_opt.kernels, "comma-separated subset of copy,q4_0_gemv,q4_0_gemm,q4_0_dx (the default set) and q8_0_gemv,q8_0_gemm,"
-                    "q8_0_dx,f16_gemv,f16_gemm,f16_dx,q4_k_gemv,q4_k_gemm,q4_k_dx,q6_k_gemv,q6_k_gemm,q6_k_dx")
+                    "q8_0_dx,f16_gemv,f16_gemm,f16_dx,q4_k_gemv,q4_k_gemm,q4_k_dx,q6_k_gemv,q6_k_gemm,q6_k_dx; "
+                    "f16_coop_gemm (the plain f16 tensor-core GEMM: the ceiling each product at T=512 is compared "
+                    "with); <format>_mixed_gemm, <format>_mixed_dx (each tile decoded in the GEMM) and "
+                    "<format>_decoded_gemm, <format>_decoded_dx (W decoded to f16 first), mixed kernels with a tile "
+                    "suffix _t128x128w8m, _t128x128w8n, _t64x128w4, _t128x64w4 or _t64x64w4 (Vulkan only)")
       ->delimiter(',');
+  bench->add_option_function<std::string>(
+            "--precision", [&](const std::string& v) { bench_opt.precision = q4t::parse_precision(v, "--precision"); },
+            "f32 or mixed: the numerics of the gemm and dx kernels at T=512 (default f32)");
   bench->add_option("--shapes", bench_opt.shapes,
                     "comma-separated N_OUTxN_IN shapes (default 4096x4096,4096x14336,14336x4096,16384x16384)")
       ->delimiter(',');

@@ -71,7 +71,7 @@ std::vector<uint8_t> random_f16(std::mt19937& rng, int64_t n_out, int64_t n_in) 
 }
 
 // A frozen weight format: how to make W, its kernels, its double-precision references and the shapes to check.
-struct Format {
+struct FormatCase {
   const char* name;
   std::vector<uint8_t> (*make)(std::mt19937&, int64_t, int64_t);
   decltype(&HostKernels::q4_0_gemm) gemm;
@@ -80,7 +80,7 @@ struct Format {
   decltype(&ref::q4_0_dx) ref_dx;
   std::span<const Shape> shapes;
 };
-const Format kFormats[] = {
+const FormatCase kFormatCases[] = {
     {"q4_0", random_q4_0, &HostKernels::q4_0_gemm, &HostKernels::q4_0_dx, ref::q4_0_gemm, ref::q4_0_dx, kShapes},
     {"q8_0", random_q8_0, &HostKernels::q8_0_gemm, &HostKernels::q8_0_dx, ref::q8_0_gemm, ref::q8_0_dx, kShapes},
     {"f16", random_f16, &HostKernels::f16_gemm, &HostKernels::f16_dx, ref::f16_gemm, ref::f16_dx, kShapes},
@@ -109,7 +109,7 @@ struct FormatResults {
 
 // dx of shape s (weights w) into r, two cases: over row tiles of 3/8 of n_out (never dividing evenly),
 // accumulated from a non-zero start, then over all rows without accumulating.
-void check_dx(HostKernels& k, std::mt19937& rng, const Format& f, const Shape& s, const std::vector<uint8_t>& w,
+void check_dx(HostKernels& k, std::mt19937& rng, const FormatCase& f, const Shape& s, const std::vector<uint8_t>& w,
               KernelResult& r) {
   const auto dy = random_floats(rng, s.T * s.n_out);
   auto dxv = random_floats(rng, s.T * s.n_in);
@@ -124,7 +124,7 @@ void check_dx(HostKernels& k, std::mt19937& rng, const Format& f, const Shape& s
   r.add(ref::max_rel_error(dxv.data(), want));
 }
 
-void check_frozen(HostKernels& k, std::mt19937& rng, const Format& f, FormatResults& r) {
+void check_frozen(HostKernels& k, std::mt19937& rng, const FormatCase& f, FormatResults& r) {
   for (const Shape& s : f.shapes) {
     const auto w = f.make(rng, s.n_out, s.n_in);
     const auto x = random_floats(rng, s.T * s.n_in);
@@ -158,7 +158,7 @@ void check_f32(HostKernels& k, std::mt19937& rng, HostGemm fn, RefGemm ref_fn, K
 }
 
 // The one-token GEMVs of format f through k, T = 1 shapes only (the integer-dot path, forced).
-void check_gemv(HostKernels& k, std::mt19937& rng, const Format& f, KernelResult& r) {
+void check_gemv(HostKernels& k, std::mt19937& rng, const FormatCase& f, KernelResult& r) {
   for (const Shape& s : f.shapes) {
     if (s.T != 1) continue;
     const auto w = f.make(rng, s.n_out, s.n_in);
@@ -170,7 +170,7 @@ void check_gemv(HostKernels& k, std::mt19937& rng, const Format& f, KernelResult
 }
 
 // The one-token dx of format f through k on the T = 1 shapes among `shapes` (check_dx's two cases each).
-void check_one_token_dx(HostKernels& k, std::mt19937& rng, const Format& f, std::span<const Shape> shapes,
+void check_one_token_dx(HostKernels& k, std::mt19937& rng, const FormatCase& f, std::span<const Shape> shapes,
                         KernelResult& r) {
   for (const Shape& s : shapes)
     if (s.T == 1) check_dx(k, rng, f, s, f.make(rng, s.n_out, s.n_in), r);
@@ -192,15 +192,15 @@ int run_selftest(const DeviceChoice& dev, std::ostream& out) {
   out << "selftest on " << k->device_name() << " (bound: max relative error <= " << kBound << ")\n";
   std::mt19937 rng(1234);
   std::vector<FormatResults> formats;
-  for (const Format& f : kFormats) formats.emplace_back(f.name);
+  for (const FormatCase& f : kFormatCases) formats.emplace_back(f.name);
   KernelResult nt{"f32_gemm_nt"}, nn{"f32_gemm_nn"}, tn{"f32_gemm_tn"};
   // Q4_0 and the f32 GEMMs first, so that their inputs stay what they were before Q8_0 and F16 were added.
-  guarded(formats[0].all, [&] { check_frozen(*k, rng, kFormats[0], formats[0]); });
+  guarded(formats[0].all, [&] { check_frozen(*k, rng, kFormatCases[0], formats[0]); });
   guarded(nt, [&] { check_f32(*k, rng, &HostKernels::gemm_nt, &ref::gemm_nt, nt); });
   guarded(nn, [&] { check_f32(*k, rng, &HostKernels::gemm_nn, &ref::gemm_nn, nn); });
   guarded(tn, [&] { check_f32(*k, rng, &HostKernels::gemm_tn, &ref::gemm_tn, tn); });
   for (size_t i = 1; i < formats.size(); ++i)
-    guarded(formats[i].all, [&] { check_frozen(*k, rng, kFormats[i], formats[i]); });
+    guarded(formats[i].all, [&] { check_frozen(*k, rng, kFormatCases[i], formats[i]); });
 
   std::vector<KernelResult*> all;
   for (size_t i = 0; i < formats.size(); ++i) {
@@ -214,7 +214,7 @@ int run_selftest(const DeviceChoice& dev, std::ostream& out) {
   std::vector<KernelResult> path_lines;
   if (dev.vulkan && dev.vulkan->integer_dot()) {
     const auto dot = make_vulkan_host_kernels(*dev.vulkan, 0, vk::LinearKernels::IntegerDot::Always);
-    for (const Format& f : kFormats)
+    for (const FormatCase& f : kFormatCases)
       if (std::string(f.name) == "q4_0" || std::string(f.name) == "q4_k" || std::string(f.name) == "q6_k") {
         path_lines.push_back({std::string(f.name) + "_gemv (dot)"});
         guarded(path_lines.back(), [&] { check_gemv(*dot, rng, f, path_lines.back()); });
@@ -225,9 +225,9 @@ int run_selftest(const DeviceChoice& dev, std::ostream& out) {
   if (dev.vulkan && dev.vulkan->float16()) {
     const Shape wide[] = {{37, 1088, 1}, {1000, 4160, 1}};
     path_lines.push_back({"q4_0_dx (pairs)"});
-    guarded(path_lines.back(), [&] { check_one_token_dx(*k, rng, kFormats[0], wide, path_lines.back()); });
+    guarded(path_lines.back(), [&] { check_one_token_dx(*k, rng, kFormatCases[0], wide, path_lines.back()); });
     const auto f32 = make_vulkan_host_kernels(*dev.vulkan, 0, vk::LinearKernels::IntegerDot::Auto, false);
-    for (const Format& f : kFormats)
+    for (const FormatCase& f : kFormatCases)
       if (std::string(f.name) == "q4_0" || std::string(f.name) == "q4_k") {
         path_lines.push_back({std::string(f.name) + "_dx (f32 decode)"});
         guarded(path_lines.back(), [&] { check_one_token_dx(*f32, rng, f, f.shapes, path_lines.back()); });

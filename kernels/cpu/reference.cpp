@@ -165,6 +165,106 @@ std::vector<double> gemm_tn(const float* A, const float* B, const float* C_in, i
   return gemm(A, 1, M, B, N, 1, C_in, M, N, K, alpha);
 }
 
+double round_to_f16(double v) {
+  if (v == 0 || !std::isfinite(v)) return v;
+  int e = 0;
+  std::frexp(v, &e);                      // |v| = f·2^e, f in [0.5, 1)
+  const int quantum = std::max(e - 11, -24);  // 11 significant bits, or the subnormal step
+  const double r = std::ldexp(std::nearbyint(std::ldexp(v, -quantum)), quantum);
+  return std::abs(r) > 65504.0 ? std::copysign(INFINITY, v) : r;
+}
+
+std::vector<double> mixed_row(Format f, const uint8_t* w, int64_t r, int64_t n_in) {
+  std::vector<double> row(static_cast<size_t>(n_in));
+  switch (f) {
+    case Format::Q4_0: row = q4_0_row(w, r, n_in); break;  // d·(q − 8), exact: one rounding below
+    case Format::Q8_0: row = q8_0_row(w, r, n_in); break;  // d·q, likewise
+    case Format::F16: return f16_row(w, r, n_in);
+    case Format::Q4_K: {
+      const auto blocks = blocks_of_row<quant::BlockQ4_K, kQK_KBlockElems>(w, r, n_in);
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        const quant::BlockQ4_K& q = blocks[b];
+        const double d = quant::f16_to_f32(q.d), dmin = quant::f16_to_f32(q.dmin);
+        for (int j = 0; j < 8; ++j) {
+          uint8_t sc = 0, m = 0;
+          quant::k4_scale_min(q.scales, j, &sc, &m);
+          const double ds = round_to_f16(d * sc), dm = round_to_f16(dmin * m);
+          for (int l = 0; l < 32; ++l) {
+            const uint8_t byte = q.qs[32 * (j / 2) + l];
+            const int code = (j % 2 == 0) ? (byte & 15) : (byte >> 4);
+            row[256 * b + 32 * size_t(j) + size_t(l)] = round_to_f16(code * ds - dm);
+          }
+        }
+      }
+      return row;
+    }
+    case Format::Q6_K: {
+      const auto blocks = blocks_of_row<quant::BlockQ6_K, kQK_KBlockElems>(w, r, n_in);
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        const quant::BlockQ6_K& q = blocks[b];
+        const double d = quant::f16_to_f32(q.d);
+        for (int h = 0; h < 2; ++h)
+          for (int k4 = 0; k4 < 4; ++k4)
+            for (int l = 0; l < 32; ++l) {
+              const uint8_t lbyte = q.ql[64 * h + 32 * (k4 & 1) + l], hbyte = q.qh[32 * h + l];
+              const int code = ((k4 < 2 ? lbyte & 15 : lbyte >> 4) | (((hbyte >> (2 * k4)) & 3) << 4)) - 32;
+              const double ds = round_to_f16(d * q.scales[8 * h + 2 * k4 + l / 16]);
+              row[256 * b + 128 * size_t(h) + 32 * size_t(k4) + size_t(l)] = round_to_f16(code * ds);
+            }
+      }
+      return row;
+    }
+  }
+  for (double& v : row) v = round_to_f16(v);
+  return row;
+}
+
+std::vector<double> mixed_rows(const float* x, int64_t rows, int64_t K, int64_t lda, int64_t col0) {
+  std::vector<double> out(size_t(rows * K));
+  for (int64_t m = 0; m < rows; ++m) {
+    const float* row = x + m * lda + col0;
+    double amax = 0;
+    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::abs(double(row[k])));
+    int e = 0;
+    if (amax > 0 && std::isfinite(amax)) {
+      int x2 = 0;
+      std::frexp(amax, &x2);
+      e = std::clamp(15 - x2, -126, 126);
+    }
+    for (int64_t k = 0; k < K; ++k) out[size_t(m * K + k)] = std::ldexp(round_to_f16(std::ldexp(double(row[k]), e)), -e);
+  }
+  return out;
+}
+
+std::vector<double> mixed_gemm(Format f, const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in) {
+  const std::vector<double> x = mixed_rows(X, T, n_in, n_in, 0);
+  std::vector<double> Y(size_t(T * n_out));
+  for (int64_t o = 0; o < n_out; o++) {
+    const std::vector<double> row = mixed_row(f, w, o, n_in);
+    for (int64_t t = 0; t < T; t++) {
+      double s = 0;
+      for (int64_t i = 0; i < n_in; i++) s += x[size_t(t * n_in + i)] * row[size_t(i)];
+      Y[size_t(t * n_out + o)] = s;
+    }
+  }
+  return Y;
+}
+
+std::vector<double> mixed_dx(Format f, const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
+                             int64_t n_in, int64_t j_start, int64_t j_end) {
+  const int64_t K = j_end - j_start;
+  const std::vector<double> dy = mixed_rows(dY, T, K, n_out, j_start);
+  std::vector<double> dX(size_t(T * n_in), 0.0);
+  if (dX_in)
+    for (size_t i = 0; i < dX.size(); i++) dX[i] = dX_in[i];
+  for (int64_t j = j_start; j < j_end; j++) {
+    const std::vector<double> row = mixed_row(f, w, j, n_in);
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t i = 0; i < n_in; i++) dX[size_t(t * n_in + i)] += dy[size_t(t * K + j - j_start)] * row[size_t(i)];
+  }
+  return dX;
+}
+
 double max_rel_error(const float* got, const std::vector<double>& want) {
   double max_err = 0, max_want = 0;
   for (size_t i = 0; i < want.size(); i++) {

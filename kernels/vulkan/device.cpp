@@ -1,6 +1,7 @@
 #include "kernels/vulkan/device.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 namespace q4t::vk {
@@ -263,6 +264,16 @@ std::unique_ptr<Device> Device::open(const Options& opt) {
     vkGetPhysicalDeviceFeatures2(d->physical_, &f2);
     d->float16_ = half_f.shaderFloat16;
   }
+  // Pipeline statistics, for kernel development only (Device::pipeline_stats).
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR stats_f{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+  if (std::getenv("Q4T_PIPELINE_STATS") && has_ext(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME)) {
+    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+    f2.pNext = &stats_f;
+    vkGetPhysicalDeviceFeatures2(d->physical_, &f2);
+    d->pipeline_stats_ = stats_f.pipelineExecutableInfo;
+  }
+  stats_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR, nullptr, VK_TRUE};
   half_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR, nullptr, VK_TRUE, VK_FALSE};
   dot_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR, nullptr, VK_TRUE};
   coop_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV, &f16_f, VK_TRUE, VK_FALSE};
@@ -291,6 +302,11 @@ std::unique_ptr<Device> Device::open(const Options& opt) {
     dot_f.pNext = const_cast<void*>(dci.pNext);
     dci.pNext = &dot_f;
     enabled.push_back(VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
+  }
+  if (d->pipeline_stats_) {
+    stats_f.pNext = const_cast<void*>(dci.pNext);
+    dci.pNext = &stats_f;
+    enabled.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
   }
   dci.enabledExtensionCount = uint32_t(enabled.size());
   dci.ppEnabledExtensionNames = enabled.data();

@@ -65,6 +65,10 @@ class Device {
   bool integer_dot() const { return integer_dot_; }
   // Whether shaders may use f16 arithmetic (shaderFloat16, enabled at open when the device has it).
   bool float16() const { return float16_; }
+  // Whether pipelines report their compiled statistics (registers, spills, shared memory): with the environment
+  // variable Q4T_PIPELINE_STATS set and VK_KHR_pipeline_executable_properties on the device, every pipeline built
+  // prints them to stderr, one line each (kernel development: no device time spent guessing).
+  bool pipeline_stats() const { return pipeline_stats_; }
   double timestamp_period_ns() const { return props_.limits.timestampPeriod; }
   bool validation_enabled() const { return validation_; }
   // Validation-layer errors and warnings seen so far (tests assert there are none).
@@ -114,6 +118,7 @@ class Device {
   bool coop_matrix_ = false;
   bool integer_dot_ = false;
   bool float16_ = false;
+  bool pipeline_stats_ = false;
   bool validation_ = false;
   mutable std::mutex messages_mutex_;
   HostBuffer staging_;

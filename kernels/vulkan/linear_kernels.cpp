@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "kernels/shapes.h"
+#include "kernels/vulkan/dispatch_util.h"
 
 namespace q4t::vk {
 
@@ -80,22 +81,8 @@ constexpr int64_t kDxQ4_0Cols = 8 * kDxQuarters;  // dx columns per Q4_0 (and Q8
 constexpr int64_t kDxTargetGroups = 1024;
 constexpr int64_t kDxMinRowsPerChunk = 128;
 
-uint32_t ceil_div(int64_t a, int64_t b) { return uint32_t((a + b - 1) / b); }
-
 // The activations of a one-token GEMV as limbs (int_dot.glsl): three byte planes, a scale per 32 and a sum per 16.
 size_t limb_bytes(int64_t n_in) { return size_t(3 * n_in + (n_in / 32 + n_in / 16) * 4); }
-
-// A 1-D count of workgroups spread over x and y so that neither exceeds 65535 (the guaranteed limit).
-std::array<uint32_t, 3> groups_1d(int64_t n_groups) {
-  if (n_groups <= 65535) return {uint32_t(n_groups), 1, 1};
-  return {65535, ceil_div(n_groups, 65535), 1};
-}
-
-void check_fits_u32(const char* kernel, const char* what, int64_t elems) {
-  if (elems > int64_t(UINT32_MAX / 4))
-    throw ShapeError(std::string(kernel) + ": " + what + " of " + std::to_string(elems) +
-                     " elements exceeds the 4 GiB a kernel can address");
-}
 
 // What every Q4_0 product checks: W [n_out, n_in] and its bytes, and an input and an output of T rows (X and Y,
 // or dY and dX).
@@ -121,16 +108,6 @@ int64_t dx_rows_per_chunk(int64_t n_rows, int64_t n_in, int64_t cols_per_group) 
 // 128-wide tiles, summed in order by dx_reduce. H100, tinyllama's T = 512: the 64-wide tiles reach 16 TFLOPS.
 constexpr int64_t kMinDxSliceRows = 512;
 constexpr int64_t kMinDxSplitTiles = 16;  // fewer tiles than this: too small a product to be worth a second pass
-
-// {slices, k_slice} of a split over K: about target_groups workgroups from `tiles` output tiles, slices of at
-// least min_slice, k_slice a multiple of `step` (the shader's K step). 1 slice means no split.
-std::pair<int64_t, int64_t> split_k(int64_t tiles, int64_t target_groups, int64_t K, int64_t min_slice,
-                                    int64_t step) {
-  const int64_t want = std::min((target_groups + tiles - 1) / tiles, K / min_slice);
-  if (want < 2) return {1, 0};
-  const int64_t k_slice = ((K + want - 1) / want + step - 1) / step * step;
-  return {(K + k_slice - 1) / k_slice, k_slice};
-}
 
 // The forward GEMMs' split over K (see kCoopSplitBelowTiles; the tiled FP32 GEMMs, whose K steps of 32 divide
 // the slices too, split the same shapes). Depends on the shape alone (the scratch is sized from it).

@@ -10,6 +10,8 @@
 #include <memory>
 #include <string>
 
+#include "kernels/formats.h"
+#include "kernels/precision.h"
 #include "kernels/vulkan/buffer.h"
 #include "kernels/vulkan/pipeline.h"
 #include "kernels/vulkan/sequence.h"
@@ -113,6 +115,52 @@ class LinearKernels {
 
   Device& device() const { return dev_; }
 
+  // --- Mixed precision -------------------------------------------------------------------------------------
+  // F32: the products keep f32-level numerics. Mixed: every frozen product of kMixedMinTokens tokens or more takes
+  // f16 inputs and accumulates in f32 (mixed_gemm.comp): the activations (or dY) as f16 rows each scaled by a power
+  // of two (rows_to_f16.comp: no overflow, no flush to zero), the weights decoded to f16; on cooperative matrices
+  // where the device has them, else on the same tiles in FP32 FMAs. Products of fewer tokens keep f32.
+  void set_precision(Precision p) { precision_ = p; }
+  Precision precision() const { return precision_; }
+  static constexpr int64_t kMixedMinTokens = 32;
+  bool mixed(int64_t T) const { return precision_ == Precision::Mixed && T >= kMixedMinTokens; }
+
+  // The f16 operand of a mixed product (to_f16): `rows` rows of K values, rows of `lda` uvec4s (8 halves each,
+  // zero past K) from uvec4 `base` of `buf`, and their factors (floats from `s_base`; kNoScales: all 1).
+  struct F16Rows {
+    const Buffer* buf = nullptr;
+    uint32_t base = 0, lda = 0, s_base = 0;
+    int64_t rows = 0, K = 0;
+  };
+  static constexpr uint32_t kNoScales = 0xFFFFFFFFu;
+  // Bytes of such rows and their factors.
+  static size_t f16_rows_bytes(int64_t rows, int64_t K);
+  // src's rows [rows, col0 : col0 + K) (rows of lda floats) into dst from byte `offset` (a multiple of 16).
+  F16Rows to_f16(Sequence& s, const Buffer& dst, size_t offset, const Buffer& src, int64_t rows, int64_t K, int64_t lda,
+                 int64_t col0);
+  // C[M, N] (+)= s_m · a · W[w_row0 + n, :]ᵀ (dx false: K = a.K = n_in; Y = X·Wᵀ) or s_m · a · W[w_row0 + k, :] (dx
+  // true: K = a.K rows of W, N = n_in; dX = dY·W), M = a.rows, W [.., n_in] in format f (n_in a multiple of 32; Q6_K
+  // in the device layout). With `split` (mixed_split_bytes of the shape, when not 0) a product of few output tiles
+  // sums slices of K there, then adds them in order. `variant` names another tile shape of the same kernel
+  // (bench: "_t128x64w4" ...; "" the default).
+  void mixed_product(Format f, bool dx, Sequence& s, const Buffer& C, const F16Rows& a, const Buffer& w, int64_t N,
+                     int64_t w_row0, int64_t n_in, bool accumulate, const Buffer* split,
+                     const std::string& variant = "");
+  size_t mixed_split_bytes(int64_t M, int64_t N, int64_t K, const std::string& variant = "") const;
+  // Rows w_row0 .. w_row0 + rows of W [.., n_in] in format f as f16 rows into dst from byte `offset` (a multiple
+  // of 16): the weights as an F16 W for mixed_product.
+  void decode_f16(Format f, Sequence& s, const Buffer& dst, size_t offset, const Buffer& w, int64_t rows, int64_t n_in,
+                  int64_t w_row0);
+  // The scratch of a whole mixed frozen product of T tokens (the split slices, then the f16 rows) in either
+  // direction: forward K = n_in, N = n_out; dx K = n_rows, N = n_in.
+  size_t mixed_scratch_bytes(int64_t T, int64_t N, int64_t K) const;
+  // Y = X·Wᵀ and dX (+)= dY[:, j_start:j_end]·W[j_start:j_end] as mixed products through `scratch`
+  // (mixed_scratch_bytes).
+  void mixed_gemm(Format f, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, const Buffer& scratch,
+                  int64_t T, int64_t n_out, int64_t n_in, int64_t row0 = 0);
+  void mixed_dx(Format f, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer& scratch,
+                int64_t T, int64_t dy_cols, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
+
   // The tiled GEMMs (T > 1 without tensor cores, the dx for T > 1, the f32 GEMMs) pick a 64- or 128-wide tile
   // from the product's shape; tests force one (0: pick) to check both on shapes of any size.
   void force_gemm_tile(uint32_t tile);
@@ -184,7 +232,14 @@ class LinearKernels {
 
   uint32_t gemm_tile(int64_t M, int64_t N) const;
 
+  // The workgroup tile (BM, BN) of a mixed_gemm.comp variant, and its pipeline.
+  struct MixedTile {
+    uint32_t bm, bn;
+  };
+  MixedTile mixed_tile(const std::string& variant) const;
+
   Device& dev_;
+  Precision precision_ = Precision::F32;
   IntegerDot integer_dot_ = IntegerDot::Auto;
   bool f16_decode_ = true;
   uint32_t forced_gemm_tile_ = 0;

@@ -3,8 +3,46 @@
 #include "kernels/vulkan/shaders.h"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace q4t::vk {
+
+namespace {
+// One line of the driver's statistics of a pipeline (Device::pipeline_stats): "name: Registers 128, ...".
+void print_statistics(VkDevice dev, VkPipeline pipeline, const std::string& name) {
+  auto props_fn = reinterpret_cast<PFN_vkGetPipelineExecutablePropertiesKHR>(
+      vkGetDeviceProcAddr(dev, "vkGetPipelineExecutablePropertiesKHR"));
+  auto stats_fn = reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(
+      vkGetDeviceProcAddr(dev, "vkGetPipelineExecutableStatisticsKHR"));
+  if (!props_fn || !stats_fn) return;
+  VkPipelineInfoKHR pi{VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR};
+  pi.pipeline = pipeline;
+  uint32_t n_exec = 0;
+  props_fn(dev, &pi, &n_exec, nullptr);
+  for (uint32_t e = 0; e < n_exec; ++e) {
+    VkPipelineExecutableInfoKHR ei{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR};
+    ei.pipeline = pipeline;
+    ei.executableIndex = e;
+    uint32_t n = 0;
+    stats_fn(dev, &ei, &n, nullptr);
+    std::vector<VkPipelineExecutableStatisticKHR> stats(n, {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR});
+    stats_fn(dev, &ei, &n, stats.data());
+    std::string line = "pipeline " + name + ":";
+    for (const auto& st : stats) {
+      line += std::string(" ") + st.name + " ";
+      switch (st.format) {
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: line += st.value.b32 ? "true" : "false"; break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: line += std::to_string(st.value.i64); break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: line += std::to_string(st.value.u64); break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: line += std::to_string(st.value.f64); break;
+        default: line += "?";
+      }
+      line += ";";
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+}  // namespace
 
 Pipeline::Pipeline(Device& dev, const std::string& shader, uint32_t n_buffers, uint32_t push_bytes,
                    const std::vector<uint32_t>& spec_constants)
@@ -46,8 +84,10 @@ Pipeline::Pipeline(Device& dev, const std::string& shader, uint32_t n_buffers, u
   pci.stage.pName = "main";
   pci.stage.pSpecializationInfo = spec_constants.empty() ? nullptr : &spec;
   pci.layout = layout_;
+  if (dev.pipeline_stats()) pci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
   check(vkCreateComputePipelines(dev.handle(), dev.pipeline_cache(), 1, &pci, nullptr, &pipeline_),
         ("vkCreateComputePipelines(" + shader + ")").c_str());
+  if (dev.pipeline_stats()) print_statistics(dev.handle(), pipeline_, shader);
 }
 
 std::vector<bool> spirv_written_bindings(std::span<const uint32_t> words, uint32_t n_buffers) {

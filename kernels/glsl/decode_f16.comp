@@ -1,0 +1,25 @@
+#version 450
+// Rows w_row0 .. w_row0 + rows of a frozen W [.., n_in] decoded to f16, out[r, 0 : n_in) (n_in a multiple of 32):
+// the weights the mixed-precision GEMM reads when it takes W as F16 (decoded once per product) instead of
+// decoding each tile itself. One invocation per 32-weight unit (wunit.glsl), units of a row side by side.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+layout(local_size_x = 128) in;
+layout(std430, binding = 0) writeonly buffer O4 { uvec4 o4[]; };
+layout(std430, binding = 1) readonly buffer W1 { uint wq1[]; };
+layout(std430, binding = 1) readonly buffer W4 { uvec4 wq4[]; };
+layout(push_constant) uniform Push {
+  uint rows, n_in, w_row0;
+  uint out_base;  // the output's first uvec4
+} p;
+#include "wunit.glsl"
+
+void main() {
+  const uint g = gl_GlobalInvocationID.x + 65535u * 128u * gl_WorkGroupID.y, units = p.n_in / 32u;
+  if (g >= p.rows * units) return;
+  const uint r = g / units, u = g % units;
+  uvec4 h[4];
+  unit_decode(unit_fetch(p.w_row0 + r, u, p.n_in), h);
+  [[unroll]] for (uint e = 0u; e < 4u; ++e) o4[p.out_base + (r * p.n_in + 32u * u) / 8u + e] = h[e];
+}

@@ -1,0 +1,43 @@
+// Q4_K units (wunit.glsl): a unit is sub-block j (0..7) of a 144-byte super-block { f16 d, dmin; u8 scales[12];
+// u8 qs[128] } (9 uvec4s, so every block lies on 16 bytes): sub-block j keeps its 32 codes in the low (even j)
+// or high (odd j) nibbles of qs[32·(j/2) ..], value d·sc·q − dmin·m with (sc, m) its 6-bit pair
+// (q4_k.glsl: q4_k_scales_mins). Three uvec4 loads: the header and the 32 bytes of the chunk.
+#include "q4_k.glsl"
+
+struct WUnit {
+  uvec4 head;
+  uvec4 q[2];
+  uint j;
+};
+
+WUnit unit_fetch(uint row, uint u, uint n_in) {
+  const uint b = row * (n_in >> 8u) + (u >> 3u), j = u & 7u, i = 9u * b;
+  WUnit r;
+  r.head = wq4[i];
+  r.q[0] = wq4[i + 1u + 2u * (j >> 1u)];
+  r.q[1] = wq4[i + 2u + 2u * (j >> 1u)];
+  r.j = j;
+  return r;
+}
+
+// w = q·ds − dm in f32 (q·ds is exact there, and so is the difference unless dm is far smaller), then one
+// rounding to f16: an f16 fma would be as good where the device fuses it, but not every device does.
+void unit_decode(WUnit r, out uvec4 h[4]) {
+  const vec2 dm = unpackHalf2x16(r.head.x);
+  const uvec4 sm = q4_k_scales_mins(r.head.y, r.head.z, r.head.w);
+  const uint sh = 8u * (r.j & 3u);
+  const uint sc = ((r.j < 4u ? sm.x : sm.y) >> sh) & 0xFFu, m = ((r.j < 4u ? sm.z : sm.w) >> sh) & 0xFFu;
+  const vec2 ds = vec2(float(float16_t(dm.x * float(sc)))), dmin = vec2(float(float16_t(dm.y * float(m))));
+  const bool high = (r.j & 1u) != 0u;
+  const float16_t zero = float16_t(0.0);
+#define Q4_K_PAIR(v) packHalf2x16(fma(vec2(codes_minus(v, zero)), ds, -dmin))
+  [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+    const uvec4 v = r.q[e >> 1u];
+    const uint a = (e & 1u) == 0u ? v.x : v.z, b = (e & 1u) == 0u ? v.y : v.w;
+    h[e] = high ? uvec4(Q4_K_PAIR(hi_nibbles01(a)), Q4_K_PAIR(hi_nibbles23(a)), Q4_K_PAIR(hi_nibbles01(b)),
+                        Q4_K_PAIR(hi_nibbles23(b)))
+                : uvec4(Q4_K_PAIR(lo_nibbles01(a)), Q4_K_PAIR(lo_nibbles23(a)), Q4_K_PAIR(lo_nibbles01(b)),
+                        Q4_K_PAIR(lo_nibbles23(b)));
+  }
+#undef Q4_K_PAIR
+}

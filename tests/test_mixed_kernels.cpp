@@ -1,0 +1,280 @@
+// The mixed-precision kernels (vk::LinearKernels, "Mixed precision") on whatever Vulkan device the machine has:
+// their portable FP32-FMA twins on lavapipe in CI, the tensor-core kernels where the device has cooperative
+// matrices. Each is held to the reference of what it computes (ref::mixed_*: the f16-rounded inputs, summed
+// exactly), tightly, and to the exact product within the bound mixed precision promises.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "kernels/cpu/reference.h"
+#include "kernels/formats.h"
+#include "kernels/quant/f16.h"
+#include "kernels/quant/k_quants.h"
+#include "kernels/quant/q4_0.h"
+#include "kernels/quant/q8_0.h"
+#include "kernels/shapes.h"
+#include "kernels/vulkan/linear_kernels.h"
+
+namespace q4t {
+namespace {
+
+// f32 sums of f16 products over at most 4608 terms, against the same products summed exactly.
+constexpr double kSumBound = 1e-4;
+// The mixed products against the exact ones on random weights and inputs: two f16 roundings per term (input and
+// weight, 2^-11 each), which add up in a dot product like a random walk.
+constexpr double kMixedBound = 4e-3;
+
+std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scale = 1.0f) {
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+int64_t ggml_bytes(Format f, int64_t n_out, int64_t n_in) {
+  const FormatTraits& t = format_traits(f);
+  return n_out * (n_in / t.block_elems) * t.block_bytes;
+}
+
+// Random W [n_out, n_in] in format f, as GGML stores it.
+std::vector<uint8_t> random_weights(std::mt19937& rng, Format f, int64_t n_out, int64_t n_in) {
+  std::vector<uint8_t> w(size_t(ggml_bytes(f, n_out, n_in)));
+  const auto v = random_floats(rng, n_out * n_in);
+  switch (f) {
+    case Format::Q4_0: quant::quantize_q4_0(w, v, n_out, n_in); break;
+    case Format::Q8_0: quant::quantize_q8_0(w, v, n_out, n_in); break;
+    case Format::F16: quant::f32_row_to_f16(w.data(), v.data(), n_out * n_in); break;
+    case Format::Q4_K: quant::quantize_q4_k(w, v, n_out, n_in); break;
+    case Format::Q6_K: quant::quantize_q6_k(w, v, n_out, n_in); break;
+  }
+  return w;
+}
+
+// W as the device holds it (Q6_K regrouped).
+std::vector<uint8_t> device_bytes(Format f, const std::vector<uint8_t>& w) {
+  return f == Format::Q6_K ? quant::q6_k_to_device(w) : w;
+}
+
+// The n_in values each format's tests use: one unit, a few, and a row longer than a K step of every tile.
+std::vector<int64_t> widths(Format f) {
+  if (format_traits(f).block_elems == 256) return {256, 512, 2304};
+  return {32, 96, 4128};
+}
+
+class MixedKernels : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { device_ = vk::Device::open({-1, /*validation=*/true}).release(); }
+  static void TearDownTestSuite() { delete device_; }
+  void SetUp() override {
+    kernels_ = std::make_unique<vk::LinearKernels>(*device_);
+    kernels_->set_precision(Precision::Mixed);
+  }
+  void TearDown() override {
+    const auto msgs = device_->validation_messages();
+    EXPECT_TRUE(msgs.empty()) << "validation: " << (msgs.empty() ? "" : msgs.front());
+  }
+
+  // Y = X·Wᵀ through mixed_gemm (on the device's W bytes).
+  std::vector<float> gemm(Format f, const std::vector<uint8_t>& w_host, const std::vector<float>& x_host, int64_t T,
+                          int64_t n_out, int64_t n_in) {
+    const auto wd = device_bytes(f, w_host);
+    vk::Buffer w(*device_, wd.size()), x(*device_, x_host.size() * 4), y(*device_, size_t(T * n_out) * 4);
+    vk::Buffer scratch(*device_, kernels_->mixed_scratch_bytes(T, n_out, n_in));
+    w.upload(wd);
+    x.upload(x_host);
+    vk::Sequence s(*device_);
+    s.begin();
+    kernels_->mixed_gemm(f, s, y, w, x, scratch, T, n_out, n_in);
+    s.end();
+    s.run();
+    return y.download_as<float>(size_t(T * n_out));
+  }
+
+  // dX (+)= dY[:, j0:j1]·W[j0:j1] through mixed_dx, dX starting as dx0.
+  std::vector<float> dx(Format f, const std::vector<uint8_t>& w_host, const std::vector<float>& dy_host,
+                        const std::vector<float>& dx0, int64_t T, int64_t n_out, int64_t n_in, int64_t j0, int64_t j1,
+                        bool accumulate) {
+    const auto wd = device_bytes(f, w_host);
+    vk::Buffer w(*device_, wd.size()), dy(*device_, dy_host.size() * 4), dxb(*device_, dx0.size() * 4);
+    vk::Buffer scratch(*device_, kernels_->mixed_scratch_bytes(T, n_in, j1 - j0));
+    w.upload(wd);
+    dy.upload(dy_host);
+    dxb.upload(dx0);
+    vk::Sequence s(*device_);
+    s.begin();
+    kernels_->mixed_dx(f, s, dxb, w, dy, scratch, T, n_out, n_in, j0, j1, accumulate);
+    s.end();
+    s.run();
+    return dxb.download_as<float>(dx0.size());
+  }
+
+  static vk::Device* device_;
+  std::unique_ptr<vk::LinearKernels> kernels_;
+  std::mt19937 rng_{31};
+};
+vk::Device* MixedKernels::device_ = nullptr;
+
+// Every format's decode (wunit.glsl through decode_f16.comp) gives the reference's f16 weights bit for bit, over a
+// window of rows that starts past row 0.
+TEST_F(MixedKernels, DecodedWeightsEqualTheReferenceBitForBit) {
+  for (Format f : kFormats)
+    for (int64_t n_in : widths(f)) {
+      const int64_t n_out = 9, row0 = 2, rows = 6;
+      const auto w_host = random_weights(rng_, f, n_out, n_in);
+      const auto wd = device_bytes(f, w_host);
+      vk::Buffer w(*device_, wd.size()), out(*device_, size_t(rows * n_in) * 2);
+      w.upload(wd);
+      vk::Sequence s(*device_);
+      s.begin();
+      kernels_->decode_f16(f, s, out, 0, w, rows, n_in, row0);
+      s.end();
+      s.run();
+      const auto halves = out.download_as<uint16_t>(size_t(rows * n_in));
+      int64_t wrong = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto want = ref::mixed_row(f, w_host.data(), row0 + r, n_in);
+        for (int64_t i = 0; i < n_in; ++i)
+          wrong += double(quant::f16_to_f32(halves[size_t(r * n_in + i)])) != want[size_t(i)];
+      }
+      EXPECT_EQ(wrong, 0) << format_name(f) << " n_in=" << n_in;
+    }
+}
+
+// Rows of very different size each get their own power of two: a row past f16's range (1e6), one that would flush
+// to zero in f16 (1e-9), a zero row and ordinary ones, read from a column offset of wider rows. The halves times
+// the factors equal the reference's rounding exactly.
+TEST_F(MixedKernels, RowsToF16ScaleEachRowIntoRange) {
+  const int64_t rows = 6, K = 70, lda = 81, col0 = 5;
+  std::vector<float> x(size_t(rows * lda));
+  const float scales[rows] = {1.0f, 1e6f, 1e-9f, 0.0f, 3e4f, 1e-3f};
+  for (int64_t m = 0; m < rows; ++m) {
+    const auto r = random_floats(rng_, lda, scales[m]);
+    std::copy(r.begin(), r.end(), x.begin() + m * lda);
+  }
+  vk::Buffer in(*device_, x.size() * 4), out(*device_, vk::LinearKernels::f16_rows_bytes(rows, K) + 16);
+  in.upload(x);
+  vk::Sequence s(*device_);
+  s.begin();
+  const auto a = kernels_->to_f16(s, out, 16, in, rows, K, lda, col0);
+  s.end();
+  s.run();
+  const auto words = out.download_as<uint32_t>(out.size() / 4);
+  const auto want = ref::mixed_rows(x.data(), rows, K, lda, col0);
+  for (int64_t m = 0; m < rows; ++m) {
+    const float factor = std::bit_cast<float>(words[a.s_base + size_t(m)]);
+    int64_t wrong = 0;
+    for (int64_t k = 0; k < 8 * int64_t(a.lda); ++k) {
+      const uint32_t word = words[size_t(a.base) * 4 + size_t(m) * a.lda * 4 + size_t(k / 2)];
+      const double h = quant::f16_to_f32(uint16_t(k % 2 == 0 ? word & 0xFFFF : word >> 16));
+      if (k >= K) {
+        wrong += h != 0.0;  // the padding up to the GEMM's K step
+        continue;
+      }
+      wrong += h * factor != want[size_t(m * K + k)];
+      wrong += !std::isfinite(h) || (x[size_t(m * lda + col0 + k)] != 0 && h == 0);
+    }
+    EXPECT_EQ(wrong, 0) << "row " << m << " of scale " << scales[m];
+  }
+}
+
+// Y = X·Wᵀ for every format on shapes whose tiles do not divide (T from the fewest tokens that take the mixed path,
+// n_out from 1 row), against the f16 reference tightly and the exact product within the mixed bound.
+TEST_F(MixedKernels, GemmMatchesTheF16ReferenceOnAwkwardShapes) {
+  for (Format f : kFormats)
+    for (int64_t n_in : widths(f))
+      for (int64_t n_out : {1, 63, 130})
+        for (int64_t T : {32, 65}) {
+          const auto w = random_weights(rng_, f, n_out, n_in);
+          const auto x = random_floats(rng_, T * n_in);
+          const auto y = gemm(f, w, x, T, n_out, n_in);
+          const std::string what = std::string(format_name(f)) + " T=" + std::to_string(T) + " " +
+                                   std::to_string(n_out) + "x" + std::to_string(n_in);
+          EXPECT_LE(ref::max_rel_error(y.data(), ref::mixed_gemm(f, w.data(), x.data(), T, n_out, n_in)), kSumBound)
+              << what;
+          const auto exact = f == Format::Q4_0   ? ref::q4_0_gemm(w.data(), x.data(), T, n_out, n_in)
+                             : f == Format::Q8_0 ? ref::q8_0_gemm(w.data(), x.data(), T, n_out, n_in)
+                             : f == Format::F16  ? ref::f16_gemm(w.data(), x.data(), T, n_out, n_in)
+                             : f == Format::Q4_K ? ref::q4_k_gemm(w.data(), x.data(), T, n_out, n_in)
+                                                 : ref::q6_k_gemm(w.data(), x.data(), T, n_out, n_in);
+          EXPECT_LE(ref::max_rel_error(y.data(), exact), kMixedBound) << what;
+        }
+}
+
+// dX (+)= dY[:, j0:j1]·W[j0:j1] over windows of W's rows that start and end off every tile edge, with and without
+// accumulating into a dX that holds values.
+TEST_F(MixedKernels, DxMatchesTheF16ReferenceOverRowWindows) {
+  struct Window { int64_t n_out, j0, j1; };
+  for (Format f : kFormats)
+    for (int64_t n_in : widths(f))
+      for (const Window win : {Window{1, 0, 1}, Window{70, 3, 70}, Window{300, 37, 261}})
+        for (bool acc : {false, true}) {
+          const int64_t T = acc ? 33 : 64;
+          const auto w = random_weights(rng_, f, win.n_out, n_in);
+          const auto dy = random_floats(rng_, T * win.n_out);
+          const auto dx0 = random_floats(rng_, T * n_in);
+          const auto got = dx(f, w, dy, dx0, T, win.n_out, n_in, win.j0, win.j1, acc);
+          const auto want =
+              ref::mixed_dx(f, w.data(), dy.data(), acc ? dx0.data() : nullptr, T, win.n_out, n_in, win.j0, win.j1);
+          EXPECT_LE(ref::max_rel_error(got.data(), want), kSumBound)
+              << format_name(f) << " T=" << T << " n_in=" << n_in << " rows [" << win.j0 << ", " << win.j1
+              << ") accumulate=" << acc;
+        }
+}
+
+// Products of few output tiles and a long K sum slices of K in a scratch and add them in order: the forward over
+// n_in = 8192, the dx over 6000 rows of W.
+TEST_F(MixedKernels, ProductsSplitOverKMatchTheReference) {
+  ASSERT_GT(kernels_->mixed_split_bytes(40, 64, 8192), 0u);
+  ASSERT_GT(kernels_->mixed_split_bytes(48, 96, 6000), 0u);
+  for (Format f : {Format::Q4_0, Format::Q4_K}) {
+    const auto w = random_weights(rng_, f, 64, 8192);
+    const auto x = random_floats(rng_, 40 * 8192);
+    EXPECT_LE(ref::max_rel_error(gemm(f, w, x, 40, 64, 8192).data(), ref::mixed_gemm(f, w.data(), x.data(), 40, 64, 8192)),
+              kSumBound)
+        << format_name(f);
+    const int64_t n_in = f == Format::Q4_K ? 256 : 96;
+    const auto w2 = random_weights(rng_, f, 6000, n_in);
+    const auto dy = random_floats(rng_, 48 * 6000);
+    const std::vector<float> dx0(size_t(48 * n_in), 0.5f);
+    const auto got = dx(f, w2, dy, dx0, 48, 6000, n_in, 0, 6000, true);
+    EXPECT_LE(ref::max_rel_error(got.data(), ref::mixed_dx(f, w2.data(), dy.data(), dx0.data(), 48, 6000, n_in, 0, 6000)),
+              kSumBound)
+        << format_name(f);
+  }
+}
+
+// Inputs outside f16's range either way: activations near 1e6 (f16 overflows at 65504) and gradients near 1e-9
+// (f16 flushes them to zero) give each row its product, row by row within the bounds; and a NaN in one row stays
+// in that row's outputs.
+TEST_F(MixedKernels, RowsOutsideF16RangeKeepTheirProducts) {
+  const int64_t T = 40, n_out = 70, n_in = 96;
+  const auto w = random_weights(rng_, Format::Q4_0, n_out, n_in);
+  for (float scale : {1e6f, 1e-9f}) {
+    auto x = random_floats(rng_, T * n_in, scale);
+    for (int64_t i = 0; i < n_in; ++i) x[size_t(7 * n_in + i)] *= 1e-3f;  // one row a thousand times smaller
+    const auto y = gemm(Format::Q4_0, w, x, T, n_out, n_in);
+    const auto want = ref::q4_0_gemm(w.data(), x.data(), T, n_out, n_in);
+    for (int64_t t = 0; t < T; ++t) {
+      const std::vector<double> row(want.begin() + t * n_out, want.begin() + (t + 1) * n_out);
+      EXPECT_LE(ref::max_rel_error(y.data() + t * n_out, row), kMixedBound) << "scale " << scale << " row " << t;
+    }
+    const auto dy = random_floats(rng_, T * n_out, scale);
+    const std::vector<float> dx0(size_t(T * n_in), 0.0f);
+    const auto got = dx(Format::Q4_0, w, dy, dx0, T, n_out, n_in, 0, n_out, false);
+    const auto want_dx = ref::q4_0_dx(w.data(), dy.data(), nullptr, T, n_out, n_in, 0, n_out);
+    for (int64_t t = 0; t < T; ++t) {
+      const std::vector<double> row(want_dx.begin() + t * n_in, want_dx.begin() + (t + 1) * n_in);
+      EXPECT_LE(ref::max_rel_error(got.data() + t * n_in, row), kMixedBound) << "dx scale " << scale << " row " << t;
+    }
+  }
+  auto x = random_floats(rng_, T * n_in);
+  x[size_t(5 * n_in + 3)] = NAN;
+  const auto y = gemm(Format::Q4_0, w, x, T, n_out, n_in);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < n_out; ++n) EXPECT_EQ(std::isnan(y[size_t(t * n_out + n)]), t == 5) << t << " " << n;
+}
+
+}  // namespace
+}  // namespace q4t
