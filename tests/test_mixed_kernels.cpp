@@ -133,12 +133,18 @@ TEST_F(MixedKernels, DecodedWeightsEqualTheReferenceBitForBit) {
       s.run();
       const auto halves = out.download_as<uint16_t>(size_t(rows * n_in));
       int64_t wrong = 0;
+      std::string first;  // the first few differences, for the failure message
       for (int64_t r = 0; r < rows; ++r) {
         const auto want = ref::mixed_row(f, w_host.data(), row0 + r, n_in);
-        for (int64_t i = 0; i < n_in; ++i)
-          wrong += double(quant::f16_to_f32(halves[size_t(r * n_in + i)])) != want[size_t(i)];
+        for (int64_t i = 0; i < n_in; ++i) {
+          const double got = quant::f16_to_f32(halves[size_t(r * n_in + i)]);
+          if (got == want[size_t(i)]) continue;
+          if (++wrong <= 4)
+            first += " [row " + std::to_string(row0 + r) + ", " + std::to_string(i) + "]: " + std::to_string(got) +
+                     " want " + std::to_string(want[size_t(i)]);
+        }
       }
-      EXPECT_EQ(wrong, 0) << format_name(f) << " n_in=" << n_in;
+      EXPECT_EQ(wrong, 0) << format_name(f) << " n_in=" << n_in << first;
     }
 }
 
@@ -165,8 +171,10 @@ TEST_F(MixedKernels, RowsToF16ScaleEachRowIntoRange) {
   for (int64_t m = 0; m < rows; ++m) {
     const float factor = std::bit_cast<float>(words[a.s_base + size_t(m)]);
     int64_t wrong = 0;
-    for (int64_t k = 0; k < 8 * int64_t(a.lda); ++k) {
-      const uint32_t word = words[size_t(a.base) * 4 + size_t(m) * a.lda * 4 + size_t(k / 2)];
+    const int64_t kp = (K + 31) / 32 * 32;  // k-panels of 32 columns: panel q holds columns 32q .. of every row
+    for (int64_t k = 0; k < kp; ++k) {
+      const size_t word_at = (size_t(a.base) + size_t(k / 32) * 4 * rows + 4 * size_t(m)) * 4 + size_t(k % 32) / 2;
+      const uint32_t word = words[word_at];
       const double h = quant::f16_to_f32(uint16_t(k % 2 == 0 ? word & 0xFFFF : word >> 16));
       if (k >= K) {
         wrong += h != 0.0;  // the padding up to the GEMM's K step
@@ -221,6 +229,37 @@ TEST_F(MixedKernels, DxMatchesTheF16ReferenceOverRowWindows) {
               << format_name(f) << " T=" << T << " n_in=" << n_in << " rows [" << win.j0 << ", " << win.j1
               << ") accumulate=" << acc;
         }
+}
+
+// Every tile shape the bench can name computes the same products: the forward and the dx of each format that has
+// the shape, on a product whose tiles do not divide (on devices without cooperative matrices, the portable twin).
+TEST_F(MixedKernels, EveryTileShapeMatchesTheF16Reference) {
+  const int64_t T = 300, n_out = 260, n_in = 512;
+  for (Format f : {Format::F16, Format::Q4_0, Format::Q4_K})
+    for (const std::string& v : vk::LinearKernels::mixed_variants())
+      for (bool dx : {false, true}) {
+        if (!kernels_->has_mixed_variant(f, dx, v)) continue;
+        const auto w_host = random_weights(rng_, f, n_out, n_in);
+        const auto wd = device_bytes(f, w_host);
+        const int64_t K = dx ? n_out : n_in, N = dx ? n_in : n_out;
+        const auto x = random_floats(rng_, T * K);
+        vk::Buffer w(*device_, wd.size()), in(*device_, x.size() * 4), out(*device_, size_t(T * N) * 4);
+        const size_t split = (kernels_->mixed_split_bytes(T, N, K, v) + 15) / 16 * 16;
+        vk::Buffer scratch(*device_, split + vk::LinearKernels::f16_rows_bytes(T, K));
+        w.upload(wd);
+        in.upload(x);
+        vk::Sequence s(*device_);
+        s.begin();
+        const auto a = kernels_->to_f16(s, scratch, split, in, T, K, K, 0);
+        kernels_->mixed_product(f, dx, s, out, a, w, N, 0, n_in, false, split > 0 ? &scratch : nullptr, v);
+        s.end();
+        s.run();
+        const auto got = out.download_as<float>(size_t(T * N));
+        const auto want = dx ? ref::mixed_dx(f, w_host.data(), x.data(), nullptr, T, n_out, n_in, 0, n_out)
+                             : ref::mixed_gemm(f, w_host.data(), x.data(), T, n_out, n_in);
+        EXPECT_LE(ref::max_rel_error(got.data(), want), kSumBound)
+            << format_name(f) << (dx ? " dx" : " gemm") << " tile '" << v << "'";
+      }
 }
 
 // Products of few output tiles and a long K sum slices of K in a scratch and add them in order: the forward over

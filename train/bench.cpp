@@ -60,7 +60,8 @@ const KernelInfo kKernels[] = {
 // The mixed kernels by path: fused (each tile decoded in the GEMM) or decoded (W decoded to f16 rows once per
 // product, then the F16 GEMM); with a tile-shape suffix of kernels/CMakeLists.txt's bench tiles.
 const char* const kMixedPaths[] = {"mixed", "decoded"};
-const char* const kTileSuffixes[] = {"", "_t128x128w8m", "_t128x128w8n", "_t64x128w4", "_t128x64w4", "_t64x64w4"};
+const char* const kTileSuffixes[] = {"",          "_t128x128w4",  "_t128x128w8n", "_t64x128w4",
+                                     "_t128x64w4", "_t64x64w4",    "_t128x256k16", "_t256x128k16"};
 
 Weights weights_named(const std::string& f) {
   if (f == "q4_0") return Weights::Q4_0;
@@ -171,7 +172,7 @@ Case kernel_case(const std::string& name) {
   for (const KernelInfo& k : kKernels) known += std::string(known.empty() ? "" : ", ") + k.name;
   throw std::invalid_argument("--kernels: unknown kernel '" + name + "' (known: " + known +
                               ", <format>_mixed_gemm, <format>_mixed_dx, <format>_decoded_gemm, <format>_decoded_dx, "
-                              "and f16_coop_gemm or a mixed kernel with a tile suffix _t128x128w8m, _t128x128w8n, "
+                              "and f16_coop_gemm or a mixed kernel with a tile suffix _t128x128w4, _t128x128w8n, "
                               "_t64x128w4, _t128x64w4 or _t64x64w4)");
 }
 
@@ -519,6 +520,7 @@ int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& ou
     if (dev.vulkan->integer_dot())
       out << " (Q4_0, Q4_K and Q6_K GEMVs of 2^25 weights and more on 8-bit integer dot products)";
     if (dev.vulkan->float16()) out << " (Q4_0 and Q4_K one-token dx decoding through f16 pairs)";
+    out << " (" << dev.vulkan->properties().limits.maxComputeSharedMemorySize / 1024 << " KiB of shared memory per workgroup)";
   }
   out << "\n";
 

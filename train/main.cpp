@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
                     "f16_coop_gemm (the plain f16 tensor-core GEMM: the ceiling each product at T=512 is compared "
                     "with); <format>_mixed_gemm, <format>_mixed_dx (each tile decoded in the GEMM) and "
                     "<format>_decoded_gemm, <format>_decoded_dx (W decoded to f16 first), mixed kernels with a tile "
-                    "suffix _t128x128w8m, _t128x128w8n, _t64x128w4, _t128x64w4 or _t64x64w4 (Vulkan only)")
+                    "suffix _t128x128w4, _t128x128w8n, _t64x128w4, _t128x64w4 or _t64x64w4 (Vulkan only)")
       ->delimiter(',');
   bench->add_option_function<std::string>(
             "--precision", [&](const std::string& v) { bench_opt.precision = q4t::parse_precision(v, "--precision"); },

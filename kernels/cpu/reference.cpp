@@ -192,7 +192,7 @@ std::vector<double> mixed_row(Format f, const uint8_t* w, int64_t r, int64_t n_i
           for (int l = 0; l < 32; ++l) {
             const uint8_t byte = q.qs[32 * (j / 2) + l];
             const int code = (j % 2 == 0) ? (byte & 15) : (byte >> 4);
-            row[256 * b + 32 * size_t(j) + size_t(l)] = round_to_f16(code * ds - dm);
+            row[256 * b + 32 * size_t(j) + size_t(l)] = round_to_f16(round_to_f16(code * ds) - dm);
           }
         }
       }

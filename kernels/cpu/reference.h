@@ -41,7 +41,7 @@ std::vector<double> mixed_gemm(Format f, const uint8_t* w, const float* X, int64
 std::vector<double> mixed_dx(Format f, const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
                              int64_t n_in, int64_t j_start, int64_t j_end);
 // Row r of W as the mixed kernels decode it: f16 values (exact in double), with the scale products of Q4_K and Q6_K
-// rounded to f16 first, then one rounding where the scale meets the code.
+// rounded to f16 first, then one rounding where the scale meets the code (and for Q4_K one more after the min).
 std::vector<double> mixed_row(Format f, const uint8_t* w, int64_t r, int64_t n_in);
 // Columns col0 .. col0 + K of `rows` rows (stride lda) of x as rows_to_f16.comp rounds them: each row times the
 // power of two that brings its largest |value| into [2^14, 2^15), rounded to f16, and scaled back.

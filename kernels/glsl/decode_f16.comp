@@ -19,7 +19,10 @@ void main() {
   const uint g = gl_GlobalInvocationID.x + 65535u * 128u * gl_WorkGroupID.y, units = p.n_in / 32u;
   if (g >= p.rows * units) return;
   const uint r = g / units, u = g % units;
-  uvec4 h[4];
-  unit_decode(unit_fetch(p.w_row0 + r, u, p.n_in), h);
-  [[unroll]] for (uint e = 0u; e < 4u; ++e) o4[p.out_base + (r * p.n_in + 32u * u) / 8u + e] = h[e];
+  [[unroll]] for (uint part = 0u; part < UNIT_PARTS; ++part) {
+    uvec4 h[UNIT_VECS];
+    unit_decode(unit_fetch(p.w_row0 + r, u, part, p.n_in), h);
+    [[unroll]] for (uint e = 0u; e < UNIT_VECS; ++e)
+      o4[p.out_base + (r * p.n_in + 32u * u) / 8u + part * UNIT_VECS + e] = h[e];
+  }
 }

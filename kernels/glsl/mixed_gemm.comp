@@ -2,16 +2,17 @@
 // The mixed-precision GEMM of every frozen weight format: f16 inputs, f32 accumulation.
 //   forward (default): C[M, N] (+)= s_m · A[M, K] · W[w_row0 + n, k]ᵀ    (K = n_in: Y = X·Wᵀ)
 //   NN (dx):           C[M, N] (+)= s_m · A[M, K] · W[w_row0 + k, n]      (N = n_in: dX = dY·W over K rows of W)
-// A is f16 (rows_to_f16.comp: each row scaled by a power of two, s_m its inverse; without scales s_m = 1), rows
-// of p.lda uvec4s zero-padded to a multiple of BK. W is read in 32-weight units that the format decodes to f16
-// (wunit.glsl); nothing else here knows the format. Rows of W past the product (NN: k >= K) and columns past N
-// count as zeros.
+// A is f16 in k-panels (rows_to_f16.comp): panel q holds columns 32q .. 32q + 31 of every row, 64 bytes a row, so
+// the A tile of a K step is one contiguous piece of memory; each row is scaled by a power of two, s_m its inverse
+// (without scales, s_m = 1). W is read in 32-weight units that the format decodes to f16 (wunit.glsl); nothing
+// else here knows the format. Rows of W past the product (NN: k >= K) and columns past N count as zeros.
 //
 // Workgroups of WARPS_M x WARPS_N groups of 32 invocations, each group owning FRAGS_M x FRAGS_N 16 x 16 tiles of
-// C; the workgroup tile is BM x BN, K steps of BK = 32 through two shared stages: while the products of step s
-// read one stage, the loads of step s + 1 are in flight to registers, then decoded into the other stage; one
-// barrier per step. Workgroup x walks M, y walks N, so the workgroups that run together share W's tile (each
-// W byte comes from memory about once) and re-read A, which is small, from cache.
+// C; the workgroup tile is BM x BN, K steps of BK = 32 through two shared stages. The loads of step s + 2 are
+// issued while step s multiplies, into one of two register sets, and decoded into the free stage a step later, so
+// a load has a whole step to arrive; one barrier per step. Workgroup x walks M, y walks N, so the workgroups that
+// run together share W's tile (each W byte comes from memory about once) and re-read A, which is small, from
+// cache.
 // COOP: the products on cooperative matrices (VK_NV_cooperative_matrix, 16x16x16, subgroups of 32). Without it,
 // the same tiles feed FP32 FMAs (each invocation a few rows and columns): the portable twin, so that every
 // device computes the same function, and lavapipe tests the staging and decoding that the tensor cores read.
@@ -28,16 +29,19 @@
 #define WARPS_M 2
 #endif
 #ifndef WARPS_N
-#define WARPS_N 2
+#define WARPS_N 4
 #endif
 #ifndef FRAGS_M
 #define FRAGS_M 4
 #endif
 #ifndef FRAGS_N
-#define FRAGS_N 4
+#define FRAGS_N 2
+#endif
+#ifndef BK_STEP
+#define BK_STEP 32
 #endif
 const uint NT = 32u * WARPS_M * WARPS_N;
-const uint BM = 16u * FRAGS_M * WARPS_M, BN = 16u * FRAGS_N * WARPS_N, BK = 32u;
+const uint BM = 16u * FRAGS_M * WARPS_M, BN = 16u * FRAGS_N * WARPS_N, BK = uint(BK_STEP);
 layout(local_size_x = NT) in;
 
 layout(std430, binding = 0) buffer C { float c[]; };
@@ -48,7 +52,7 @@ layout(std430, binding = 2) readonly buffer W4 { uvec4 wq4[]; };
 
 layout(push_constant) uniform Push {
   uint M, N, K;
-  uint lda;       // A's row stride in uvec4s of 8 halves (at least ceil(K / BK) · BK / 8)
+  uint a_rows;    // the rows of A's panels (at least M): panel q starts at uvec4 a_base + 4·q·a_rows
   uint a_base;    // A's first uvec4 in binding 1
   uint s_base;    // the row factors s_m: floats s_base .. s_base + M of binding 1; kNoScales: none
   uint ldc;       // C's row stride in floats
@@ -73,57 +77,76 @@ const uint B_AT = 2u * A_STAGE;
 shared uvec4 sm[2u * (A_STAGE + B_STAGE)];
 shared float row_factor[BM];
 
-// The loads of one step in registers: A as uvec4s, W as units (UNIT_ROWS rows of W x UNIT_COLS units of 32).
-const uint A_VECS = BM * BK / 8u, A_PER = (A_VECS + NT - 1u) / NT;
+// The loads of one step in registers: A as uvec4s (BK / 8 per row of the tile), W as pieces: PIECE_ROWS rows of W
+// with ROW_PIECES unit parts each (neighbouring invocations take neighbouring parts). Forward: the row's
+// BK / 32 units, or the parts of one unit that a K step of 16 covers; NN: the row's BN / 32 units.
+const uint A_ROW = BK / 8u, A_VECS = BM * A_ROW, A_PER = (A_VECS + NT - 1u) / NT;
 #ifdef NN
-const uint UNIT_ROWS = BK, UNIT_COLS = BN / 32u;
+const uint PIECE_ROWS = BK, ROW_PIECES = BN / 32u * UNIT_PARTS;
 #else
-const uint UNIT_ROWS = BN, UNIT_COLS = BK / 32u;
+const uint PIECE_ROWS = BN, ROW_PIECES = BK * UNIT_PARTS / 32u;
 #endif
-const uint UNITS = UNIT_ROWS * UNIT_COLS, U_PER = (UNITS + NT - 1u) / NT;
-uvec4 ra[A_PER];
-WUnit rw[U_PER];
-uint rw_valid;  // bit i: rw[i] holds weights of the product (else it decodes to zeros)
+const uint PIECES = PIECE_ROWS * ROW_PIECES, W_PER = (PIECES + NT - 1u) / NT;
+#if BK_STEP % 32 != 0 && !defined(NN) && UNIT_PARTS < 4
+#error "a forward K step of 16 needs a format read in parts of 8 weights (F16)"
+#endif
 
-void fetch(uint m0, uint n0, uint k0) {
-  const uint t = gl_LocalInvocationID.x;
-  [[unroll]] for (uint i = 0u; i < A_PER; ++i) {
-    const uint idx = t + NT * i, m = idx / (BK / 8u), g = idx % (BK / 8u);
-    const bool ok = idx < A_VECS && m0 + m < p.M;
-    ra[i] = ok ? a4[p.a_base + (m0 + m) * p.lda + k0 / 8u + g] : uvec4(0u);
-  }
-  rw_valid = 0u;
-  [[unroll]] for (uint i = 0u; i < U_PER; ++i) {
-    const uint idx = t + NT * i, r = idx / UNIT_COLS, u = idx % UNIT_COLS;
+// Two register sets (0 and 1) of one step's loads; `valid` bit i: piece i holds weights of the product (else it
+// decodes to zeros).
+uvec4 ra0[A_PER], ra1[A_PER];
+WUnit rw0[W_PER], rw1[W_PER];
+uint valid0, valid1;
+
+// FETCH(ra, rw, valid, m0, n0, k0): issue the loads of the step at k0 into a register set.
+// Piece c of a row (0 .. ROW_PIECES): its unit and part, for the step at k0 and the tile at n0.
 #ifdef NN
-    const uint row = k0 + r, unit = n0 / 32u + u;
-    const bool ok = idx < UNITS && row < p.K && 32u * unit < p.N;
+#define PIECE_ROW(k0, n0, r) ((k0) + (r))
+#define PIECE_UNIT(k0, n0, c) ((n0) / 32u + (c) / UNIT_PARTS)
+#define PIECE_PART(k0, c) ((c) % UNIT_PARTS)
+#define PIECE_OK(row, unit) ((row) < p.K && 32u * (unit) < p.N)
 #else
-    const uint row = n0 + r, unit = k0 / 32u + u;
-    const bool ok = idx < UNITS && row < p.N;
+#define PIECE_ROW(k0, n0, r) ((n0) + (r))
+#define PIECE_UNIT(k0, n0, c) ((k0) / 32u + (c) / UNIT_PARTS)
+#define PIECE_PART(k0, c) (((k0) % 32u) * UNIT_PARTS / 32u + (c) % UNIT_PARTS)
+#define PIECE_OK(row, unit) ((row) < p.N)
 #endif
-    // Units outside the product read unit 0 of W's first row (always there) and are zeroed in stash.
-    rw[i] = unit_fetch(ok ? p.w_row0 + row : p.w_row0, ok ? unit : 0u, p.w_cols);
-    if (ok) rw_valid |= 1u << i;
+#define FETCH(ra, rw, valid, m0, n0, k0)                                                                        \
+  {                                                                                                             \
+    const uint t_ = gl_LocalInvocationID.x, panel_ = p.a_base + 4u * ((k0) / 32u) * p.a_rows + ((k0) % 32u) / 8u;\
+    [[unroll]] for (uint i = 0u; i < A_PER; ++i) {                                                              \
+      const uint idx = t_ + NT * i, m = idx / A_ROW;                                                            \
+      const bool ok = idx < A_VECS && (m0) + m < p.M;                                                           \
+      ra[i] = ok ? a4[panel_ + 4u * ((m0) + m) + idx % A_ROW] : uvec4(0u);                                      \
+    }                                                                                                           \
+    valid = 0u;                                                                                                 \
+    [[unroll]] for (uint i = 0u; i < W_PER; ++i) {                                                              \
+      const uint idx = t_ + NT * i, r = idx / ROW_PIECES, c = idx % ROW_PIECES;                                 \
+      const uint row = PIECE_ROW(k0, n0, r), unit = PIECE_UNIT(k0, n0, c);                                      \
+      const bool ok = idx < PIECES && PIECE_OK(row, unit);                                                      \
+      /* Pieces outside the product read unit 0 of W's first row (always there) and are zeroed in STASH. */    \
+      rw[i] = unit_fetch(ok ? p.w_row0 + row : p.w_row0, ok ? unit : 0u, PIECE_PART(k0, c), p.w_cols);          \
+      if (ok) valid |= 1u << i;                                                                                 \
+    }                                                                                                           \
   }
-}
 
-void stash(uint stage) {
-  const uint t = gl_LocalInvocationID.x;
-  [[unroll]] for (uint i = 0u; i < A_PER; ++i) {
-    const uint idx = t + NT * i, m = idx / (BK / 8u), g = idx % (BK / 8u);
-    if (idx < A_VECS) sm[stage * A_STAGE + m * AS + g] = ra[i];
+// STASH(ra, rw, valid, stage): decode a register set into a shared stage.
+#define STASH(ra, rw, valid, stage)                                                                             \
+  {                                                                                                             \
+    const uint t_ = gl_LocalInvocationID.x;                                                                     \
+    [[unroll]] for (uint i = 0u; i < A_PER; ++i) {                                                              \
+      const uint idx = t_ + NT * i;                                                                             \
+      if (idx < A_VECS) sm[(stage) * A_STAGE + (idx / A_ROW) * AS + idx % A_ROW] = ra[i];                       \
+    }                                                                                                           \
+    [[unroll]] for (uint i = 0u; i < W_PER; ++i) {                                                              \
+      const uint idx = t_ + NT * i, r = idx / ROW_PIECES, c = idx % ROW_PIECES;                                 \
+      if (idx >= PIECES) break;                                                                                 \
+      uvec4 h[UNIT_VECS];                                                                                       \
+      unit_decode(rw[i], h);                                                                                    \
+      const bool ok = (((valid) >> i) & 1u) != 0u;                                                              \
+      const uint at = B_AT + (stage) * B_STAGE + r * BS + UNIT_VECS * c;                                        \
+      [[unroll]] for (uint e = 0u; e < UNIT_VECS; ++e) sm[at + e] = ok ? h[e] : uvec4(0u);                      \
+    }                                                                                                           \
   }
-  [[unroll]] for (uint i = 0u; i < U_PER; ++i) {
-    const uint idx = t + NT * i, r = idx / UNIT_COLS, u = idx % UNIT_COLS;
-    if (idx >= UNITS) break;
-    uvec4 h[4];
-    unit_decode(rw[i], h);
-    const bool ok = ((rw_valid >> i) & 1u) != 0u;
-    const uint at = B_AT + stage * B_STAGE + r * BS + 4u * u;
-    [[unroll]] for (uint e = 0u; e < 4u; ++e) sm[at + e] = ok ? h[e] : uvec4(0u);
-  }
-}
 
 #ifdef COOP
 #define F32_MAT fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
@@ -146,7 +169,7 @@ void multiply(uint stage, uint wm, uint wn) {
   }
 }
 #else
-// Portable: invocation t owns rows (t / PN) + i·(BM / PM)... of the tile: PM x PN invocations, each RM x RN outputs.
+// Portable: invocation t owns rows tm + PM·i and columns tn + PN·j of the tile, RM x RN outputs.
 const uint PN = BN / 8u, PM = NT / PN, RM = BM / PM, RN = 8u;
 float acc[RM][RN];
 
@@ -197,19 +220,24 @@ void main() {
     [[unroll]] for (uint j = 0u; j < RN; ++j) acc[i][j] = 0.0;
 #endif
 
-  if (k_first < k_last) {
-    fetch(m0, n0, k_first);
-    stash(0u);
-  }
+  // Steps come in pairs, so that each register set has a name of its own (an array indexed at run time would
+  // live in local memory): even steps read stage 0 and refill set 0, odd steps stage 1 and set 1.
+  const uint steps = k_first < k_last ? (k_last - k_first) / BK : 0u;
+  if (steps > 0u) FETCH(ra0, rw0, valid0, m0, n0, k_first);
+  if (steps > 1u) FETCH(ra1, rw1, valid1, m0, n0, k_first + BK);
+  if (steps > 0u) STASH(ra0, rw0, valid0, 0u);
   barrier();
-  uint stage = 0u;
-  for (uint k0 = k_first; k0 < k_last; k0 += BK) {
-    const bool more = k0 + BK < k_last;
-    if (more) fetch(m0, n0, k0 + BK);
-    multiply(stage, wm, wn);
-    if (more) stash(stage ^ 1u);
+  for (uint s = 0u; s < steps; s += 2u) {
+    const uint k0 = k_first + s * BK;
+    if (s + 2u < steps) FETCH(ra0, rw0, valid0, m0, n0, k0 + 2u * BK);
+    multiply(0u, wm, wn);
+    if (s + 1u < steps) STASH(ra1, rw1, valid1, 1u);
     barrier();
-    stage ^= 1u;
+    if (s + 1u >= steps) break;
+    if (s + 3u < steps) FETCH(ra1, rw1, valid1, m0, n0, k0 + 3u * BK);
+    multiply(1u, wm, wn);
+    if (s + 2u < steps) STASH(ra0, rw0, valid0, 0u);
+    barrier();
   }
 
 #ifdef COOP

@@ -1,6 +1,7 @@
 #version 450
 // The f16 operand A of the mixed-precision GEMM (mixed_gemm.comp) from f32 rows: out[m, 0 : KP) = 2^e_m · in[m,
-// col0 : col0 + K), zero from K on (KP = lda_out · 8, a multiple of the GEMM's K step), and s[m] = 2^-e_m. The
+// col0 : col0 + K), zero from K on (KP = 32·panels), and s[m] = 2^-e_m, stored in k-panels: panel q holds columns
+// 32q .. 32q + 31 of rows 0 .. M (64 bytes each), so that a GEMM's K step reads one contiguous piece. The
 // power of two brings the row's largest |value| into [2^14, 2^15): no f16 overflow however large the row (a
 // layer's activations) and no flush to zero however small (the gradients that enter a dx), since f16 keeps
 // 11 significant bits from 2^-14 up. An all-zero row keeps e = 0, and so does a row holding Inf; Inf and NaN
@@ -19,8 +20,8 @@ layout(push_constant) uniform Push {
   uint M, K;
   uint lda;      // input row stride in floats
   uint col0;     // first input column
-  uint out_base; // the rows' first uvec4
-  uint out_lda;  // output row stride in uvec4s (8 halves)
+  uint out_base; // the panels' first uvec4
+  uint panels;   // KP / 32
   uint s_base;   // the factors' first float
 } p;
 
@@ -61,9 +62,9 @@ void main() {
     e = clamp(15 - x2, -126, 126);
   }
   const float sc = ldexp(1.0, e);
-  for (uint g = t; g < p.out_lda; g += 128u) {
+  for (uint g = t; g < 4u * p.panels; g += 128u) {
     const vec4 a = load4(base, 8u * g, aligned) * sc, b = load4(base, 8u * g + 4u, aligned) * sc;
-    o4[p.out_base + row * p.out_lda + g] =
+    o4[p.out_base + 4u * (g / 4u) * p.M + 4u * row + g % 4u] =
         uvec4(packHalf2x16(a.xy), packHalf2x16(a.zw), packHalf2x16(b.xy), packHalf2x16(b.zw));
   }
   if (t == 0u) of[p.s_base + row] = ldexp(1.0, -e);

@@ -6,7 +6,7 @@ struct WUnit {
   uint odd;
 };
 
-WUnit unit_fetch(uint row, uint u, uint n_in) {
+WUnit unit_fetch(uint row, uint u, uint part, uint n_in) {
   const uint b = row * (n_in >> 5u) + u, i = (b * 18u) >> 2u;
   WUnit r;
   [[unroll]] for (uint e = 0u; e < 5u; ++e) r.w[e] = wq1[i + e];
@@ -14,7 +14,7 @@ WUnit unit_fetch(uint row, uint u, uint n_in) {
   return r;
 }
 
-void unit_decode(WUnit r, out uvec4 h[4]) {
+void unit_decode(WUnit r, out uvec4 h[UNIT_VECS]) {
   const bool even = r.odd == 0u;
   uint q[4];  // qs[0..16) as words
   [[unroll]] for (uint e = 0u; e < 4u; ++e) q[e] = even ? (r.w[e] >> 16u) | (r.w[e + 1u] << 16u) : r.w[e + 1u];

@@ -10,7 +10,7 @@ struct WUnit {
   uint j;
 };
 
-WUnit unit_fetch(uint row, uint u, uint n_in) {
+WUnit unit_fetch(uint row, uint u, uint part, uint n_in) {
   const uint b = row * (n_in >> 8u) + (u >> 3u), j = u & 7u, i = 9u * b;
   WUnit r;
   r.head = wq4[i];
@@ -20,24 +20,25 @@ WUnit unit_fetch(uint row, uint u, uint n_in) {
   return r;
 }
 
-// w = q·ds − dm in f32 (q·ds is exact there, and so is the difference unless dm is far smaller), then one
-// rounding to f16: an f16 fma would be as good where the device fuses it, but not every device does.
-void unit_decode(WUnit r, out uvec4 h[4]) {
+// w = (q·ds) − dm in f16, each step rounded once: `precise` keeps a device from fusing the two into one fma (not
+// every device would) or from skipping the rounding of ds and dm to f16, so every device decodes the same bits.
+void unit_decode(WUnit r, out uvec4 h[UNIT_VECS]) {
   const vec2 dm = unpackHalf2x16(r.head.x);
   const uvec4 sm = q4_k_scales_mins(r.head.y, r.head.z, r.head.w);
   const uint sh = 8u * (r.j & 3u);
   const uint sc = ((r.j < 4u ? sm.x : sm.y) >> sh) & 0xFFu, m = ((r.j < 4u ? sm.z : sm.w) >> sh) & 0xFFu;
-  const vec2 ds = vec2(float(float16_t(dm.x * float(sc)))), dmin = vec2(float(float16_t(dm.y * float(m))));
+  const f16vec2 ds = f16vec2(float16_t(dm.x * float(sc))), dmin = f16vec2(float16_t(dm.y * float(m)));
   const bool high = (r.j & 1u) != 0u;
   const float16_t zero = float16_t(0.0);
-#define Q4_K_PAIR(v) packHalf2x16(fma(vec2(codes_minus(v, zero)), ds, -dmin))
   [[unroll]] for (uint e = 0u; e < 4u; ++e) {
     const uvec4 v = r.q[e >> 1u];
     const uint a = (e & 1u) == 0u ? v.x : v.z, b = (e & 1u) == 0u ? v.y : v.w;
-    h[e] = high ? uvec4(Q4_K_PAIR(hi_nibbles01(a)), Q4_K_PAIR(hi_nibbles23(a)), Q4_K_PAIR(hi_nibbles01(b)),
-                        Q4_K_PAIR(hi_nibbles23(b)))
-                : uvec4(Q4_K_PAIR(lo_nibbles01(a)), Q4_K_PAIR(lo_nibbles23(a)), Q4_K_PAIR(lo_nibbles01(b)),
-                        Q4_K_PAIR(lo_nibbles23(b)));
+    const uvec4 pairs = high ? uvec4(hi_nibbles01(a), hi_nibbles23(a), hi_nibbles01(b), hi_nibbles23(b))
+                             : uvec4(lo_nibbles01(a), lo_nibbles23(a), lo_nibbles01(b), lo_nibbles23(b));
+    [[unroll]] for (uint c = 0u; c < 4u; ++c) {
+      precise const f16vec2 scaled = codes_minus(pairs[c], zero) * ds;
+      precise const f16vec2 w = scaled - dmin;
+      h[e][c] = packFloat2x16(w);
+    }
   }
-#undef Q4_K_PAIR
 }

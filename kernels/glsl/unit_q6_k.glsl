@@ -13,7 +13,7 @@ struct WUnit {
   uint k4;
 };
 
-WUnit unit_fetch(uint row, uint u, uint n_in) {
+WUnit unit_fetch(uint row, uint u, uint part, uint n_in) {
   const uint b = row * (n_in >> 8u) + (u >> 3u), s = u & 7u, h = s >> 2u, k4 = s & 3u;
   const uint base = q6_k_base(b);
   WUnit r;
@@ -28,7 +28,7 @@ WUnit unit_fetch(uint row, uint u, uint n_in) {
   return r;
 }
 
-void unit_decode(WUnit r, out uvec4 h[4]) {
+void unit_decode(WUnit r, out uvec4 h[UNIT_VECS]) {
   const uint shl = 4u * (r.k4 >> 1u), shh = 2u * r.k4;
   const float16_t bias = float16_t(32.0);
   [[unroll]] for (uint e = 0u; e < 4u; ++e) {

@@ -5,7 +5,7 @@ struct WUnit {
   uint odd;
 };
 
-WUnit unit_fetch(uint row, uint u, uint n_in) {
+WUnit unit_fetch(uint row, uint u, uint part, uint n_in) {
   const uint b = row * (n_in >> 5u) + u, i = (b * 34u) >> 2u;
   WUnit r;
   [[unroll]] for (uint e = 0u; e < 9u; ++e) r.w[e] = wq1[i + e];
@@ -13,7 +13,7 @@ WUnit unit_fetch(uint row, uint u, uint n_in) {
   return r;
 }
 
-void unit_decode(WUnit r, out uvec4 h[4]) {
+void unit_decode(WUnit r, out uvec4 h[UNIT_VECS]) {
   const bool even = r.odd == 0u;
   const f16vec2 d = f16vec2(unpackFloat2x16(even ? r.w[0] : r.w[0] >> 16u).x);
   const float16_t bias = float16_t(128.0);

@@ -125,11 +125,12 @@ class LinearKernels {
   static constexpr int64_t kMixedMinTokens = 32;
   bool mixed(int64_t T) const { return precision_ == Precision::Mixed && T >= kMixedMinTokens; }
 
-  // The f16 operand of a mixed product (to_f16): `rows` rows of K values, rows of `lda` uvec4s (8 halves each,
-  // zero past K) from uvec4 `base` of `buf`, and their factors (floats from `s_base`; kNoScales: all 1).
+  // The f16 operand of a mixed product (to_f16): `rows` rows of K values in k-panels (panel q: columns 32q ..
+  // 32q + 31 of every row, 4 uvec4s a row, zero past K) from uvec4 `base` of `buf`, and their factors (floats from
+  // `s_base`; kNoScales: all 1).
   struct F16Rows {
     const Buffer* buf = nullptr;
-    uint32_t base = 0, lda = 0, s_base = 0;
+    uint32_t base = 0, s_base = 0;
     int64_t rows = 0, K = 0;
   };
   static constexpr uint32_t kNoScales = 0xFFFFFFFFu;
@@ -147,6 +148,11 @@ class LinearKernels {
                      int64_t w_row0, int64_t n_in, bool accumulate, const Buffer* split,
                      const std::string& variant = "");
   size_t mixed_split_bytes(int64_t M, int64_t N, int64_t K, const std::string& variant = "") const;
+  // The tile-shape suffixes of mixed_gemm.comp's variants (kernels/CMakeLists.txt), "" first (the default), and
+  // whether the shader of one exists for a format and direction (the bench's other shapes exist for some only;
+  // devices without cooperative matrices run every one as the portable twin).
+  static const std::vector<std::string>& mixed_variants();
+  bool has_mixed_variant(Format f, bool dx, const std::string& variant) const;
   // Rows w_row0 .. w_row0 + rows of W [.., n_in] in format f as f16 rows into dst from byte `offset` (a multiple
   // of 16): the weights as an F16 W for mixed_product.
   void decode_f16(Format f, Sequence& s, const Buffer& dst, size_t offset, const Buffer& w, int64_t rows, int64_t n_in,

@@ -7,6 +7,7 @@
 #include "kernels/shapes.h"
 #include "kernels/vulkan/dispatch_util.h"
 #include "kernels/vulkan/linear_kernels.h"
+#include "kernels/vulkan/shaders.h"
 
 namespace q4t::vk {
 
@@ -15,10 +16,10 @@ namespace {
 constexpr int64_t kBK = 32;  // mixed_gemm.comp's K step: A's rows are padded to a multiple of it
 
 struct MixedPush {  // mixed_gemm.comp
-  uint32_t M, N, K, lda, a_base, s_base, ldc, accumulate, k_slice, w_row0, w_cols;
+  uint32_t M, N, K, a_rows, a_base, s_base, ldc, accumulate, k_slice, w_row0, w_cols;
 };
 struct ToF16Push {  // rows_to_f16.comp
-  uint32_t M, K, lda, col0, out_base, out_lda, s_base;
+  uint32_t M, K, lda, col0, out_base, panels, s_base;
 };
 struct DecodePush {  // decode_f16.comp
   uint32_t rows, n_in, w_row0, out_base;
@@ -30,8 +31,9 @@ struct TileRow {
   const char* suffix;
   uint32_t bm, bn;
 };
-constexpr TileRow kCoopTiles[] = {{"", 128, 128},          {"_t128x128w8m", 128, 128}, {"_t128x128w8n", 128, 128},
-                                  {"_t64x128w4", 64, 128}, {"_t128x64w4", 128, 64},    {"_t64x64w4", 64, 64}};
+constexpr TileRow kCoopTiles[] = {{"", 128, 128},          {"_t128x128w4", 128, 128}, {"_t128x128w8n", 128, 128},
+                                  {"_t64x128w4", 64, 128}, {"_t128x64w4", 128, 64},   {"_t64x64w4", 64, 64},
+                                  {"_t128x256k16", 128, 256}, {"_t256x128k16", 256, 128}};
 constexpr uint32_t kFmaTile = 64;
 
 // A product of fewer output tiles than kSplitBelowTiles (a wave of the default tiles on a 132-SM H100: one per
@@ -59,6 +61,21 @@ LinearKernels::MixedTile LinearKernels::mixed_tile(const std::string& variant) c
   throw std::invalid_argument("mixed_product: no tile variant '" + variant + "'");
 }
 
+const std::vector<std::string>& LinearKernels::mixed_variants() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const TileRow& t : kCoopTiles) v.push_back(t.suffix);
+    return v;
+  }();
+  return names;
+}
+
+bool LinearKernels::has_mixed_variant(Format f, bool dx, const std::string& variant) const {
+  if (!dev_.coop_matrix()) return true;  // the portable twin serves every shape
+  const std::string name = std::string(dx ? "mixed_dx_" : "mixed_gemm_") + format_name(f) + variant;
+  return shader_table().count(name) > 0;
+}
+
 size_t LinearKernels::f16_rows_bytes(int64_t rows, int64_t K) {
   return size_t(rows * padded_k(K)) * 2 + size_t(rows) * 4;
 }
@@ -75,11 +92,11 @@ LinearKernels::F16Rows LinearKernels::to_f16(Sequence& s, const Buffer& dst, siz
   F16Rows a;
   a.buf = &dst;
   a.base = uint32_t(offset / 16);
-  a.lda = uint32_t(padded_k(K) / 8);
   a.s_base = uint32_t((offset + size_t(rows * padded_k(K)) * 2) / 4);
   a.rows = rows;
   a.K = K;
-  const ToF16Push push{uint32_t(rows), uint32_t(K), uint32_t(lda), uint32_t(col0), a.base, a.lda, a.s_base};
+  const ToF16Push push{uint32_t(rows), uint32_t(K), uint32_t(lda), uint32_t(col0), a.base,
+                       uint32_t(padded_k(K) / kBK), a.s_base};
   s.dispatch(pipeline("rows_to_f16", 2, sizeof(push)), {&dst, &src}, push, groups_1d(rows));
   return a;
 }
@@ -113,8 +130,8 @@ void LinearKernels::mixed_product(Format f, bool dx, Sequence& s, const Buffer& 
   const MixedTile t = mixed_tile(variant);
   const std::string shader = name + (dev_.coop_matrix() ? variant : "_fma");
   const auto& p = pipeline(shader, 3, sizeof(MixedPush));
-  MixedPush push{uint32_t(M), uint32_t(N), uint32_t(K), a.lda, a.base, a.s_base, uint32_t(N), accumulate ? 1u : 0u,
-                 0, uint32_t(w_row0), uint32_t(n_in)};
+  MixedPush push{uint32_t(M), uint32_t(N), uint32_t(K), uint32_t(a.rows), a.base, a.s_base, uint32_t(N),
+                 accumulate ? 1u : 0u, 0, uint32_t(w_row0), uint32_t(n_in)};
   const std::array<uint32_t, 3> groups{ceil_div(M, t.bm), ceil_div(N, t.bn), 1};
   const size_t split_bytes = mixed_split_bytes(M, N, K, variant);
   if (split_bytes == 0 || !split) {
