@@ -17,10 +17,11 @@ std::unique_ptr<Backend> Backend::cpu(DType real) {
   return b;
 }
 
-std::unique_ptr<Backend> Backend::vulkan(vk::Device& dev) {
+std::unique_ptr<Backend> Backend::vulkan(vk::Device& dev, Precision precision) {
   std::unique_ptr<Backend> b(new Backend());
   b->vk_ = &dev;
   b->linear_ = std::make_unique<vk::LinearKernels>(dev);
+  b->linear_->set_precision(precision);
   return b;
 }
 

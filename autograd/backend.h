@@ -17,10 +17,14 @@ class Backend {
  public:
   // real: the dtype of real-valued tensors, F32 or F64 (F64 for the double-precision gradient checks).
   static std::unique_ptr<Backend> cpu(DType real = DType::F32);
-  // Borrows dev, which must outlive the backend.
-  static std::unique_ptr<Backend> vulkan(vk::Device& dev);
+  // Borrows dev, which must outlive the backend. `precision`: the numerics of the products (kernels/precision.h);
+  // Mixed makes every frozen product of 32 tokens or more, the loss's output product and (on cooperative matrices)
+  // attention take f16 inputs with f32 sums.
+  static std::unique_ptr<Backend> vulkan(vk::Device& dev, Precision precision = Precision::F32);
 
   bool is_cpu() const { return vk_ == nullptr; }
+  // F32 on the CPU, else the Vulkan kernels' precision.
+  Precision precision() const { return linear_ ? linear_->precision() : Precision::F32; }
   DType real() const { return real_; }
   std::string name() const;
 

@@ -81,6 +81,17 @@ Tensor Tensor::view(Shape shape) const {
   return Tensor(std::move(shape), dtype_, storage_);
 }
 
+Format frozen_format(DType t) {
+  switch (t) {
+    case DType::Q4_0: return Format::Q4_0;
+    case DType::Q8_0: return Format::Q8_0;
+    case DType::Q4_K: return Format::Q4_K;
+    case DType::Q6_K: return Format::Q6_K;
+    case DType::F16: return Format::F16;
+    default: throw GraphError(std::string("frozen_format: ") + dtype_name(t) + " is not a frozen storage type");
+  }
+}
+
 int64_t frozen_row_bytes(DType t, int64_t cols) {
   switch (t) {
     case DType::Q4_0: return q4_0_row_bytes(cols);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/formats.h"
 #include "kernels/vulkan/buffer.h"
 
 namespace q4t::ag {
@@ -26,6 +27,8 @@ int64_t block_elems(DType t);
 // The storages of frozen GGUF weights: quantized blocks or F16 halves. Read-only, like the blocks: never
 // trainable, never given a gradient, never reshaped (F16 is storage here, not a real type of the graph).
 inline bool is_frozen_storage(DType t) { return is_quantized(t) || t == DType::F16; }
+// The kernels' format of a frozen storage (kernels/formats.h); throws GraphError for any other dtype.
+Format frozen_format(DType t);
 inline bool is_real(DType t) { return t == DType::F32 || t == DType::F64; }
 
 using Shape = std::vector<int64_t>;

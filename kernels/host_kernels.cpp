@@ -143,23 +143,19 @@ class VulkanHostKernels final : public HostKernels {
                                                  int64_t, int64_t, bool);
   // The host-side checks and scratch size of one frozen weight format.
   struct Format {
+    q4t::Format format;
     const char* gemm_name;
     const char* dx_name;
     void (*check)(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
     int64_t (*row_bytes)(int64_t n_in);
-    size_t (*dx_scratch_bytes)(int64_t T, int64_t n_rows, int64_t n_in);
     std::vector<uint8_t> (*to_device)(std::span<const uint8_t>);  // nullptr: GGML's bytes as they are
   };
-  static constexpr Format kQ4_0{"q4_0_gemm", "q4_0_dx", check_q4_0_linear, q4_0_row_bytes,
-                                vk::LinearKernels::q4_0_dx_scratch_bytes, nullptr};
-  static constexpr Format kQ8_0{"q8_0_gemm", "q8_0_dx", check_q8_0_linear, q8_0_row_bytes,
-                                vk::LinearKernels::q8_0_dx_scratch_bytes, nullptr};
-  static constexpr Format kQ4_K{"q4_k_gemm", "q4_k_dx", check_q4_k_linear, q4_k_row_bytes,
-                                vk::LinearKernels::q4_k_dx_scratch_bytes, nullptr};
-  static constexpr Format kQ6_K{"q6_k_gemm", "q6_k_dx", check_q6_k_linear, q6_k_row_bytes,
-                                vk::LinearKernels::q6_k_dx_scratch_bytes, quant::q6_k_to_device};
-  static constexpr Format kF16{"f16_gemm", "f16_dx", check_f16_linear, f16_row_bytes,
-                               vk::LinearKernels::f16_dx_scratch_bytes, nullptr};
+  static constexpr Format kQ4_0{q4t::Format::Q4_0, "q4_0_gemm", "q4_0_dx", check_q4_0_linear, q4_0_row_bytes, nullptr};
+  static constexpr Format kQ8_0{q4t::Format::Q8_0, "q8_0_gemm", "q8_0_dx", check_q8_0_linear, q8_0_row_bytes, nullptr};
+  static constexpr Format kQ4_K{q4t::Format::Q4_K, "q4_k_gemm", "q4_k_dx", check_q4_k_linear, q4_k_row_bytes, nullptr};
+  static constexpr Format kQ6_K{q4t::Format::Q6_K, "q6_k_gemm", "q6_k_dx", check_q6_k_linear, q6_k_row_bytes,
+                                quant::q6_k_to_device};
+  static constexpr Format kF16{q4t::Format::F16, "f16_gemm", "f16_dx", check_f16_linear, f16_row_bytes, nullptr};
 
   template <class T>
   vk::Buffer upload(std::span<const T> v) {
@@ -185,9 +181,9 @@ class VulkanHostKernels final : public HostKernels {
     check_size(f.gemm_name, "X", X.size(), size_t(T * n_in), "floats");
     check_size(f.gemm_name, "Y", Y.size(), size_t(T * n_out), "floats");
     vk::Buffer bw = upload_weight(f, w), bx = upload(X), by(dev_, Y.size_bytes());
-    const size_t split = kernels_.forward_scratch_bytes(T, n_out, n_in);
-    vk::Buffer scratch(dev_, std::max<size_t>(split, 4));
-    run([&](vk::Sequence& s) { (kernels_.*fn)(s, by, bw, bx, T, n_out, n_in, split ? &scratch : nullptr); });
+    const size_t bytes = kernels_.frozen_scratch_bytes(f.format, T, n_out, n_in);
+    vk::Buffer scratch(dev_, std::max<size_t>(bytes, 4));
+    run([&](vk::Sequence& s) { (kernels_.*fn)(s, by, bw, bx, T, n_out, n_in, bytes ? &scratch : nullptr); });
     by.download(Y.data(), Y.size_bytes());
   }
   void frozen_dx(const Format& f, FrozenDxFn fn, std::span<float> dX, std::span<const uint8_t> w,
@@ -199,8 +195,7 @@ class VulkanHostKernels final : public HostKernels {
     check_size(f.dx_name, "dY", dY.size(), size_t(T * n_out), "floats");
     check_size(f.dx_name, "dX", dX.size(), size_t(T * n_in), "floats");
     vk::Buffer bw = upload_weight(f, w), bdy = upload(dY), bdx = upload(std::span<const float>(dX));
-    size_t bytes = f.dx_scratch_bytes(T, j_end - j_start, n_in);
-    if (&f == &kQ4_0) bytes = std::max(bytes, kernels_.q4_0_dx_device_scratch_bytes(T, j_end - j_start, n_in));
+    const size_t bytes = kernels_.frozen_scratch_bytes(f.format, T, j_end - j_start, n_in);
     vk::Buffer scratch(dev_, std::max<size_t>(bytes, 4));
     run([&](vk::Sequence& s) {
       (kernels_.*fn)(s, bdx, bw, bdy, &scratch, T, n_out, n_in, j_start, j_end, accumulate);

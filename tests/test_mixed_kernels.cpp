@@ -104,7 +104,7 @@ class MixedKernels : public ::testing::Test {
     dxb.upload(dx0);
     vk::Sequence s(*device_);
     s.begin();
-    kernels_->mixed_dx(f, s, dxb, w, dy, scratch, T, n_out, n_in, j0, j1, accumulate);
+    kernels_->mixed_dx(f, s, dxb, w, dy, scratch, T, n_out, j0, n_in, j0, j1 - j0, accumulate);
     s.end();
     s.run();
     return dxb.download_as<float>(dx0.size());

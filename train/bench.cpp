@@ -130,18 +130,17 @@ int64_t row_bytes(Weights w, int64_t n_in) {
 struct FormatKernels {
   decltype(&vk::LinearKernels::q4_0_gemm) vk_gemm;
   decltype(&vk::LinearKernels::q4_0_dx) vk_dx;
-  decltype(&vk::LinearKernels::q4_0_dx_scratch_bytes) vk_dx_scratch_bytes;
   decltype(&cpu::q4_0_gemm) cpu_gemm;
   decltype(&cpu::q4_0_dx) cpu_dx;
 };
 
 const FormatKernels& format_kernels(Weights w) {
   using K = vk::LinearKernels;
-  static const FormatKernels q4_0{&K::q4_0_gemm, &K::q4_0_dx, K::q4_0_dx_scratch_bytes, cpu::q4_0_gemm, cpu::q4_0_dx};
-  static const FormatKernels q8_0{&K::q8_0_gemm, &K::q8_0_dx, K::q8_0_dx_scratch_bytes, cpu::q8_0_gemm, cpu::q8_0_dx};
-  static const FormatKernels f16{&K::f16_gemm, &K::f16_dx, K::f16_dx_scratch_bytes, cpu::f16_gemm, cpu::f16_dx};
-  static const FormatKernels q4_k{&K::q4_k_gemm, &K::q4_k_dx, K::q4_k_dx_scratch_bytes, cpu::q4_k_gemm, cpu::q4_k_dx};
-  static const FormatKernels q6_k{&K::q6_k_gemm, &K::q6_k_dx, K::q6_k_dx_scratch_bytes, cpu::q6_k_gemm, cpu::q6_k_dx};
+  static const FormatKernels q4_0{&K::q4_0_gemm, &K::q4_0_dx, cpu::q4_0_gemm, cpu::q4_0_dx};
+  static const FormatKernels q8_0{&K::q8_0_gemm, &K::q8_0_dx, cpu::q8_0_gemm, cpu::q8_0_dx};
+  static const FormatKernels f16{&K::f16_gemm, &K::f16_dx, cpu::f16_gemm, cpu::f16_dx};
+  static const FormatKernels q4_k{&K::q4_k_gemm, &K::q4_k_dx, cpu::q4_k_gemm, cpu::q4_k_dx};
+  static const FormatKernels q6_k{&K::q6_k_gemm, &K::q6_k_dx, cpu::q6_k_gemm, cpu::q6_k_dx};
   switch (w) {
     case Weights::Q8_0: return q8_0;
     case Weights::F16: return f16;
@@ -394,9 +393,7 @@ Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, d
   in.upload(random_acts(in_elems));
   out.fill_zero();
   const FormatKernels& fk = format_kernels(c.weights);
-  const size_t dx_bytes = c.weights == Weights::Q4_0 ? k.q4_0_dx_device_scratch_bytes(c.T, c.n_out, c.n_in)
-                                                     : fk.vk_dx_scratch_bytes(c.T, c.n_out, c.n_in);
-  vk::Buffer scratch(dev, std::max<size_t>({4, dx_bytes, k.forward_scratch_bytes(c.T, c.n_out, c.n_in)}));
+  vk::Buffer scratch(dev, std::max<size_t>(4, k.frozen_scratch_bytes(format_of(c.weights), c.T, c.n_out, c.n_in)));
   const double s = time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int i) {
     const vk::Buffer& w = ws[size_t(i) % ws.size()];
     if (dx)

@@ -123,7 +123,7 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
     throw std::invalid_argument("--keep-ffn-layers: applies only with --grad-checkpoint");
   BenchJson json(opt.json_path);
 
-  auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan);
+  auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan, dev.precision);
   const auto t_model = std::chrono::steady_clock::now();
   auto model = model::Model::random_q4_0(cfg, *be, 1234);
   const double model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_model).count();

@@ -1,9 +1,32 @@
 #include "train/device_choice.h"
 
+#include <stdexcept>
+
 namespace q4t {
 
 std::unique_ptr<HostKernels> DeviceChoice::host_kernels() const {
   return vulkan ? make_vulkan_host_kernels(*vulkan) : make_cpu_host_kernels();
+}
+
+Precision default_precision(const vk::Device& dev) {
+  return dev.coop_matrix() ? Precision::Mixed : Precision::F32;
+}
+
+void DeviceChoice::set_precision(const std::string& flag) {
+  if (flag == "auto") {
+    precision = vulkan ? default_precision(*vulkan) : Precision::F32;
+    return;
+  }
+  precision = parse_precision(flag, "--precision");
+  if (precision == Precision::Mixed && !vulkan)
+    throw std::invalid_argument("--precision mixed: the CPU computes in f32; mixed precision runs on Vulkan devices "
+                                "(see `q4tune devices`)");
+}
+
+std::string DeviceChoice::precision_text() const {
+  if (precision == Precision::F32) return "f32 precision";
+  return vulkan && vulkan->coop_matrix() ? "mixed precision (f16 inputs, f32 sums, on tensor cores)"
+                                         : "mixed precision (f16 inputs, f32 sums; no tensor cores on this device)";
 }
 
 DeviceChoice choose_device(const std::string& spec_text, bool validation) {

@@ -4,16 +4,26 @@
 #include <string>
 
 #include "kernels/host_kernels.h"
+#include "kernels/precision.h"
 #include "kernels/vulkan/device.h"
 
 namespace q4t {
 
 struct DeviceChoice {
   std::unique_ptr<vk::Device> vulkan;  // null: the CPU
+  Precision precision = Precision::F32;  // of the products (set_precision)
   bool is_cpu() const { return !vulkan; }
   std::string name() const { return vulkan ? vulkan->name() : "cpu"; }
   std::unique_ptr<HostKernels> host_kernels() const;
+  // --precision: "auto" (mixed where the device has cooperative matrices, f32 elsewhere), "mixed" or "f32"; mixed on
+  // the CPU is an error naming the flag (the CPU computes in f32).
+  void set_precision(const std::string& flag);
+  // "mixed precision (f16 inputs, f32 sums, on tensor cores)" and the like: what a run's first line says.
+  std::string precision_text() const;
 };
+
+// The precision --precision auto takes on a Vulkan device: mixed where it has cooperative matrices.
+Precision default_precision(const vk::Device& dev);
 
 // "auto" takes the best Vulkan GPU and falls back to the CPU kernels when there is none (a CPU-type Vulkan device
 // such as lavapipe is slower than them; "vulkan" still opens it); "vulkan"/"vulkan:N" fail with DeviceError instead.

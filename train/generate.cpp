@@ -164,7 +164,7 @@ Generation generate(model::Decoder& dec, const tok::Tokenizer& tok, const std::s
 int run_generate(const GenerateOptions& o, const DeviceChoice& dev, std::ostream& out) {
   check_sample_options(o.sample);
   if (o.ctx < 0) throw std::invalid_argument("--ctx must be non-negative (0: the model's context length)");
-  auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan);
+  auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan, dev.precision);
   auto m = model::Model::load(o.model, *be);
   const auto tok = tok::Tokenizer::from_gguf(*gguf::File::open(o.model));
   model::AdapterSet adapters;
@@ -180,7 +180,9 @@ int run_generate(const GenerateOptions& o, const DeviceChoice& dev, std::ostream
 
 int run_generate(const GenerateOptions& o, std::ostream& out) {
   cpu::set_num_threads(o.threads);
-  return run_generate(o, choose_device(o.device), out);
+  DeviceChoice dev = choose_device(o.device);
+  dev.set_precision(o.precision);
+  return run_generate(o, dev, out);
 }
 
 }  // namespace q4t

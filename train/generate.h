@@ -65,6 +65,7 @@ struct GenerateOptions {
   int64_t ctx = 0;  // 0: the model's context length
   SampleOptions sample;
   std::string device = "auto";  // as --device of the other commands (see choose_device)
+  std::string precision = "auto";  // as --precision of the other commands (DeviceChoice::set_precision)
   int threads = 0;              // CPU worker threads; 0: one per core
 };
 // q4tune generate on dev: prints the prompt, then the generated text as it comes, then a newline.

@@ -34,6 +34,11 @@ CLI::App* add_generate_command(CLI::App& app, GenerateOptions& opt) {
                   "(see `q4tune devices`)")
       ->capture_default_str();
   cmd->add_option("--threads", opt.threads, "CPU worker threads (0: one per core)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--precision", opt.precision,
+                  "auto (mixed where the device has cooperative matrices, f32 elsewhere), mixed (f16 inputs with f32 "
+                  "sums for the prompt's products of 32 tokens or more) or f32")
+      ->check(CLI::IsMember({"auto", "mixed", "f32"}))
+      ->capture_default_str();
   return cmd;
 }
 

@@ -16,7 +16,17 @@ namespace {
 
 struct DeviceFlags {
   std::string device = "auto";
+  std::string precision;  // "" where the command has no --precision
   int threads = 0;
+  // --precision, for the commands that run a model (train has its own: train_cli.cpp).
+  void add_precision(CLI::App* app) {
+    precision = "auto";
+    app->add_option("--precision", precision,
+                    "auto (mixed where the device has cooperative matrices, f32 elsewhere), mixed (f16 inputs with f32 "
+                    "sums for the products of 32 tokens or more) or f32")
+        ->check(CLI::IsMember({"auto", "mixed", "f32"}))
+        ->capture_default_str();
+  }
   void add(CLI::App* app) {
     app->add_option("--device", device,
                     "auto (the best Vulkan GPU, else the CPU kernels; a CPU-emulated Vulkan device such as lavapipe only when named), cpu, vulkan (best Vulkan device), or vulkan:N "
@@ -26,17 +36,21 @@ struct DeviceFlags {
   }
   q4t::DeviceChoice open() const {
     q4t::cpu::set_num_threads(threads);
-    return q4t::choose_device(device);
+    q4t::DeviceChoice dev = q4t::choose_device(device);
+    if (!precision.empty()) dev.set_precision(precision);
+    return dev;
   }
 };
 
 int list_devices() {
   const auto devs = q4t::vk::Device::list();
-  std::cout << "cpu          the CPU kernels (" << q4t::cpu::num_threads() << " threads)\n";
+  std::cout << "cpu          the CPU kernels (" << q4t::cpu::num_threads() << " threads; f32)\n";
   if (devs.empty()) std::cout << "(no Vulkan devices)\n";
   for (const auto& d : devs)
     std::cout << "vulkan:" << d.index << "     " << d.name << " (" << d.type << ", Vulkan "
-              << VK_API_VERSION_MAJOR(d.api_version) << "." << VK_API_VERSION_MINOR(d.api_version) << ")\n";
+              << VK_API_VERSION_MAJOR(d.api_version) << "." << VK_API_VERSION_MINOR(d.api_version) << "; "
+              << (d.coop_matrix ? "tensor cores: --precision auto is mixed" : "no tensor cores: --precision auto is f32")
+              << ")\n";
   return 0;
 }
 
@@ -106,6 +120,7 @@ int main(int argc, char** argv) {
   q4t::LogitsOptions logits_opt;
   auto* logits = app.add_subcommand("logits", "Run the model on token ids and write the logits at every position as JSON");
   logits_dev.add(logits);
+  logits_dev.add_precision(logits);
   logits->add_option("MODEL", logits_opt.model, "GGUF model")->required();
   auto* ids_opt = logits->add_option("--ids", logits_opt.ids, "comma-separated token ids")->delimiter(',');
   logits->add_option("--ids-file", logits_opt.ids_file, "JSON array of token ids")->excludes(ids_opt);
@@ -159,6 +174,7 @@ int main(int argc, char** argv) {
       "Time full LoRA training steps (forward, backward, clip, AdamW) on a random Q4_0 model of a named shape made "
       "in memory: tokens/s and peak memory per batch size");
   bench_train_dev.add(bench_train);
+  bench_train_dev.add_precision(bench_train);
   bench_train->add_option("--shape", bt_opt.shape, "small (dim 512, 8 layers), tinyllama-1.1b or llama-7b")
       ->capture_default_str();
   bench_train->add_option("--seq-len", bt_opt.seq_len, "tokens per row")->capture_default_str();
@@ -190,6 +206,7 @@ int main(int argc, char** argv) {
   q4t::EvalOptions eval_opt;
   auto* eval = app.add_subcommand("eval", "Loss and perplexity of a model, with or without an adapter, on a dataset");
   eval_dev.add(eval);
+  eval_dev.add_precision(eval);
   eval->add_option("--model", eval_opt.model, "GGUF base model")->required();
   eval->add_option("--data", eval_opt.data, "data: .txt or .jsonl, read as by train")->required();
   eval->add_option("--adapter", eval_opt.adapter, "GGUF LoRA adapter to apply");

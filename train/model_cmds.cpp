@@ -282,7 +282,7 @@ int run_logits(const LogitsOptions& o, const DeviceChoice& dev, std::ostream& ou
     ids = o.ids;
   }
   if (ids.empty()) throw std::invalid_argument("logits: give the token ids with --ids 1,2,3 or --ids-file F.json");
-  auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan);
+  auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan, dev.precision);
   auto m = model::Model::load(o.model, *be);
   const int64_t V = m->config().n_vocab;
   for (int32_t id : ids)

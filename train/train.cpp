@@ -320,7 +320,8 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
   // Device, model, tokenizer, data.
   q4t::cpu::set_num_threads(opt.threads);
   DeviceChoice dev = choose_device(opt.device);
-  auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan);
+  dev.set_precision(opt.precision);
+  auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan, dev.precision);
   auto file = gguf::File::open(model_path);
   auto tok = tok::Tokenizer::from_gguf(*file);
   auto model = model::Model::load(model_path, *be);
@@ -330,7 +331,8 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
     fail_option("keep-ffn-layers", std::to_string(opt.keep_ffn_layers) + " exceeds the model's layer count (" +
                                        std::to_string(mc.n_layer) + ")");
   out << "model " << model_path << ": " << mc.arch << ", " << mc.n_layer << " layers, dim " << mc.n_embd << ", "
-      << train::fmt_bytes(model->weight_bytes()) << " of weights on " << dev.name() << "\n";
+      << train::fmt_bytes(model->weight_bytes()) << " of weights on " << dev.name() << ", " << dev.precision_text()
+      << "\n";
 
   data::DatasetOptions dopt;
   dopt.seq_len = opt.seq_len;

@@ -35,6 +35,7 @@ struct TrainOptions {
   double val_fraction = 0;
   std::string device = "auto";
   int threads = 0;
+  std::string precision = "auto";  // auto, mixed or f32 (DeviceChoice::set_precision)
   // LoRA.
   int64_t lora_rank = 16;
   double lora_alpha = 32, lora_dropout = 0;

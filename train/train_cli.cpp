@@ -82,6 +82,12 @@ void add_train_options(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--device", o.device, "auto (the best Vulkan GPU, else the CPU kernels; a CPU-emulated Vulkan device such as lavapipe only when named), cpu, vulkan or vulkan:N")
       ->capture_default_str()->group(g);
   cmd->add_option("--threads", o.threads, "CPU worker threads (0: one per core)")->capture_default_str()->group(g);
+  cmd->add_option("--precision", o.precision,
+                  "auto (mixed where the device has cooperative matrices, f32 elsewhere), mixed (the products of 32 "
+                  "tokens or more take f16 inputs with f32 sums; norms, softmax, the loss, the adapters and AdamW stay "
+                  "f32) or f32")
+      ->check(CLI::IsMember({"auto", "mixed", "f32"}))
+      ->capture_default_str()->group(g);
 
   g = "LoRA";
   cmd->add_option("--lora-rank", o.lora_rank, "rank r of every adapter")->check(CLI::Range(int64_t(1), int64_t(65536)))

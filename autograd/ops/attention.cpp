@@ -121,6 +121,11 @@ bool coop_attention(const OpContext& c, const Dims& n, bool backward) {
   return c.be.device().coop_matrix() && n.D % 16 == 0 && n.D <= (backward ? 64 : 128) &&
          n.T >= kCoopAttentionMinTokens;
 }
+// A tensor-core pass's shader: its mixed-precision variant (one f16 product per step) under --precision mixed.
+std::string coop_pass(const OpContext& c, const char* pass) {
+  return c.be.precision() == Precision::Mixed ? std::string(pass) + "_mixed" : std::string(pass);
+}
+
 // The backward's scale of dO (attention_coop.glsl: dout_scale) comes from kDoutMaxGroups partial maxima.
 constexpr uint32_t kDoutMaxGroups = 64;
 std::vector<uint32_t> coop_spec(const Dims& n) {
@@ -276,7 +281,7 @@ void attention_forward_flash(OpContext& c) {
   const FlashPush push = flash_push(c, 0);
   const bool coop = coop_attention(c, n, false);
   const FlashLayout f = flash_layout(n.D, kFlashForward, c.be.device().subgroup_size());
-  c.seq->dispatch(c.be.pipeline(coop ? "attention_coop_fwd" : "attention_flash_fwd", 6, sizeof(push),
+  c.seq->dispatch(c.be.pipeline(coop ? coop_pass(c, "attention_coop_fwd") : "attention_flash_fwd", 6, sizeof(push),
                                 coop ? coop_spec(n) : flash_spec(f)),
                   {&c.node.value.buffer(), &c.node.saved.at(0).buffer(), &c.in(0).buffer(), &c.in(1).buffer(),
                    &c.in(2).buffer(), &segment_buffer(c)},
@@ -300,7 +305,7 @@ void attention_backward_flash(OpContext& c) {
   const FlashPush pq = flash_push(c, 0);
   const Tensor& dq = c.needs_grad(0) ? c.in_grad(0) : c.node.saved.at(2);
   const uint32_t bindings = 10;
-  c.seq->dispatch(c.be.pipeline(coop ? "attention_coop_dq" : "attention_flash_dq", bindings, sizeof(pq),
+  c.seq->dispatch(c.be.pipeline(coop ? coop_pass(c, "attention_coop_dq") : "attention_flash_dq", bindings, sizeof(pq),
                                 coop ? coop_spec(n) : flash_spec(fq)),
                   {&dq.buffer(), &delta.buffer(), &c.in(0).buffer(), &c.in(1).buffer(), &c.in(2).buffer(),
                    &c.node.value.buffer(), &c.node.grad.buffer(), &lse.buffer(), &segment_buffer(c), dout_max},
@@ -312,7 +317,7 @@ void attention_backward_flash(OpContext& c) {
   const Tensor& dk = c.needs_grad(1) ? c.in_grad(1) : c.in_grad(2);
   const Tensor& dv = c.needs_grad(2) ? c.in_grad(2) : c.in_grad(1);
   const uint32_t key_groups = coop ? coop_row_groups(n.T) : row_groups(n.T, fk);
-  const auto& pipe = c.be.pipeline(coop ? "attention_coop_dkv" : "attention_flash_dkv", bindings, sizeof(FlashPush),
+  const auto& pipe = c.be.pipeline(coop ? coop_pass(c, "attention_coop_dkv") : "attention_flash_dkv", bindings, sizeof(FlashPush),
                                    coop ? coop_spec(n) : flash_spec(fk));
   if (!split_dkv(c, n)) {
     const FlashPush pk = flash_push(c, want);

@@ -261,17 +261,24 @@ Shape linear_ce_shape(const Graph& g, const Node& n) {
 
 int64_t tile_rows(const OpContext& c) { return std::min(c.node.params.i[0], c.in(1).dim(0)); }
 
-// saved[0]: stats [3T + 1]; saved[1]: the one logits tile [T, min(vocab_tile, V)], reused by every tile; on Vulkan
-// with a Q4_0 W, saved[2]: the tile's d split for the tensor-core dx.
+// Whether the output product runs mixed (f16 inputs, f32 sums: LinearKernels::mixed_for) on this graph.
+bool mixed_output(const OpContext& c) {
+  return !c.be.is_cpu() && is_frozen_storage(c.in(1).dtype()) && c.be.linear().mixed_for(c.in(0).rows(), c.in(0).cols());
+}
+
+// saved[0]: stats [3T + 1]; saved[1]: the one logits tile [T, min(vocab_tile, V)], reused by every tile; on Vulkan,
+// saved[2]: the scratch of a tile's products: x and each tile's d as f16 rows for the mixed products, or a Q4_0
+// W's d split for the tensor-core dx.
 void linear_ce_prepare(OpContext& c) {
-  const int64_t Tn = c.in(0).rows();
+  const int64_t Tn = c.in(0).rows(), C = c.in(0).cols(), tile = tile_rows(c);
   c.node.saved.push_back(c.scratch({3 * Tn + 1}, c.be.real(), Scratch::Saved));
-  c.node.saved.push_back(c.scratch({Tn, tile_rows(c)}, c.be.real(), Scratch::Pass));
-  // A Q4_0 W's dx on the tensor cores (LinearKernels::q4_0_dx_rows_coop) splits each tile's d into this.
-  if (!c.be.is_cpu() && c.in(1).dtype() == DType::Q4_0 && c.node.requires_grad && c.needs_grad(0)) {
-    const size_t bytes = c.be.linear().q4_0_dx_device_scratch_bytes(Tn, tile_rows(c), c.in(0).cols());
-    c.node.saved.push_back(c.scratch({int64_t(std::max<size_t>(bytes, 4) / 4)}, DType::F32, Scratch::Pass));
-  }
+  c.node.saved.push_back(c.scratch({Tn, tile}, c.be.real(), Scratch::Pass));
+  size_t bytes = 0;
+  if (mixed_output(c))
+    bytes = std::max(c.be.linear().mixed_scratch_bytes(Tn, tile, C), c.be.linear().mixed_scratch_bytes(Tn, C, tile));
+  else if (!c.be.is_cpu() && c.in(1).dtype() == DType::Q4_0 && c.node.requires_grad && c.needs_grad(0))
+    bytes = c.be.linear().q4_0_dx_device_scratch_bytes(Tn, tile, C);  // LinearKernels::q4_0_dx_rows_coop
+  if (bytes > 0) c.node.saved.push_back(c.scratch({int64_t(std::max<size_t>(bytes, 4) / 4)}, DType::F32, Scratch::Pass));
 }
 
 // Rows [j0, j0 + n) of w as the bytes (frozen) or floats (f32) of a matrix [n, C] of their own.
@@ -386,6 +393,9 @@ void tile_gemm_vk(OpContext& c, const char* shader, const Tensor& out, const Ten
 // them (LinearKernels::q4_0_gemm_rows_coop), else the tiled FP32 kernel.
 void tile_logits_vk(OpContext& c, const Tensor& logits, int64_t j0, int64_t n) {
   const Tensor &x = c.in(0), &w = c.in(1);
+  if (mixed_output(c))
+    return c.be.linear().mixed_gemm(frozen_format(w.dtype()), *c.seq, logits.buffer(), w.buffer(), x.buffer(),
+                                    c.node.saved[2].buffer(), x.rows(), n, x.cols(), j0);
   if (w.dtype() == DType::Q4_0 &&
       c.be.linear().q4_0_gemm_rows_coop(*c.seq, logits.buffer(), w.buffer(), x.buffer(), x.rows(), w.dim(0), j0, n,
                                         x.cols()))
@@ -399,6 +409,9 @@ void tile_logits_vk(OpContext& c, const Tensor& logits, int64_t j0, int64_t n) {
 // them, else the tiled FP32 kernel.
 void tile_dx_vk(OpContext& c, const Tensor& d, int64_t j0, int64_t n) {
   const Tensor &x = c.in(0), &w = c.in(1);
+  if (mixed_output(c))
+    return c.be.linear().mixed_dx(frozen_format(w.dtype()), *c.seq, c.in_grad(0).buffer(), w.buffer(), d.buffer(),
+                                  c.node.saved[2].buffer(), x.rows(), n, 0, x.cols(), j0, n, true);
   if (w.dtype() == DType::Q4_0 && c.node.saved.size() > 2 &&
       c.be.linear().q4_0_dx_rows_coop(*c.seq, c.in_grad(0).buffer(), w.buffer(), d.buffer(),
                                       c.node.saved[2].buffer(), x.rows(), w.dim(0), j0, n, x.cols()))

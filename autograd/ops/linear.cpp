@@ -32,21 +32,16 @@ struct FrozenKernels {
   decltype(&cpu::q4_0_dx) cpu_dx;
   decltype(&vk::LinearKernels::q4_0_gemm) vk_gemm;
   decltype(&vk::LinearKernels::q4_0_dx) vk_dx;
-  decltype(&vk::LinearKernels::q4_0_dx_scratch_bytes) vk_dx_scratch_bytes;
 };
 
 // Null for a real (f32 or f64) weight.
 const FrozenKernels* frozen_kernels(DType t) {
   using K = vk::LinearKernels;
-  static const FrozenKernels q4_0{cpu::q4_0_gemm, cpu::q4_0_dx, &K::q4_0_gemm, &K::q4_0_dx,
-                                  K::q4_0_dx_scratch_bytes};
-  static const FrozenKernels q8_0{cpu::q8_0_gemm, cpu::q8_0_dx, &K::q8_0_gemm, &K::q8_0_dx,
-                                  K::q8_0_dx_scratch_bytes};
-  static const FrozenKernels f16{cpu::f16_gemm, cpu::f16_dx, &K::f16_gemm, &K::f16_dx, K::f16_dx_scratch_bytes};
-  static const FrozenKernels q4_k{cpu::q4_k_gemm, cpu::q4_k_dx, &K::q4_k_gemm, &K::q4_k_dx,
-                                  K::q4_k_dx_scratch_bytes};
-  static const FrozenKernels q6_k{cpu::q6_k_gemm, cpu::q6_k_dx, &K::q6_k_gemm, &K::q6_k_dx,
-                                  K::q6_k_dx_scratch_bytes};
+  static const FrozenKernels q4_0{cpu::q4_0_gemm, cpu::q4_0_dx, &K::q4_0_gemm, &K::q4_0_dx};
+  static const FrozenKernels q8_0{cpu::q8_0_gemm, cpu::q8_0_dx, &K::q8_0_gemm, &K::q8_0_dx};
+  static const FrozenKernels f16{cpu::f16_gemm, cpu::f16_dx, &K::f16_gemm, &K::f16_dx};
+  static const FrozenKernels q4_k{cpu::q4_k_gemm, cpu::q4_k_dx, &K::q4_k_gemm, &K::q4_k_dx};
+  static const FrozenKernels q6_k{cpu::q6_k_gemm, cpu::q6_k_dx, &K::q6_k_gemm, &K::q6_k_dx};
   switch (t) {
     case DType::Q4_0: return &q4_0;
     case DType::Q8_0: return &q8_0;
@@ -127,20 +122,12 @@ void linear_backward(OpContext& c) {
   if (c.needs_grad(0)) frozen_backward(c, c.in_grad(0), c.node.grad, c.in(1), first_saved(c));
 }
 
-// The Vulkan dx of a frozen weight needs scratch for its row-chunk partial sums (one token) or for the slices of a
-// small product split over many rows (several tokens; see LinearKernels::dx_gemm); the forward, for the slices of
-// a product of few output tiles split over K (LinearKernels::gemm_scratch_bytes). For a Q4_0 W on the tensor
-// cores, X and dY split once as well (forward_scratch_bytes, q4_0_dx_device_scratch_bytes). One scratch serves
-// both passes.
+// The Vulkan products of a frozen weight need scratch: the row-chunk partial sums of the one-token dx, the slices
+// of a product split over K, the split or f16 activations of the tensor-core and mixed paths
+// (LinearKernels::frozen_scratch_bytes). One scratch serves both passes.
 size_t frozen_scratch_bytes(OpContext& c, DType t, int64_t T_, int64_t n_out, int64_t n_in) {
-  const FrozenKernels* k = frozen_kernels(t);
-  if (c.be.is_cpu() || !k) return 0;
-  const bool q4_0 = t == DType::Q4_0;  // the tensor-core GEMMs' split activations
-  const size_t fwd = q4_0 ? c.be.linear().forward_scratch_bytes(T_, n_out, n_in)
-                          : vk::LinearKernels::gemm_scratch_bytes(T_, n_out, n_in);
-  const size_t bwd = q4_0 ? c.be.linear().q4_0_dx_device_scratch_bytes(T_, n_out, n_in)
-                          : k->vk_dx_scratch_bytes(T_, n_out, n_in);
-  return std::max<size_t>({bwd, fwd, 4});
+  if (c.be.is_cpu() || !frozen_kernels(t)) return 0;
+  return std::max<size_t>(c.be.linear().frozen_scratch_bytes(frozen_format(t), T_, n_out, n_in), 4);
 }
 
 void linear_prepare(OpContext& c) {

@@ -3,7 +3,9 @@
 // in attention_flash.glsl, whose layout they use with SPLIT = 1: DPL is the head dim D (a multiple of 16), TILE
 // the BC rows of the other side staged per step, WG the invocations (WG / 32 subgroups of 16 rows each).
 //
-// Numerics stay near f32: every matrix input enters as f16 hi + lo (split8_in_order: hi the value cut to 11
+// Mixed precision (variants *_mixed, built with MIXED): every matrix input enters as one f16 rounded to nearest, one
+// product, f32 sums, as in the frozen products (mixed_gemm.comp). Otherwise:
+// numerics stay near f32: every matrix input enters as f16 hi + lo (split8_in_order: hi the value cut to 11
 // significant bits, lo the exact rest rounded to f16) and every product as hi·hi + hi·lo + lo·hi into f32
 // accumulators. Over 4237 packed tokens (tests/test_autograd.cpp, LongPackedAttention) the H100 gave dK within
 // 1.2e-5 of its largest value, against about 1e-6 for the FP32 kernels (the gradient checks allow 1e-4). Values
@@ -42,11 +44,20 @@ float dout_scale() {
 }
 #endif
 
-// acc += a·b for split a (a_hi, a_lo) and b (b_hi, b_lo).
+// acc += a·b for split a (a_hi, a_lo) and b (b_hi, b_lo). MIXED (mixed precision, kernels/precision.h): every input
+// is one f16 rounded to nearest (SPLIT8 leaves the lo parts zero, and no load of them survives), one product.
+#ifdef MIXED
+#define MMA3(acc, a_hi, a_lo, b_hi, b_lo) acc = coopMatMulAddNV(a_hi, b_hi, acc)
+#define SPLIT8(a, b, h, l)                                                                           \
+  h = uvec4(packHalf2x16((a).xy), packHalf2x16((a).zw), packHalf2x16((b).xy), packHalf2x16((b).zw)); \
+  l = uvec4(0u)
+#else
 #define MMA3(acc, a_hi, a_lo, b_hi, b_lo) \
   acc = coopMatMulAddNV(a_hi, b_hi, acc); \
   acc = coopMatMulAddNV(a_hi, b_lo, acc); \
   acc = coopMatMulAddNV(a_lo, b_hi, acc)
+#define SPLIT8(a, b, h, l) split8_in_order(a, b, h, l)
+#endif
 
 // Rows r0 .. r0 + n of `buf` (vec4[], rows of `stride` floats, D of them from float col0 on) times `scale`, as
 // f16 hi/lo into tiles[hi], tiles[lo] (rows of KS); rows from T on are zero. The whole workgroup takes part.
@@ -56,7 +67,8 @@ float dout_scale() {
     const uint base_ = (min(src_, u.T - 1u) * (stride) + (col0)) / 4u + 2u * g_;                \
     const bool ok_ = src_ < u.T;                                                                \
     uvec4 h_, l_;                                                                               \
-    split8_in_order(ok_ ? (scale) * buf[base_] : vec4(0.0), ok_ ? (scale) * buf[base_ + 1u] : vec4(0.0), h_, l_); \
+    const vec4 a_ = ok_ ? (scale) * buf[base_] : vec4(0.0), b_ = ok_ ? (scale) * buf[base_ + 1u] : vec4(0.0); \
+    SPLIT8(a_, b_, h_, l_);                                                                     \
     tiles[(hi) + row_ * KS + g_] = h_;                                                          \
     tiles[(lo) + row_ * KS + g_] = l_;                                                          \
   }
@@ -72,8 +84,8 @@ float dout_scale() {
 #define PUT_SPLIT_ROW(hi, lo, r, kh, v)                                                                    \
   [[unroll]] for (uint e_ = 0u; e_ < HALF / 8u; ++e_) {                                                    \
     uvec4 h_, l_;                                                                                          \
-    split8_in_order(vec4(v[8u * e_], v[8u * e_ + 1u], v[8u * e_ + 2u], v[8u * e_ + 3u]),                   \
-                    vec4(v[8u * e_ + 4u], v[8u * e_ + 5u], v[8u * e_ + 6u], v[8u * e_ + 7u]), h_, l_);     \
+    SPLIT8(vec4(v[8u * e_], v[8u * e_ + 1u], v[8u * e_ + 2u], v[8u * e_ + 3u]),                            \
+           vec4(v[8u * e_ + 4u], v[8u * e_ + 5u], v[8u * e_ + 6u], v[8u * e_ + 7u]), h_, l_);              \
     tiles[(hi) + (r) * PS + (kh) * (HALF / 8u) + e_] = h_;                                                 \
     tiles[(lo) + (r) * PS + (kh) * (HALF / 8u) + e_] = l_;                                                 \
   }

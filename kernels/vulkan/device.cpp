@@ -140,6 +140,56 @@ VkBool32 VKAPI_PTR debug_callback(VkDebugUtilsMessageSeverityFlagBitsEXT severit
   return VK_FALSE;
 }
 
+namespace {
+std::vector<VkExtensionProperties> device_extensions(VkPhysicalDevice pd) {
+  uint32_t n = 0;
+  vkEnumerateDeviceExtensionProperties(pd, nullptr, &n, nullptr);
+  std::vector<VkExtensionProperties> exts(n);
+  vkEnumerateDeviceExtensionProperties(pd, nullptr, &n, exts.data());
+  return exts;
+}
+
+// Whether a device has what the tensor-core kernels (*_coop.comp, mixed_gemm.comp with COOP) need:
+// VK_NV_cooperative_matrix with 16x16x16 f16 x f16 + f32 on subgroups of 32, f16 arithmetic and the Vulkan memory
+// model.
+bool coop_matrix_supported(VkInstance inst, VkPhysicalDevice pd) {
+  VkPhysicalDeviceSubgroupProperties sg{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  p2.pNext = &sg;
+  vkGetPhysicalDeviceProperties2(pd, &p2);
+  const auto exts = device_extensions(pd);
+  auto has_ext = [&](const char* name) {
+    return std::any_of(exts.begin(), exts.end(), [&](const VkExtensionProperties& e) { return std::strcmp(e.extensionName, name) == 0; });
+  };
+  for (const char* e : {VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME, VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME,
+                        VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME})
+    if (!has_ext(e)) return false;
+  if (sg.subgroupSize != 32) return false;
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV coop_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+  VkPhysicalDeviceShaderFloat16Int8FeaturesKHR f16_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR};
+  VkPhysicalDeviceVulkanMemoryModelFeaturesKHR vmm_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR};
+  coop_f.pNext = &f16_f;
+  f16_f.pNext = &vmm_f;
+  VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  f2.pNext = &coop_f;
+  vkGetPhysicalDeviceFeatures2(pd, &f2);
+  auto props_fn = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV>(
+      vkGetInstanceProcAddr(inst, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV"));
+  bool shape = false;
+  if (props_fn) {
+    uint32_t n = 0;
+    props_fn(pd, &n, nullptr);
+    std::vector<VkCooperativeMatrixPropertiesNV> cm(n, {VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV});
+    props_fn(pd, &n, cm.data());
+    for (const auto& c : cm)
+      shape = shape || (c.MSize == 16 && c.NSize == 16 && c.KSize == 16 && c.AType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+                        c.BType == VK_COMPONENT_TYPE_FLOAT16_NV && c.CType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+                        c.DType == VK_COMPONENT_TYPE_FLOAT32_NV && c.scope == VK_SCOPE_SUBGROUP_NV);
+  }
+  return shape && coop_f.cooperativeMatrix && f16_f.shaderFloat16 && vmm_f.vulkanMemoryModel;
+}
+}  // namespace
+
 std::vector<PhysicalDeviceInfo> Device::list() {
   VkInstance inst = create_instance(false);
   std::vector<PhysicalDeviceInfo> out;
@@ -147,7 +197,7 @@ std::vector<PhysicalDeviceInfo> Device::list() {
   for (uint32_t i = 0; i < devs.size(); ++i) {
     VkPhysicalDeviceProperties p;
     vkGetPhysicalDeviceProperties(devs[i], &p);
-    out.push_back({i, p.deviceName, type_name(p.deviceType), p.apiVersion});
+    out.push_back({i, p.deviceName, type_name(p.deviceType), p.apiVersion, coop_matrix_supported(inst, devs[i])});
   }
   vkDestroyInstance(inst, nullptr);
   return out;
@@ -211,10 +261,7 @@ std::unique_ptr<Device> Device::open(const Options& opt) {
   d->timestamps_ = qf[d->queue_family_].timestampValidBits > 0 && d->props_.limits.timestampPeriod > 0;
 
   // Tensor cores: every extension and feature the *_coop.comp kernels use, and the one matrix shape they use.
-  uint32_t n_ext = 0;
-  vkEnumerateDeviceExtensionProperties(d->physical_, nullptr, &n_ext, nullptr);
-  std::vector<VkExtensionProperties> exts(n_ext);
-  vkEnumerateDeviceExtensionProperties(d->physical_, nullptr, &n_ext, exts.data());
+  const auto exts = device_extensions(d->physical_);
   auto has_ext = [&](const char* name) {
     return std::any_of(exts.begin(), exts.end(), [&](const VkExtensionProperties& e) { return std::strcmp(e.extensionName, name) == 0; });
   };
@@ -224,27 +271,7 @@ std::unique_ptr<Device> Device::open(const Options& opt) {
   VkPhysicalDeviceCooperativeMatrixFeaturesNV coop_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
   VkPhysicalDeviceShaderFloat16Int8FeaturesKHR f16_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR};
   VkPhysicalDeviceVulkanMemoryModelFeaturesKHR vmm_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR};
-  coop_f.pNext = &f16_f;
-  f16_f.pNext = &vmm_f;
-  if (d->subgroup_size_ == 32 && std::all_of(coop_exts.begin(), coop_exts.end(), has_ext)) {
-    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-    f2.pNext = &coop_f;
-    vkGetPhysicalDeviceFeatures2(d->physical_, &f2);
-    auto props_fn = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV>(
-        vkGetInstanceProcAddr(d->instance_, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV"));
-    bool shape = false;
-    if (props_fn) {
-      uint32_t n = 0;
-      props_fn(d->physical_, &n, nullptr);
-      std::vector<VkCooperativeMatrixPropertiesNV> cm(n, {VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV});
-      props_fn(d->physical_, &n, cm.data());
-      for (const auto& c : cm)
-        shape = shape || (c.MSize == 16 && c.NSize == 16 && c.KSize == 16 && c.AType == VK_COMPONENT_TYPE_FLOAT16_NV &&
-                          c.BType == VK_COMPONENT_TYPE_FLOAT16_NV && c.CType == VK_COMPONENT_TYPE_FLOAT32_NV &&
-                          c.DType == VK_COMPONENT_TYPE_FLOAT32_NV && c.scope == VK_SCOPE_SUBGROUP_NV);
-    }
-    d->coop_matrix_ = shape && coop_f.cooperativeMatrix && f16_f.shaderFloat16 && vmm_f.vulkanMemoryModel;
-  }
+  d->coop_matrix_ = coop_matrix_supported(d->instance_, d->physical_);
   // 8-bit integer dot products (the *_gemv_dot.comp kernels): the extension and its one feature.
   VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dot_f{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};

@@ -34,6 +34,7 @@ struct PhysicalDeviceInfo {
   std::string name;
   std::string type;  // "discrete", "integrated", "virtual", "cpu", "other"
   uint32_t api_version;
+  bool coop_matrix;  // tensor-core matrix products (Device::coop_matrix)
 };
 
 class Device {

@@ -227,6 +227,7 @@ void LinearKernels::q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, con
     return;
   }
   check_q4_0_product(k, w, T, n_out, n_in, "X", X, n_in, "Y", Y, n_out);
+  if (mixed_for(T, n_in)) return routed_mixed_gemm(Format::Q4_0, k, s, Y, w, X, T, n_out, n_in, scratch);
   if (dev_.coop_matrix() && T >= kCoopMinTokens) return q4_0_gemm_coop(k, s, Y, w, X, T, n_out, n_in, scratch, {}, 0);
   tiled_gemm("q4_0_gemm", s, Y, w, X, T, n_out, n_in, scratch);
 }
@@ -259,7 +260,7 @@ bool LinearKernels::q4_0_gemm_lora(Sequence& s, const Buffer& Y, const Buffer& w
                                    int64_t n_out, int64_t n_in, const Buffer* scratch, const Buffer& hs,
                                    const Buffer& B, int64_t r) {
   const char* k = "q4_0_gemm (with the adapter's term)";
-  if (!dev_.coop_matrix() || T < kCoopMinTokens || r < 1 || r > kCoopLoraMaxRank) return false;
+  if (!dev_.coop_matrix() || T < kCoopMinTokens || r < 1 || r > kCoopLoraMaxRank || mixed(T)) return false;
   check_q4_0_product(k, w, T, n_out, n_in, "X", X, n_in, "Y", Y, n_out);
   check_min_size(k, "hs", hs.size(), size_t(T * r) * 4);
   check_min_size(k, "B", B.size(), size_t(n_out * r) * 4);
@@ -287,7 +288,7 @@ void check_rows_window(const char* k, const Buffer& w, const Buffer& x, const Bu
 bool LinearKernels::q4_0_gemm_rows_coop(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
                                         int64_t n_rows, int64_t row0, int64_t n, int64_t n_in) {
   const char* k = "q4_0_gemm (rows)";
-  if (!dev_.coop_matrix() || T < kCoopMinTokens) return false;
+  if (!dev_.coop_matrix() || T < kCoopMinTokens || mixed(T)) return false;
   check_rows_window(k, w, X, Y, T, n_rows, row0, n, n_in);
   const auto& p = pipeline("q4_0_gemm_coop", 5, sizeof(GemmPush), {0, 0});
   dispatch_forward(k, p, s, Y, w, X, T, n, n_in, ceil_div(n, kCoopTileN), ceil_div(T, kCoopTileM), nullptr, row0,
@@ -316,7 +317,7 @@ bool LinearKernels::q4_0_dx_rows_coop(Sequence& s, const Buffer& dX, const Buffe
                                       const Buffer& scratch, int64_t T, int64_t n_rows, int64_t row0, int64_t n,
                                       int64_t n_in) {
   const char* k = "q4_0_dx (rows)";
-  if (!dev_.coop_matrix() || T < kCoopMinTokens) return false;
+  if (!dev_.coop_matrix() || T < kCoopMinTokens || mixed(T)) return false;
   check_rows_window(k, w, dX, d, T, n_rows, row0, n, n_in);
   check_min_size(k, "scratch", scratch.size(), q4_0_dx_device_scratch_bytes(T, n, n_in));
   dx_coop_split(k, s, dX, w, d, scratch, T, n_in, n, 0, row0, row0 + n, true);
@@ -379,6 +380,8 @@ void LinearKernels::q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, cons
   check_q4_0_linear(k, n_out, n_in, T);
   check_j_range(k, j_start, j_end, n_out);
   check_q4_0_product(k, w, T, n_out, n_in, "dY", dY, n_out, "dX", dX, n_in);
+  if (mixed_for(T, n_in))
+    return routed_mixed_dx(Format::Q4_0, k, s, dX, w, dY, scratch, T, n_out, n_in, j_start, j_end, accumulate);
   if (T > 1) {
     // On devices with cooperative matrices, q4_0_dx_coop.comp (each weight as two exact f16 parts, dY as f16
     // hi + lo; three products per K slice). H100, T = 512: 33.3 TFLOPS at 16384 x 16384 against 27.5 for the
@@ -455,7 +458,7 @@ bool LinearKernels::q4_0_dx_lora(Sequence& s, const Buffer& dX, const Buffer& w,
                                  const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, const Buffer& dh,
                                  const Buffer& A, int64_t r) {
   const char* k = "q4_0_dx (with the adapter's term)";
-  if (!dev_.coop_matrix() || T < kCoopMinTokens || r < 1 || r > kCoopLoraMaxRank) return false;
+  if (!dev_.coop_matrix() || T < kCoopMinTokens || r < 1 || r > kCoopLoraMaxRank || mixed(T)) return false;
   check_q4_0_product(k, w, T, n_out, n_in, "dY", dY, n_out, "dX", dX, n_in);
   check_min_size(k, "dh", dh.size(), size_t(T * r) * 4);
   check_min_size(k, "A", A.size(), size_t(r * n_in) * 4);
@@ -473,6 +476,7 @@ void LinearKernels::dx_reduce(Sequence& s, const Buffer& dX, const Buffer& scrat
 // --- Q8_0, Q4_K, Q6_K and F16: one implementation over the format's shaders --------------------------------------------------
 
 struct FrozenFormat {
+  Format format;
   const char* gemm_name;  // kernel names in error messages
   const char* dx_name;
   const char* gemv_shader;
@@ -502,7 +506,7 @@ void check_f16_on_gpu(const char* kernel, int64_t n_out, int64_t n_in, int64_t T
   check_f16_pairs(kernel, n_in);
 }
 
-const FrozenFormat kQ8_0{"q8_0_gemm", "q8_0_dx", "q8_0_gemv", nullptr, 0, "q8_0_gemm", "q8_0_dx_gemm",
+const FrozenFormat kQ8_0{Format::Q8_0, "q8_0_gemm", "q8_0_dx", "q8_0_gemv", nullptr, 0, "q8_0_gemm", "q8_0_dx_gemm",
                          "q8_0_dx_split", kGemvWorkgroup, 2, kDxQ4_0Cols, 0, rows_of<q8_0_row_bytes>,
                          check_q8_0_linear};
 // K-quant GEMVs: 128 invocations per workgroup, each taking ROWS_PER_INVOCATION rows (q4_k_gemv.comp: 4, so one
@@ -554,13 +558,13 @@ constexpr uint32_t kGemvQ4_KRows = 4;
 constexpr uint32_t kGemvQ6_KRows = 2;
 constexpr int64_t kDxKCols = 256;     // q4_k_dx_split.glsl: 8 units of 32 columns
 constexpr int64_t kDxQ6_KCols = 256;  // q6_k_dx_split.comp: whole blocks per workgroup
-const FrozenFormat kQ4_K{"q4_k_gemm", "q4_k_dx", "q4_k_gemv", "q4_k_gemv_dot", 1, "q4_k_gemm", "q4_k_dx_gemm", "q4_k_dx_split",
+const FrozenFormat kQ4_K{Format::Q4_K, "q4_k_gemm", "q4_k_dx", "q4_k_gemv", "q4_k_gemv_dot", 1, "q4_k_gemm", "q4_k_dx_gemm", "q4_k_dx_split",
                          kGemvKWorkgroup, kGemvQ4_KRows, kDxKCols, kDxKRowsInFlight, rows_of<q4_k_row_bytes>,
                          check_q4_k_linear, "q4_k_dx_split_f16"};
-const FrozenFormat kQ6_K{"q6_k_gemm", "q6_k_dx", "q6_k_gemv", "q6_k_gemv_dot", 2, "q6_k_gemm", "q6_k_dx_gemm", "q6_k_dx_split",
+const FrozenFormat kQ6_K{Format::Q6_K, "q6_k_gemm", "q6_k_dx", "q6_k_gemv", "q6_k_gemv_dot", 2, "q6_k_gemm", "q6_k_dx_gemm", "q6_k_dx_split",
                          kGemvKWorkgroup, kGemvQ6_KRows, kDxQ6_KCols, kDxQ6_KRowsInFlight, q6_k_device_bytes,
                          check_q6_k_linear};
-const FrozenFormat kF16{"f16_gemm", "f16_dx", "f16_gemv", nullptr, 0, "f16_gemm", "f16_dx_gemm",
+const FrozenFormat kF16{Format::F16, "f16_gemm", "f16_dx", "f16_gemv", nullptr, 0, "f16_gemm", "f16_dx_gemm",
                         "f16_dx_split", kGemvWorkgroup, 4, kDxF16Cols, 0, rows_of<f16_row_bytes>, check_f16_on_gpu};
 }  // namespace
 
@@ -573,6 +577,7 @@ void LinearKernels::frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer
   check_min_size(k, "W", w.size(), size_t(f.weight_bytes(n_out, n_in)));
   check_min_size(k, "X", X.size(), size_t(T * n_in) * 4);
   check_min_size(k, "Y", Y.size(), size_t(T * n_out) * 4);
+  if (mixed_for(T, n_in)) return routed_mixed_gemm(f.format, k, s, Y, w, X, T, n_out, n_in, scratch);
   if (T == 1) {
     if (f.gemv_dot_shader &&
         gemv_dot(f.gemv_dot_shader, f.gemv_dot_layout, kGemvDotRows, s, Y, w, X, n_out, n_in, scratch))
@@ -596,6 +601,8 @@ void LinearKernels::frozen_dx(const FrozenFormat& f, Sequence& s, const Buffer& 
   check_min_size(k, "W", w.size(), size_t(f.weight_bytes(n_out, n_in)));
   check_min_size(k, "dY", dY.size(), size_t(T * n_out) * 4);
   check_min_size(k, "dX", dX.size(), size_t(T * n_in) * 4);
+  if (mixed_for(T, n_in))
+    return routed_mixed_dx(f.format, k, s, dX, w, dY, scratch, T, n_out, n_in, j_start, j_end, accumulate);
   if (T > 1) return dx_gemm(f.dx_gemm_shader, s, dX, w, dY, scratch, T, n_out, n_in, j_start, j_end, accumulate);
   const int64_t n_rows = j_end - j_start;
   const int64_t rows_per_chunk = dx_rows_per_chunk(n_rows, n_in, f.dx_cols_per_group);

@@ -124,6 +124,13 @@ class LinearKernels {
   Precision precision() const { return precision_; }
   static constexpr int64_t kMixedMinTokens = 32;
   bool mixed(int64_t T) const { return precision_ == Precision::Mixed && T >= kMixedMinTokens; }
+  // Whether a frozen product of T tokens with rows of n_in weights runs mixed (every format's entry point above
+  // takes the mixed path then): mixed(T), and rows of whole 32-weight units.
+  bool mixed_for(int64_t T, int64_t n_in) const { return mixed(T) && n_in % 32 == 0; }
+  // The scratch one frozen product of format f needs at this precision: its forward and its dx over all n_out rows
+  // (one scratch serves both). The entry points above take it (or the smaller sizes of their own functions when
+  // the product does not run mixed).
+  size_t frozen_scratch_bytes(Format f, int64_t T, int64_t n_out, int64_t n_in) const;
 
   // The f16 operand of a mixed product (to_f16): `rows` rows of K values in k-panels (panel q: columns 32q ..
   // 32q + 31 of every row, 4 uvec4s a row, zero past K) from uvec4 `base` of `buf`, and their factors (floats from
@@ -160,12 +167,14 @@ class LinearKernels {
   // The scratch of a whole mixed frozen product of T tokens (the split slices, then the f16 rows) in either
   // direction: forward K = n_in, N = n_out; dx K = n_rows, N = n_in.
   size_t mixed_scratch_bytes(int64_t T, int64_t N, int64_t K) const;
-  // Y = X·Wᵀ and dX (+)= dY[:, j_start:j_end]·W[j_start:j_end] as mixed products through `scratch`
-  // (mixed_scratch_bytes).
+  // Y[T, n_out] = X·W[row0 : row0 + n_out]ᵀ, and dX[T, n_in] (+)= dY[:, dy_col0 : dy_col0 + n_rows]·W[w_row0 :
+  // w_row0 + n_rows] (dY rows of dy_cols floats), as mixed products through `scratch` (mixed_scratch_bytes with
+  // K = n_in, N = n_out, or N = n_in, K = n_rows). The windows serve the vocabulary tiles of the loss.
   void mixed_gemm(Format f, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, const Buffer& scratch,
                   int64_t T, int64_t n_out, int64_t n_in, int64_t row0 = 0);
   void mixed_dx(Format f, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer& scratch,
-                int64_t T, int64_t dy_cols, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
+                int64_t T, int64_t dy_cols, int64_t dy_col0, int64_t n_in, int64_t w_row0, int64_t n_rows,
+                bool accumulate);
 
   // The tiled GEMMs (T > 1 without tensor cores, the dx for T > 1, the f32 GEMMs) pick a 64- or 128-wide tile
   // from the product's shape; tests force one (0: pick) to check both on shapes of any size.
@@ -238,6 +247,12 @@ class LinearKernels {
 
   uint32_t gemm_tile(int64_t M, int64_t N) const;
 
+  // The mixed paths of the per-format entry points (mixed_for), checking their scratch.
+  void routed_mixed_gemm(Format f, const char* k, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X,
+                         int64_t T, int64_t n_out, int64_t n_in, const Buffer* scratch);
+  void routed_mixed_dx(Format f, const char* k, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
+                       const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
+                       bool accumulate);
   // The workgroup tile (BM, BN) of a mixed_gemm.comp variant, and its pipeline.
   struct MixedTile {
     uint32_t bm, bn;

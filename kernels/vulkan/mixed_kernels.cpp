@@ -172,13 +172,47 @@ void LinearKernels::mixed_gemm(Format f, Sequence& s, const Buffer& Y, const Buf
 }
 
 void LinearKernels::mixed_dx(Format f, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
-                             const Buffer& scratch, int64_t T, int64_t dy_cols, int64_t n_in, int64_t j_start,
-                             int64_t j_end, bool accumulate) {
-  const int64_t n_rows = j_end - j_start;
+                             const Buffer& scratch, int64_t T, int64_t dy_cols, int64_t dy_col0, int64_t n_in,
+                             int64_t w_row0, int64_t n_rows, bool accumulate) {
   const size_t split = align16(mixed_split_bytes(T, n_in, n_rows));
   check_min_size("mixed_dx", "scratch", scratch.size(), mixed_scratch_bytes(T, n_in, n_rows));
-  const F16Rows a = to_f16(s, scratch, split, dY, T, n_rows, dy_cols, j_start);
-  mixed_product(f, true, s, dX, a, w, n_in, j_start, n_in, accumulate, split > 0 ? &scratch : nullptr);
+  const F16Rows a = to_f16(s, scratch, split, dY, T, n_rows, dy_cols, dy_col0);
+  mixed_product(f, true, s, dX, a, w, n_in, w_row0, n_in, accumulate, split > 0 ? &scratch : nullptr);
+}
+
+namespace {
+void check_scratch(const char* k, const Buffer* scratch, size_t need) {
+  if (!scratch)
+    throw ShapeError(std::string(k) + ": the mixed-precision path needs a scratch buffer of " + std::to_string(need) +
+                     " bytes");
+  check_min_size(k, "scratch", scratch->size(), need);
+}
+}  // namespace
+
+void LinearKernels::routed_mixed_gemm(Format f, const char* k, Sequence& s, const Buffer& Y, const Buffer& w,
+                                      const Buffer& X, int64_t T, int64_t n_out, int64_t n_in, const Buffer* scratch) {
+  check_scratch(k, scratch, mixed_scratch_bytes(T, n_out, n_in));
+  mixed_gemm(f, s, Y, w, X, *scratch, T, n_out, n_in);
+}
+
+void LinearKernels::routed_mixed_dx(Format f, const char* k, Sequence& s, const Buffer& dX, const Buffer& w,
+                                    const Buffer& dY, const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in,
+                                    int64_t j_start, int64_t j_end, bool accumulate) {
+  check_scratch(k, scratch, mixed_scratch_bytes(T, n_in, j_end - j_start));
+  mixed_dx(f, s, dX, w, dY, *scratch, T, n_out, j_start, n_in, j_start, j_end - j_start, accumulate);
+}
+
+size_t LinearKernels::frozen_scratch_bytes(Format f, int64_t T, int64_t n_out, int64_t n_in) const {
+  if (mixed_for(T, n_in)) return std::max(mixed_scratch_bytes(T, n_out, n_in), mixed_scratch_bytes(T, n_in, n_out));
+  switch (f) {
+    case Format::Q4_0:
+      return std::max(forward_scratch_bytes(T, n_out, n_in), q4_0_dx_device_scratch_bytes(T, n_out, n_in));
+    case Format::Q8_0: return std::max(gemm_scratch_bytes(T, n_out, n_in), q8_0_dx_scratch_bytes(T, n_out, n_in));
+    case Format::F16: return std::max(gemm_scratch_bytes(T, n_out, n_in), f16_dx_scratch_bytes(T, n_out, n_in));
+    case Format::Q4_K: return std::max(gemm_scratch_bytes(T, n_out, n_in), q4_k_dx_scratch_bytes(T, n_out, n_in));
+    case Format::Q6_K: return std::max(gemm_scratch_bytes(T, n_out, n_in), q6_k_dx_scratch_bytes(T, n_out, n_in));
+  }
+  return 0;
 }
 
 }  // namespace q4t::vk
