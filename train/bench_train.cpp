@@ -1,5 +1,5 @@
-// q4tune bench train: full LoRA training steps (forward, backward, gradient clip, AdamW) on a random Q4_0
-// model of a named shape made in memory, timed after warm-up; tokens/s and peak memory per batch size.
+// q4tune bench train: full LoRA training steps (forward, backward, gradient clip, AdamW) on a random model of a
+// named shape made in memory (--type: its weights), timed after warm-up; tokens/s and peak memory per batch size.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -125,16 +125,17 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
 
   auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan, dev.precision);
   const auto t_model = std::chrono::steady_clock::now();
-  auto model = model::Model::random_q4_0(cfg, *be, 1234);
+  auto model = model::Model::random(cfg, *be, 1234, model::Model::parse_random_weights("--type", opt.type));
   const double model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_model).count();
   out << "bench train on " << dev.name();
   if (dev.is_cpu()) out << " (" << cpu::num_threads() << " threads)";
   out << ": " << opt.shape << " (dim " << cfg.n_embd << ", " << cfg.n_layer << " layers, " << cfg.n_head << "/"
-      << cfg.n_head_kv << " heads, ff " << cfg.n_ff << ", vocab " << cfg.n_vocab << "), random Q4_0 weights "
+      << cfg.n_head_kv << " heads, ff " << cfg.n_ff << ", vocab " << cfg.n_vocab << "), random " << opt.type << " weights "
       << train::fmt_bytes(model->weight_bytes()) << " (made in " << std::fixed << std::setprecision(1) << model_s
       << " s); LoRA r=" << opt.lora_rank << " on q,k,v,o,gate,up,down; seq " << opt.seq_len << "; " << opt.warmup
       << " warm-up + " << opt.steps << " timed steps"
-      << (opt.grad_checkpoint ? "; layers recomputed in the backward (--grad-checkpoint)" : "");
+      << (opt.grad_checkpoint ? "; layers recomputed in the backward (--grad-checkpoint)" : "") << "; "
+      << dev.precision_text();
   if (opt.keep_ffn_layers > 0) out << ", the ffn gate and up outputs of the last " << opt.keep_ffn_layers << " kept";
   out << "\n";
   out.unsetf(std::ios::floatfield);
@@ -197,6 +198,8 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
                     {"weight_bytes", model->weight_bytes()},
                     {"trainable_params", r.trainable},
                     {"lora_rank", opt.lora_rank},
+                    {"type", opt.type},
+                    {"precision", precision_name(dev.precision)},
                     {"grad_checkpoint", opt.grad_checkpoint},
                     {"keep_ffn_layers", opt.keep_ffn_layers},
                     {"loss", r.loss}});

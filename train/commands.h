@@ -76,6 +76,7 @@ class BenchJson {
 // q4tune bench train (train/bench_train.cpp).
 struct BenchTrainOptions {
   std::string shape = "small";  // small, tinyllama-1.1b or llama-7b
+  std::string type = "q4_0";    // the random model's weights: q4_0, q4_k_m, q8_0 or f16
   int64_t seq_len = 512;
   std::vector<int64_t> batch_sizes{1, 4};
   int64_t steps = 5, warmup = 2;  // timed steps, and untimed ones before them

@@ -171,10 +171,15 @@ int main(int argc, char** argv) {
   q4t::BenchTrainOptions bt_opt;
   auto* bench_train = bench->add_subcommand(
       "train",
-      "Time full LoRA training steps (forward, backward, clip, AdamW) on a random Q4_0 model of a named shape made "
-      "in memory: tokens/s and peak memory per batch size");
+      "Time full LoRA training steps (forward, backward, clip, AdamW) on a random model of a named shape made in "
+      "memory (Q4_0 weights unless --type says otherwise): tokens/s and peak memory per batch size");
   bench_train_dev.add(bench_train);
   bench_train_dev.add_precision(bench_train);
+  bench_train->add_option("--type", bt_opt.type,
+                          "the random model's weights: q4_0, q8_0 or f16 (every matrix), or q4_k_m (llama-quantize's "
+                          "Q4_K_M mix: Q4_K, with Q6_K for the output matrix and attn_v/ffn_down of some layers)")
+      ->check(CLI::IsMember({"q4_0", "q4_k_m", "q8_0", "f16"}))
+      ->capture_default_str();
   bench_train->add_option("--shape", bt_opt.shape, "small (dim 512, 8 layers), tinyllama-1.1b or llama-7b")
       ->capture_default_str();
   bench_train->add_option("--seq-len", bt_opt.seq_len, "tokens per row")->capture_default_str();

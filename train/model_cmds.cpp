@@ -16,6 +16,7 @@
 #include "kernels/quant/q4_0.h"
 #include "kernels/quant/q8_0.h"
 #include "train/commands.h"
+#include "train/model/weight_mix.h"
 #include "train/device_choice.h"
 #include "train/model/model.h"
 
@@ -100,10 +101,6 @@ const RecipeName& parse_recipe(const std::string& flag, const std::string& s) {
   throw std::invalid_argument(flag + ": '" + s + "' is not one of q4_0, q4_k_m, q8_0, f16, f32");
 }
 
-// llama-quantize's choice of more bits in a stack of n layers: the first and last eighth, and every third layer
-// in between.
-bool more_bits_layer(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
-
 // The type of matrix `name` [n_out, n_in] under a recipe, as llama-quantize picks it:
 // - the output matrix (output.weight, or token_embd.weight when tied) of a quantized mix is Q6_K, or Q8_0 when
 //   n_in is not a multiple of 256;
@@ -119,12 +116,9 @@ GgmlType matrix_type(Recipe r, const std::string& name, int64_t n_in, int64_t la
     case Recipe::Q8_0: t = GgmlType::Q8_0; break;
     case Recipe::Q4_0: t = GgmlType::Q4_0; break;
     case Recipe::Q4_0Mixed: t = output ? GgmlType::Q6_K : GgmlType::Q4_0; break;
-    case Recipe::Q4_K_M: {
-      const bool v_or_down = name.find("attn_v.weight") != std::string::npos ||
-                             name.find("ffn_down.weight") != std::string::npos;
-      t = output || (v_or_down && more_bits_layer(layer, n_layers)) ? GgmlType::Q6_K : GgmlType::Q4_K;
+    case Recipe::Q4_K_M:
+      t = model::q4_k_m_takes_q6_k(name, layer, n_layers, output) ? GgmlType::Q6_K : GgmlType::Q4_K;
       break;
-    }
   }
   if (t == GgmlType::Q6_K && n_in % kQK_KBlockElems != 0) t = GgmlType::Q8_0;
   if (t == GgmlType::Q4_K && n_in % kQK_KBlockElems != 0)

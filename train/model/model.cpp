@@ -6,6 +6,7 @@
 #include "data/splitmix.h"
 #include "kernels/cpu/threads.h"
 #include "kernels/quant/f16.h"
+#include "train/model/weight_mix.h"
 
 namespace q4t::model {
 
@@ -103,7 +104,72 @@ std::unique_ptr<Model> Model::load(const std::string& path, ag::Backend& be) {
   return m;
 }
 
-std::unique_ptr<Model> Model::random_q4_0(const ModelConfig& c, ag::Backend& be, uint64_t seed) {
+Model::RandomWeights Model::parse_random_weights(const std::string& flag, const std::string& s) {
+  if (s == "q4_0") return RandomWeights::Q4_0;
+  if (s == "q4_k_m") return RandomWeights::Q4_K_M;
+  if (s == "q8_0") return RandomWeights::Q8_0;
+  if (s == "f16") return RandomWeights::F16;
+  throw std::invalid_argument(flag + ": '" + s + "' is not one of q4_0, q4_k_m, q8_0, f16");
+}
+
+namespace {
+
+// Rows of random blocks of type t, each value of spread about `spread`: random codes, and the scales that give
+// that spread (one per matrix: the codes carry the randomness).
+std::vector<uint8_t> random_rows(ag::DType t, int64_t n_out, int64_t n_in, uint64_t seed, double spread) {
+  const int64_t row_bytes = frozen_row_bytes(t, n_in);
+  std::vector<uint8_t> bytes(size_t(n_out * row_bytes));
+  // Standard deviations of the codes: uniform 0..15 4.6, int8 74, Q4_K's sc·q about 31.5·4.6, Q6_K's (q − 32)·sc
+  // about 18.5·18.
+  const uint16_t d4 = quant::f32_to_f16(float(spread / 4.6)), d8 = quant::f32_to_f16(float(spread / 74.0));
+  const uint16_t dk = quant::f32_to_f16(float(spread / (31.5 * 4.6))), dmk = quant::f32_to_f16(float(7.5 * spread / (31.5 * 4.6)));
+  const uint16_t d6 = quant::f32_to_f16(float(spread / (18.5 * 18.0)));
+  cpu::parallel_for(n_out, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      uint64_t state = splitmix64(seed ^ uint64_t(r));
+      uint8_t* row = bytes.data() + r * row_bytes;
+      for (int64_t i = 0; i < row_bytes; i += 8) {  // random bytes first, then each format's scales over them
+        state = splitmix64(state);
+        std::memcpy(row + i, &state, size_t(std::min<int64_t>(8, row_bytes - i)));
+      }
+      switch (t) {
+        case ag::DType::Q4_0:
+          for (int64_t b = 0; b < n_in / 32; ++b) std::memcpy(row + 18 * b, &d4, 2);
+          break;
+        case ag::DType::Q8_0:
+          for (int64_t b = 0; b < n_in / 32; ++b) std::memcpy(row + 34 * b, &d8, 2);
+          break;
+        case ag::DType::Q4_K:
+          for (int64_t b = 0; b < n_in / 256; ++b) {
+            std::memcpy(row + 144 * b, &dk, 2);
+            std::memcpy(row + 144 * b + 2, &dmk, 2);
+          }
+          break;
+        case ag::DType::Q6_K:
+          for (int64_t b = 0; b < n_in / 256; ++b) {
+            uint8_t* blk = row + 210 * b;
+            for (int j = 0; j < 16; ++j) blk[192 + j] = uint8_t(int8_t(int(blk[192 + j] % 64) - 32));
+            std::memcpy(blk + 208, &d6, 2);
+          }
+          break;
+        case ag::DType::F16:
+          for (int64_t i = 0; i < n_in; ++i) {
+            state = splitmix64(state);
+            const float u = float(double(state >> 11) * 0x1.0p-53 * 2 - 1);  // uniform in [-1, 1): spread 1/sqrt(3)
+            const uint16_t h = quant::f32_to_f16(float(u * spread * 1.7320508));
+            std::memcpy(row + 2 * i, &h, 2);
+          }
+          break;
+        default: break;
+      }
+    }
+  });
+  return bytes;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::random(const ModelConfig& c, ag::Backend& be, uint64_t seed, RandomWeights w) {
   std::unique_ptr<Model> m(new Model(be));
   m->cfg_ = c;
   uint64_t tensor_index = 0;
@@ -115,28 +181,21 @@ std::unique_ptr<Model> Model::random_q4_0(const ModelConfig& c, ag::Backend& be,
       return;
     }
     const int64_t n_in = ne[0], n_out = ne[1];
-    if (n_in % 32 != 0)
+    ag::DType t = ag::DType::Q4_0;
+    if (w == RandomWeights::Q8_0) t = ag::DType::Q8_0;
+    if (w == RandomWeights::F16) t = ag::DType::F16;
+    if (w == RandomWeights::Q4_K_M) {
+      const bool output = name == "output.weight" || (c.tied && name == "token_embd.weight");
+      const int64_t layer = name.rfind("blk.", 0) == 0 ? std::stoll(name.substr(4, name.find('.', 4) - 4)) : -1;
+      t = q4_k_m_takes_q6_k(name, layer, c.n_layer, output) ? ag::DType::Q6_K : ag::DType::Q4_K;
+    }
+    const int64_t block = ag::block_elems(t);
+    if (n_in % block != 0)
       throw std::invalid_argument("random model: " + name + " has rows of " + std::to_string(n_in) +
-                                  " values, not a multiple of the 32 of a Q4_0 block");
-    // Quants uniform in 0..15 give values d·(q − 8) of standard deviation about 4.6·d.
-    const uint16_t d = quant::f32_to_f16(float(1.0 / (4.6 * std::sqrt(double(n_in)))));
-    const int64_t row_bytes = n_in / 32 * 18;
-    std::vector<uint8_t> bytes(size_t(n_out * row_bytes));
-    cpu::parallel_for(n_out, 16, [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r) {
-        uint64_t state = splitmix64(tensor_seed ^ uint64_t(r));
-        uint8_t* row = bytes.data() + r * row_bytes;
-        for (int64_t b = 0; b < n_in / 32; ++b) {
-          uint8_t* blk = row + b * 18;
-          std::memcpy(blk, &d, 2);
-          for (int k = 0; k < 16; k += 8) {
-            state = splitmix64(state);
-            std::memcpy(blk + 2 + k, &state, 8);
-          }
-        }
-      }
-    });
-    m->weights_[name] = be.quantized(bytes, ag::Shape{n_out, n_in}, ag::DType::Q4_0);
+                                  " values, not a multiple of the " + std::to_string(block) + " of a " +
+                                  ag::dtype_name(t) + " block");
+    const auto bytes = random_rows(t, n_out, n_in, tensor_seed, 1.0 / std::sqrt(double(n_in)));
+    m->weights_[name] = be.quantized(bytes, ag::Shape{n_out, n_in}, t);
   });
   return m;
 }

@@ -32,10 +32,15 @@ class Model {
  public:
   // Opens, validates (keys, every tensor's presence, shape and type) and uploads the weights to `be`.
   static std::unique_ptr<Model> load(const std::string& path, ag::Backend& be);
-  // A model of config c made in memory, for benchmarks: every matrix Q4_0 with uniformly random quants and one
-  // scale per matrix (values of spread about 1/sqrt(n_in), so activations keep their size through the layers),
-  // norms 1, no biases. The same seed gives the same bytes for any thread count.
-  static std::unique_ptr<Model> random_q4_0(const ModelConfig& c, ag::Backend& be, uint64_t seed);
+  // The weight types of a random model: one for every matrix, or llama-quantize's Q4_K_M mix (weight_mix.h).
+  enum class RandomWeights { Q4_0, Q4_K_M, Q8_0, F16 };
+  // "q4_0", "q4_k_m", "q8_0" or "f16"; anything else throws std::invalid_argument naming `flag`.
+  static RandomWeights parse_random_weights(const std::string& flag, const std::string& s);
+  // A model of config c made in memory, for benchmarks: every matrix of the mix's type with random codes and
+  // scales (values of spread about 1/sqrt(n_in), so activations keep their size through the layers), norms 1, no
+  // biases. The same seed gives the same bytes for any thread count.
+  static std::unique_ptr<Model> random(const ModelConfig& c, ag::Backend& be, uint64_t seed,
+                                       RandomWeights w = RandomWeights::Q4_0);
 
   const ModelConfig& config() const { return cfg_; }
   ag::Backend& backend() const { return be_; }
