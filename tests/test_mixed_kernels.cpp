@@ -81,7 +81,7 @@ class MixedKernels : public ::testing::Test {
                           int64_t n_out, int64_t n_in) {
     const auto wd = device_bytes(f, w_host);
     vk::Buffer w(*device_, wd.size()), x(*device_, x_host.size() * 4), y(*device_, size_t(T * n_out) * 4);
-    vk::Buffer scratch(*device_, kernels_->mixed_scratch_bytes(T, n_out, n_in));
+    vk::Buffer scratch(*device_, kernels_->mixed_scratch_bytes(f, T, n_out, n_in));
     w.upload(wd);
     x.upload(x_host);
     vk::Sequence s(*device_);
@@ -98,7 +98,7 @@ class MixedKernels : public ::testing::Test {
                         bool accumulate) {
     const auto wd = device_bytes(f, w_host);
     vk::Buffer w(*device_, wd.size()), dy(*device_, dy_host.size() * 4), dxb(*device_, dx0.size() * 4);
-    vk::Buffer scratch(*device_, kernels_->mixed_scratch_bytes(T, n_in, j1 - j0));
+    vk::Buffer scratch(*device_, kernels_->mixed_scratch_bytes(f, T, n_in, j1 - j0));
     w.upload(wd);
     dy.upload(dy_host);
     dxb.upload(dx0);
@@ -116,8 +116,8 @@ class MixedKernels : public ::testing::Test {
 };
 vk::Device* MixedKernels::device_ = nullptr;
 
-// Every format's decode (wunit.glsl through decode_f16.comp) gives the reference's f16 weights bit for bit, over a
-// window of rows that starts past row 0.
+// Every format's decode (wunit.glsl through decode_f16.comp, into k-panels) gives the reference's f16 weights bit
+// for bit, over a window of rows that starts past row 0.
 TEST_F(MixedKernels, DecodedWeightsEqualTheReferenceBitForBit) {
   for (Format f : kFormats)
     for (int64_t n_in : widths(f)) {
@@ -137,7 +137,8 @@ TEST_F(MixedKernels, DecodedWeightsEqualTheReferenceBitForBit) {
       for (int64_t r = 0; r < rows; ++r) {
         const auto want = ref::mixed_row(f, w_host.data(), row0 + r, n_in);
         for (int64_t i = 0; i < n_in; ++i) {
-          const double got = quant::f16_to_f32(halves[size_t(r * n_in + i)]);
+          // k-panels: panel i / 32 holds columns i / 32 · 32 .. of every row
+          const double got = quant::f16_to_f32(halves[size_t((i / 32 * rows + r) * 32 + i % 32)]);
           if (got == want[size_t(i)]) continue;
           if (++wrong <= 4)
             first += " [row " + std::to_string(row0 + r) + ", " + std::to_string(i) + "]: " + std::to_string(got) +
@@ -251,7 +252,7 @@ TEST_F(MixedKernels, EveryTileShapeMatchesTheF16Reference) {
         vk::Sequence s(*device_);
         s.begin();
         const auto a = kernels_->to_f16(s, scratch, split, in, T, K, K, 0);
-        kernels_->mixed_product(f, dx, s, out, a, w, N, 0, n_in, false, split > 0 ? &scratch : nullptr, v);
+        kernels_->mixed_product(dx, s, out, a, {f, &w}, N, n_in, false, split > 0 ? &scratch : nullptr, v);
         s.end();
         s.run();
         const auto got = out.download_as<float>(size_t(T * N));

@@ -38,7 +38,8 @@ enum class Weights { None, Q4_0, Q8_0, F16, Q4_K, Q6_K };
 // mixed product with a named path and tile shape (kernel names <format>_mixed_gemm, <format>_decoded_dx, ...).
 enum class Op { Copy, Gemv, Gemm, Dx, CoopGemm, MixedGemm, MixedDx };
 
-// A kernel --kernels can name (dx and the routed gemm run at T = 1 and T = 512, the mixed ones at T = 512).
+// A kernel --kernels can name (dx and the routed gemm run at T = 1 and at --tokens, 512 by default; the mixed ones
+// at --tokens).
 struct KernelInfo {
   const char* name;
   Weights weights;
@@ -185,9 +186,10 @@ void check_shape(Weights w, int64_t n_out, int64_t n_in) {
 
 bool is_product(Op op) { return op == Op::Gemm || op == Op::Dx || op == Op::MixedGemm || op == Op::MixedDx; }
 
-// Per shape: f16_coop_gemm first where a product at T = 512 asks for its ceiling (tensor cores only), then the
+// Per shape: f16_coop_gemm first where a product of many tokens asks for its ceiling (tensor cores only), then the
 // kernels as listed.
 std::vector<Case> make_cases(const BenchOptions& opt, bool coop) {
+  if (opt.tokens < 2) throw std::invalid_argument("--tokens: must be at least 2 (one token is the GEMV's case)");
   std::vector<std::string> kernels = opt.kernels;
   if (kernels.empty())
     for (const KernelInfo& k : kKernels)
@@ -202,14 +204,15 @@ std::vector<Case> make_cases(const BenchOptions& opt, bool coop) {
     const auto [n_out, n_in] = parse_shape(s);
     const bool ceiling_listed = std::any_of(named.begin(), named.end(), [](const Case& c) { return c.kernel == "f16_coop_gemm"; });
     const bool wants_ceiling = coop && std::any_of(named.begin(), named.end(), [](const Case& c) { return is_product(c.op); });
-    if (wants_ceiling && !ceiling_listed) cases.push_back({"f16_coop_gemm", n_out, n_in, 512, Weights::F16, Op::CoopGemm});
+    if (wants_ceiling && !ceiling_listed)
+      cases.push_back({"f16_coop_gemm", n_out, n_in, opt.tokens, Weights::F16, Op::CoopGemm});
     for (Case c : named) {
       if (c.op == Op::Copy) continue;
       check_shape(c.weights, n_out, n_in);
       c.n_out = n_out;
       c.n_in = n_in;
       if (c.op == Op::Gemv || c.op == Op::Dx) cases.push_back([&] { Case one = c; one.T = 1; return one; }());
-      if (c.op != Op::Gemv) cases.push_back([&] { Case many = c; many.T = 512; return many; }());
+      if (c.op != Op::Gemv) cases.push_back([&] { Case many = c; many.T = opt.tokens; return many; }());
     }
   }
   return cases;
@@ -348,28 +351,28 @@ double time_mixed(vk::Device& dev, vk::LinearKernels& k, const Case& c, double b
   vk::Buffer in(dev, size_t(c.T * K) * 4), out(dev, size_t(c.T * N) * 4);
   in.upload(random_acts(c.T * K));
   out.fill_zero();
-  std::unique_ptr<vk::Buffer> w16;
-  if (c.decoded) w16 = std::make_unique<vk::Buffer>(dev, size_t(c.n_out * c.n_in) * 2);
+  std::unique_ptr<vk::Buffer> w16;  // the decoded path's (and f16_coop_gemm's) f16 k-panels
+  if (c.decoded || c.op == Op::CoopGemm) w16 = std::make_unique<vk::Buffer>(dev, size_t(c.n_out * c.n_in) * 2);
   const vk::Buffer* split_buf = split > 0 ? &scratch : nullptr;
   if (c.op == Op::CoopGemm) {
+    // Both operands f16 in k-panels (the layout the GEMM reads fastest), made once.
     vk::Sequence prep(dev);
     prep.begin();
-    const auto a = k.to_f16(prep, scratch, split, in, c.T, K, K, 0);
+    vk::LinearKernels::F16Rows a = k.to_f16(prep, scratch, split, in, c.T, K, K, 0);
+    const auto w = k.decode_f16(Format::F16, prep, *w16, 0, ws[0], c.n_out, c.n_in, 0);
     prep.end();
     prep.run();
-    vk::LinearKernels::F16Rows plain = a;
-    plain.s_base = vk::LinearKernels::kNoScales;
-    return time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int i) {
-      k.mixed_product(Format::F16, false, seq, out, plain, ws[size_t(i) % ws.size()], N, 0, c.n_in, false, split_buf,
-                      c.variant);
+    a.s_base = vk::LinearKernels::kNoScales;
+    return time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int) {
+      k.mixed_product(false, seq, out, a, w, N, c.n_in, false, split_buf, c.variant);
     });
   }
   return time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int i) {
     const vk::Buffer& w = ws[size_t(i) % ws.size()];
-    if (c.decoded) k.decode_f16(f, seq, *w16, 0, w, c.n_out, c.n_in, 0);
+    vk::LinearKernels::MixedW wv{f, &w};
+    if (c.decoded) wv = k.decode_f16(f, seq, *w16, 0, w, c.n_out, c.n_in, 0);
     const auto a = k.to_f16(seq, scratch, split, in, c.T, K, K, 0);
-    k.mixed_product(c.decoded ? Format::F16 : f, dx, seq, out, a, c.decoded ? *w16 : w, N, 0, c.n_in, false,
-                    split_buf, c.variant);
+    k.mixed_product(dx, seq, out, a, wv, N, c.n_in, false, split_buf, c.variant);
   });
 }
 

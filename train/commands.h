@@ -57,6 +57,7 @@ struct BenchOptions {
   std::vector<std::string> shapes;   // "n_outxn_in"; empty: the default set
   std::string json_path;             // empty: no JSON
   double seconds_per_case = 0.25;
+  int64_t tokens = 512;  // T of the GEMM and dx cases
   Precision precision = Precision::F32;  // of the routed gemm and dx
 };
 int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& out);

@@ -147,8 +147,8 @@ int main(int argc, char** argv) {
   DeviceFlags bench_dev;
   q4t::BenchOptions bench_opt;
   auto* bench = app.add_subcommand("bench",
-                                   "Benchmark the copy roofline and the Q4_0 kernels (GEMV, GEMM at T=512, dx at "
-                                   "T=1 and T=512) on model-sized shapes");
+                                   "Benchmark the copy roofline and the Q4_0 kernels (GEMV, GEMM at --tokens, dx at "
+                                   "T=1 and at --tokens) on model-sized shapes");
   bench_dev.add(bench);
   bench->add_option("--kernels", bench_opt.kernels, "comma-separated subset of copy,q4_0_gemv,q4_0_gemm,q4_0_dx (the default set) and q8_0_gemv,q8_0_gemm,"
                     "q8_0_dx,f16_gemv,f16_gemm,f16_dx,q4_k_gemv,q4_k_gemm,q4_k_dx,q6_k_gemv,q6_k_gemm,q6_k_dx; "
@@ -164,6 +164,7 @@ int main(int argc, char** argv) {
                     "comma-separated N_OUTxN_IN shapes (default 4096x4096,4096x14336,14336x4096,16384x16384)")
       ->delimiter(',');
   bench->add_option("--json", bench_opt.json_path, "also write the results as a JSON array to this file");
+  bench->add_option("--tokens", bench_opt.tokens, "tokens (T) of the GEMM and dx cases")->capture_default_str();
   bench->add_option("--seconds", bench_opt.seconds_per_case, "time budget per case")
       ->check(CLI::Range(0.01, 60.0))
       ->capture_default_str();

@@ -1,7 +1,8 @@
 #version 450
-// Rows w_row0 .. w_row0 + rows of a frozen W [.., n_in] decoded to f16, out[r, 0 : n_in) (n_in a multiple of 32):
-// the weights the mixed-precision GEMM reads when it takes W as F16 (decoded once per product) instead of
-// decoding each tile itself. One invocation per 32-weight unit (wunit.glsl), units of a row side by side.
+// Rows w_row0 .. w_row0 + rows of a frozen W [.., n_in] decoded to f16 (n_in a multiple of 32) in k-panels: panel
+// u holds columns 32u .. 32u + 31 of every row, 64 bytes a row, as the mixed-precision GEMM reads W with W_PANELS
+// (a product that decodes W once instead of each tile in its main loop). One invocation per 32-weight unit
+// (wunit.glsl), the rows of a panel side by side, so that the writes are contiguous.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -18,11 +19,11 @@ layout(push_constant) uniform Push {
 void main() {
   const uint g = gl_GlobalInvocationID.x + 65535u * 128u * gl_WorkGroupID.y, units = p.n_in / 32u;
   if (g >= p.rows * units) return;
-  const uint r = g / units, u = g % units;
+  const uint r = g % p.rows, u = g / p.rows;
   [[unroll]] for (uint part = 0u; part < UNIT_PARTS; ++part) {
     uvec4 h[UNIT_VECS];
     unit_decode(unit_fetch(p.w_row0 + r, u, part, p.n_in), h);
     [[unroll]] for (uint e = 0u; e < UNIT_VECS; ++e)
-      o4[p.out_base + (r * p.n_in + 32u * u) / 8u + part * UNIT_VECS + e] = h[e];
+      o4[p.out_base + 4u * (u * p.rows + r) + part * UNIT_VECS + e] = h[e];
   }
 }

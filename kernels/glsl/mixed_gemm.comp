@@ -2,6 +2,7 @@
 // The mixed-precision GEMM of every frozen weight format: f16 inputs, f32 accumulation.
 //   forward (default): C[M, N] (+)= s_m · A[M, K] · W[w_row0 + n, k]ᵀ    (K = n_in: Y = X·Wᵀ)
 //   NN (dx):           C[M, N] (+)= s_m · A[M, K] · W[w_row0 + k, n]      (N = n_in: dX = dY·W over K rows of W)
+// W_PANELS: W is F16 in the same k-panels (decode_f16.comp's output for a decoded product).
 // A is f16 in k-panels (rows_to_f16.comp): panel q holds columns 32q .. 32q + 31 of every row, 64 bytes a row, so
 // the A tile of a K step is one contiguous piece of memory; each row is scaled by a power of two, s_m its inverse
 // (without scales, s_m = 1). W is read in 32-weight units that the format decodes to f16 (wunit.glsl); nothing
@@ -60,8 +61,16 @@ layout(push_constant) uniform Push {
   uint k_slice;   // 0, or split K: workgroup z sums [z·k_slice, +k_slice) into C + z·M·ldc, without accumulating
   uint w_row0;    // W's row for n = 0 (forward) or k = 0 (NN)
   uint w_cols;    // W's row length n_in
+  uint w_base;    // W_PANELS: W's first uvec4 in binding 2
 } p;
 const uint kNoScales = 0xFFFFFFFFu;
+// W_PANELS (F16 only): W in k-panels as decode_f16.comp writes them, rows = the product's N (forward) or K (NN).
+#define W_BASE p.w_base
+#ifdef NN
+#define W_PANEL_ROWS p.K
+#else
+#define W_PANEL_ROWS p.N
+#endif
 
 #include "wunit.glsl"
 

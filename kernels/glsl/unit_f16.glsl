@@ -4,6 +4,12 @@ struct WUnit {
   uvec4 v;
 };
 
+#ifdef W_PANELS
+// W as decode_f16.comp writes it with PANELS: k-panels of 32 columns, panel u holding columns 32u .. 32u + 31 of
+// all W_PANEL_ROWS rows (64 bytes a row), from uvec4 W_BASE on.
+WUnit unit_fetch(uint row, uint u, uint part, uint n_in) { return WUnit(wq4[W_BASE + 4u * (u * W_PANEL_ROWS + row) + part]); }
+#else
 WUnit unit_fetch(uint row, uint u, uint part, uint n_in) { return WUnit(wq4[(row * n_in + 32u * u) / 8u + part]); }
+#endif
 
 void unit_decode(WUnit r, out uvec4 h[UNIT_VECS]) { h[0] = r.v; }

@@ -146,27 +146,37 @@ class LinearKernels {
   // src's rows [rows, col0 : col0 + K) (rows of lda floats) into dst from byte `offset` (a multiple of 16).
   F16Rows to_f16(Sequence& s, const Buffer& dst, size_t offset, const Buffer& src, int64_t rows, int64_t K, int64_t lda,
                  int64_t col0);
-  // C[M, N] (+)= s_m · a · W[w_row0 + n, :]ᵀ (dx false: K = a.K = n_in; Y = X·Wᵀ) or s_m · a · W[w_row0 + k, :] (dx
-  // true: K = a.K rows of W, N = n_in; dX = dY·W), M = a.rows, W [.., n_in] in format f (n_in a multiple of 32; Q6_K
-  // in the device layout). With `split` (mixed_split_bytes of the shape, when not 0) a product of few output tiles
-  // sums slices of K there, then adds them in order. `variant` names another tile shape of the same kernel
-  // (bench: "_t128x64w4" ...; "" the default).
-  void mixed_product(Format f, bool dx, Sequence& s, const Buffer& C, const F16Rows& a, const Buffer& w, int64_t N,
-                     int64_t w_row0, int64_t n_in, bool accumulate, const Buffer* split,
-                     const std::string& variant = "");
+  // The W operand of a mixed product: a frozen W [.., n_in] in `format` read from row `row0` on (Q6_K in the device
+  // layout), or (`panels`) f16 k-panels as decode_f16 writes them, rows from 0, from uvec4 `base` of `buf`.
+  struct MixedW {
+    Format format = Format::F16;
+    const Buffer* buf = nullptr;
+    int64_t row0 = 0;
+    bool panels = false;
+    uint32_t base = 0;
+  };
+  // C[M, N] (+)= s_m · a · W[row0 + n, :]ᵀ (dx false: K = a.K = n_in; Y = X·Wᵀ) or s_m · a · W[row0 + k, :] (dx true:
+  // K = a.K rows of W, N = n_in; dX = dY·W), M = a.rows (n_in a multiple of 32). With `split` (mixed_split_bytes of
+  // the shape, when not 0) a product of few output tiles sums slices of K there, then adds them in order.
+  // `variant` names another tile shape of the same kernel (bench: "_t128x64w4" ...; "" the default).
+  void mixed_product(bool dx, Sequence& s, const Buffer& C, const F16Rows& a, const MixedW& w, int64_t N, int64_t n_in,
+                     bool accumulate, const Buffer* split, const std::string& variant = "");
   size_t mixed_split_bytes(int64_t M, int64_t N, int64_t K, const std::string& variant = "") const;
   // The tile-shape suffixes of mixed_gemm.comp's variants (kernels/CMakeLists.txt), "" first (the default), and
   // whether the shader of one exists for a format and direction (the bench's other shapes exist for some only;
   // devices without cooperative matrices run every one as the portable twin).
   static const std::vector<std::string>& mixed_variants();
   bool has_mixed_variant(Format f, bool dx, const std::string& variant) const;
-  // Rows w_row0 .. w_row0 + rows of W [.., n_in] in format f as f16 rows into dst from byte `offset` (a multiple
-  // of 16): the weights as an F16 W for mixed_product.
-  void decode_f16(Format f, Sequence& s, const Buffer& dst, size_t offset, const Buffer& w, int64_t rows, int64_t n_in,
-                  int64_t w_row0);
-  // The scratch of a whole mixed frozen product of T tokens (the split slices, then the f16 rows) in either
-  // direction: forward K = n_in, N = n_out; dx K = n_rows, N = n_in.
-  size_t mixed_scratch_bytes(int64_t T, int64_t N, int64_t K) const;
+  // Rows w_row0 .. w_row0 + rows of W [.., n_in] in format f decoded to f16 k-panels in dst from byte `offset` (a
+  // multiple of 16): the W operand (panels) of a product that decodes W once.
+  MixedW decode_f16(Format f, Sequence& s, const Buffer& dst, size_t offset, const Buffer& w, int64_t rows, int64_t n_in,
+                    int64_t w_row0);
+  // Whether the mixed products of format f decode W to f16 once per product (then run the F16 GEMM) rather than tile
+  // by tile in the GEMM's main loop: for every format but F16 itself (docs/mixed-precision.md has the measurements).
+  static bool decodes_once(Format f) { return f != Format::F16; }
+  // The scratch of a whole mixed frozen product of T tokens (the split slices, the f16 rows, and W decoded where
+  // decodes_once) in either direction: forward K = n_in, N = n_out; dx K = n_rows, N = n_in.
+  size_t mixed_scratch_bytes(Format f, int64_t T, int64_t N, int64_t K) const;
   // Y[T, n_out] = X·W[row0 : row0 + n_out]ᵀ, and dX[T, n_in] (+)= dY[:, dy_col0 : dy_col0 + n_rows]·W[w_row0 :
   // w_row0 + n_rows] (dY rows of dy_cols floats), as mixed products through `scratch` (mixed_scratch_bytes with
   // K = n_in, N = n_out, or N = n_in, K = n_rows). The windows serve the vocabulary tiles of the loss.

@@ -16,7 +16,7 @@ namespace {
 constexpr int64_t kBK = 32;  // mixed_gemm.comp's K step: A's rows are padded to a multiple of it
 
 struct MixedPush {  // mixed_gemm.comp
-  uint32_t M, N, K, a_rows, a_base, s_base, ldc, accumulate, k_slice, w_row0, w_cols;
+  uint32_t M, N, K, a_rows, a_base, s_base, ldc, accumulate, k_slice, w_row0, w_cols, w_base;
 };
 struct ToF16Push {  // rows_to_f16.comp
   uint32_t M, K, lda, col0, out_base, panels, s_base;
@@ -71,7 +71,7 @@ const std::vector<std::string>& LinearKernels::mixed_variants() {
 }
 
 bool LinearKernels::has_mixed_variant(Format f, bool dx, const std::string& variant) const {
-  if (!dev_.coop_matrix()) return true;  // the portable twin serves every shape
+  if (!dev_.coop_matrix()) return variant.empty();  // the portable twin has the one shape
   const std::string name = std::string(dx ? "mixed_dx_" : "mixed_gemm_") + format_name(f) + variant;
   return shader_table().count(name) > 0;
 }
@@ -109,33 +109,36 @@ size_t LinearKernels::mixed_split_bytes(int64_t M, int64_t N, int64_t K, const s
   return slices > 1 ? size_t(slices * M * N) * 4 : 0;
 }
 
-void LinearKernels::mixed_product(Format f, bool dx, Sequence& s, const Buffer& C, const F16Rows& a, const Buffer& w,
-                                  int64_t N, int64_t w_row0, int64_t n_in, bool accumulate, const Buffer* split,
-                                  const std::string& variant) {
-  const std::string name = std::string(dx ? "mixed_dx_" : "mixed_gemm_") + format_name(f);
+void LinearKernels::mixed_product(bool dx, Sequence& s, const Buffer& C, const F16Rows& a, const MixedW& w, int64_t N,
+                                  int64_t n_in, bool accumulate, const Buffer* split, const std::string& variant) {
+  const std::string name = std::string(dx ? "mixed_dx_" : "mixed_gemm_") + format_name(w.format) + (w.panels ? "p" : "");
   const char* k = name.c_str();
   const int64_t M = a.rows, K = a.K;
   check_gemm(k, M, N, K);
   if (n_in % kBK != 0)
     throw ShapeError(name + ": n_in = " + std::to_string(n_in) + " is not a multiple of 32 (the mixed kernels read "
                      "weights 32 at a time)");
+  if (w.panels && w.format != Format::F16) throw std::invalid_argument(name + ": only F16 weights come in k-panels");
   const int64_t w_rows = dx ? K : N;
   if (!dx && K != n_in) throw ShapeError(name + ": K = " + std::to_string(K) + " differs from n_in = " +
                                          std::to_string(n_in));
   if (dx && N != n_in) throw ShapeError(name + ": N = " + std::to_string(N) + " differs from n_in = " +
                                         std::to_string(n_in));
-  check_min_size(k, "W", w.size(), size_t(weight_bytes(f, w_row0 + w_rows, n_in)));
+  if (w.panels)
+    check_min_size(k, "W", w.buf->size(), size_t(w.base) * 16 + size_t(w_rows * n_in) * 2);
+  else
+    check_min_size(k, "W", w.buf->size(), size_t(weight_bytes(w.format, w.row0 + w_rows, n_in)));
   check_min_size(k, "C", C.size(), size_t(M * N) * 4);
   check_fits_u32(k, "C", M * N);
   const MixedTile t = mixed_tile(variant);
   const std::string shader = name + (dev_.coop_matrix() ? variant : "_fma");
   const auto& p = pipeline(shader, 3, sizeof(MixedPush));
   MixedPush push{uint32_t(M), uint32_t(N), uint32_t(K), uint32_t(a.rows), a.base, a.s_base, uint32_t(N),
-                 accumulate ? 1u : 0u, 0, uint32_t(w_row0), uint32_t(n_in)};
+                 accumulate ? 1u : 0u, 0, uint32_t(w.row0), uint32_t(n_in), w.base};
   const std::array<uint32_t, 3> groups{ceil_div(M, t.bm), ceil_div(N, t.bn), 1};
   const size_t split_bytes = mixed_split_bytes(M, N, K, variant);
   if (split_bytes == 0 || !split) {
-    s.dispatch(p, {&C, a.buf, &w}, push, groups);
+    s.dispatch(p, {&C, a.buf, w.buf}, push, groups);
     return;
   }
   check_min_size(k, "the split scratch", split->size(), split_bytes);
@@ -143,41 +146,49 @@ void LinearKernels::mixed_product(Format f, bool dx, Sequence& s, const Buffer& 
   const auto [slices, k_slice] = split_k(tiles, kSplitTarget, padded_k(K), kMinSliceK, kBK);
   push.accumulate = 0;
   push.k_slice = uint32_t(k_slice);
-  s.dispatch(p, {split, a.buf, &w}, push, {groups[0], groups[1], uint32_t(slices)});
+  s.dispatch(p, {split, a.buf, w.buf}, push, {groups[0], groups[1], uint32_t(slices)});
   dx_reduce(s, C, *split, M * N, slices, accumulate);
 }
 
-void LinearKernels::decode_f16(Format f, Sequence& s, const Buffer& dst, size_t offset, const Buffer& w,
-                               int64_t rows, int64_t n_in, int64_t w_row0) {
+LinearKernels::MixedW LinearKernels::decode_f16(Format f, Sequence& s, const Buffer& dst, size_t offset, const Buffer& w,
+                                                int64_t rows, int64_t n_in, int64_t w_row0) {
   const std::string name = std::string("decode_f16_") + format_name(f);
   const char* k = name.c_str();
   if (offset % 16 != 0 || n_in % kBK != 0)
     throw std::invalid_argument(name + ": needs an offset on 16 bytes and n_in a multiple of 32");
   check_min_size(k, "W", w.size(), size_t(weight_bytes(f, w_row0 + rows, n_in)));
   check_min_size(k, "the output", dst.size(), offset + size_t(rows * n_in) * 2);
+  check_fits_u32(k, "the output", int64_t(offset / 4) + rows * n_in / 2);
   const DecodePush push{uint32_t(rows), uint32_t(n_in), uint32_t(w_row0), uint32_t(offset / 16)};
   s.dispatch(pipeline(name, 2, sizeof(push)), {&dst, &w}, push, groups_1d(ceil_div(rows * (n_in / kBK), 128)));
+  return {Format::F16, &dst, 0, true, uint32_t(offset / 16)};
 }
 
-size_t LinearKernels::mixed_scratch_bytes(int64_t T, int64_t N, int64_t K) const {
-  return align16(mixed_split_bytes(T, N, K)) + f16_rows_bytes(T, K);
+size_t LinearKernels::mixed_scratch_bytes(Format f, int64_t T, int64_t N, int64_t K) const {
+  const size_t decoded = decodes_once(f) ? size_t(N * K) * 2 : 0;
+  return align16(mixed_split_bytes(T, N, K)) + align16(f16_rows_bytes(T, K)) + decoded;
 }
 
 void LinearKernels::mixed_gemm(Format f, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X,
                                const Buffer& scratch, int64_t T, int64_t n_out, int64_t n_in, int64_t row0) {
   const size_t split = align16(mixed_split_bytes(T, n_out, n_in));
-  check_min_size("mixed_gemm", "scratch", scratch.size(), mixed_scratch_bytes(T, n_out, n_in));
+  check_min_size("mixed_gemm", "scratch", scratch.size(), mixed_scratch_bytes(f, T, n_out, n_in));
+  MixedW wv{f, &w, row0};
+  if (decodes_once(f)) wv = decode_f16(f, s, scratch, split + align16(f16_rows_bytes(T, n_in)), w, n_out, n_in, row0);
   const F16Rows a = to_f16(s, scratch, split, X, T, n_in, n_in, 0);
-  mixed_product(f, false, s, Y, a, w, n_out, row0, n_in, false, split > 0 ? &scratch : nullptr);
+  mixed_product(false, s, Y, a, wv, n_out, n_in, false, split > 0 ? &scratch : nullptr);
 }
 
 void LinearKernels::mixed_dx(Format f, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
                              const Buffer& scratch, int64_t T, int64_t dy_cols, int64_t dy_col0, int64_t n_in,
                              int64_t w_row0, int64_t n_rows, bool accumulate) {
   const size_t split = align16(mixed_split_bytes(T, n_in, n_rows));
-  check_min_size("mixed_dx", "scratch", scratch.size(), mixed_scratch_bytes(T, n_in, n_rows));
+  check_min_size("mixed_dx", "scratch", scratch.size(), mixed_scratch_bytes(f, T, n_in, n_rows));
+  MixedW wv{f, &w, w_row0};
+  if (decodes_once(f))
+    wv = decode_f16(f, s, scratch, split + align16(f16_rows_bytes(T, n_rows)), w, n_rows, n_in, w_row0);
   const F16Rows a = to_f16(s, scratch, split, dY, T, n_rows, dy_cols, dy_col0);
-  mixed_product(f, true, s, dX, a, w, n_in, w_row0, n_in, accumulate, split > 0 ? &scratch : nullptr);
+  mixed_product(true, s, dX, a, wv, n_in, n_in, accumulate, split > 0 ? &scratch : nullptr);
 }
 
 namespace {
@@ -191,19 +202,20 @@ void check_scratch(const char* k, const Buffer* scratch, size_t need) {
 
 void LinearKernels::routed_mixed_gemm(Format f, const char* k, Sequence& s, const Buffer& Y, const Buffer& w,
                                       const Buffer& X, int64_t T, int64_t n_out, int64_t n_in, const Buffer* scratch) {
-  check_scratch(k, scratch, mixed_scratch_bytes(T, n_out, n_in));
+  check_scratch(k, scratch, mixed_scratch_bytes(f, T, n_out, n_in));
   mixed_gemm(f, s, Y, w, X, *scratch, T, n_out, n_in);
 }
 
 void LinearKernels::routed_mixed_dx(Format f, const char* k, Sequence& s, const Buffer& dX, const Buffer& w,
                                     const Buffer& dY, const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in,
                                     int64_t j_start, int64_t j_end, bool accumulate) {
-  check_scratch(k, scratch, mixed_scratch_bytes(T, n_in, j_end - j_start));
+  check_scratch(k, scratch, mixed_scratch_bytes(f, T, n_in, j_end - j_start));
   mixed_dx(f, s, dX, w, dY, *scratch, T, n_out, j_start, n_in, j_start, j_end - j_start, accumulate);
 }
 
 size_t LinearKernels::frozen_scratch_bytes(Format f, int64_t T, int64_t n_out, int64_t n_in) const {
-  if (mixed_for(T, n_in)) return std::max(mixed_scratch_bytes(T, n_out, n_in), mixed_scratch_bytes(T, n_in, n_out));
+  if (mixed_for(T, n_in))
+    return std::max(mixed_scratch_bytes(f, T, n_out, n_in), mixed_scratch_bytes(f, T, n_in, n_out));
   switch (f) {
     case Format::Q4_0:
       return std::max(forward_scratch_bytes(T, n_out, n_in), q4_0_dx_device_scratch_bytes(T, n_out, n_in));
