@@ -175,4 +175,29 @@ GradcheckResult run_gradcheck(const GradcheckCase& c, const std::vector<Backend*
   return r;
 }
 
+BackendCheck run_mixed_check(const GradcheckCase& c, Backend& f32, Backend& mixed, uint32_t seed) {
+  // The forward and the gradients of one backend, from the same inputs and upstream gradient as run_gradcheck's.
+  auto run = [&](Backend& be, std::vector<double>& out, std::vector<std::vector<double>>& grads) {
+    Graph g(be);
+    std::mt19937 brng(seed);
+    Var o = c.build(g, brng);
+    g.forward();
+    out = be.to_host(o.value());
+    if (c.forward_only) return;
+    std::mt19937 grng(seed + 1);
+    const std::vector<float> g32 = uniform(grng, numel(o.shape()), -1, 1);
+    g.backward(o, be.from_host(g32, o.shape()));
+    for (Var p : g.params()) grads.push_back(be.to_host(g.grad(p)));
+  };
+  std::vector<double> out_f32, out_mixed;
+  std::vector<std::vector<double>> grads_f32, grads_mixed;
+  run(f32, out_f32, grads_f32);
+  run(mixed, out_mixed, grads_mixed);
+  BackendCheck bc{mixed.name() + " (mixed)"};
+  bc.forward_error = rel_error(out_mixed, out_f32);
+  for (size_t k = 0; k < grads_f32.size(); ++k)
+    bc.backward_error = std::max(bc.backward_error, rel_error(grads_mixed.at(k), grads_f32[k]));
+  return bc;
+}
+
 }  // namespace q4t::ag

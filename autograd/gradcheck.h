@@ -23,6 +23,10 @@ struct GradcheckCase {
   std::function<Var(Graph&, std::mt19937&)> build;
   double fd_bound = 1e-6;      // finite differences vs analytic, in double
   double device_bound = 1e-4;  // f32 backends vs the double-precision CPU
+  // Mixed precision (f16 inputs, f32 sums) against f32 on the same Vulkan device (run_mixed_check): two f16
+  // roundings per product term (the input's and the weight's, 2^-11 each), which add up like a random walk over a
+  // sum and pass through a few products in a case; ops without mixed kernels give equal results.
+  double mixed_bound = 1e-2;
   double fd_step = 1e-6;
   bool forward_only = false;  // no parameters, no backward: compare the forward across backends only
 };
@@ -53,6 +57,10 @@ struct GradcheckResult {
 
 // Runs one case. `others` are the backends compared against the double-precision CPU (may be empty).
 GradcheckResult run_gradcheck(const GradcheckCase& c, const std::vector<Backend*>& others, uint32_t seed = 1234);
+
+// Mixed precision against f32: the case's forward and every parameter's gradient on `mixed` (a Vulkan backend at
+// Precision::Mixed) against `f32` (the same device at Precision::F32), norm-wise relative.
+BackendCheck run_mixed_check(const GradcheckCase& c, Backend& f32, Backend& mixed, uint32_t seed = 1234);
 
 // Every registered case: one or more per op in op_table(), the LoRA linear and a one-block transformer graph.
 const std::vector<GradcheckCase>& gradcheck_cases();

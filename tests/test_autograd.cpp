@@ -18,6 +18,7 @@ struct Backends {
   std::unique_ptr<vk::Device> device = vk::Device::open({-1, /*validation=*/true});
   std::unique_ptr<Backend> cpu32 = Backend::cpu(DType::F32);
   std::unique_ptr<Backend> vulkan = Backend::vulkan(*device);
+  std::unique_ptr<Backend> mixed = Backend::vulkan(*device, Precision::Mixed);
 };
 Backends& backends() {
   static Backends b;
@@ -50,6 +51,38 @@ std::string case_test_name(const ::testing::TestParamInfo<size_t>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllOps, Gradcheck, ::testing::Range(size_t(0), gradcheck_cases().size()), case_test_name);
+
+// Mixed precision (f16 inputs, f32 sums) against f32 on the same device, within each case's stated bound: on a
+// device without cooperative matrices the portable kernels (the same tiles, decoding and row scaling), on one
+// with them the tensor cores. Cases of fewer than 32 tokens run f32 either way and must agree exactly.
+class MixedGradcheck : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(MixedGradcheck, StaysWithinTheCaseBoundOfF32) {
+  const GradcheckCase& c = gradcheck_cases().at(GetParam());
+  const BackendCheck m = run_mixed_check(c, *backends().vulkan, *backends().mixed);
+  EXPECT_LE(m.forward_error, c.mixed_bound) << "forward";
+  EXPECT_LE(m.backward_error, c.mixed_bound) << "gradients";
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOps, MixedGradcheck, ::testing::Range(size_t(0), gradcheck_cases().size()),
+                         case_test_name);
+
+// The mixed products run where they should: a case of 40 tokens differs from f32 (f16 rounding shows), one of 17
+// does not (it stays f32).
+TEST(MixedPrecision, ProductsOf32TokensOrMoreRunMixedAndFewerStayF32) {
+  auto lin = [](int64_t T) {
+    return GradcheckCase{"linear", [T](Graph& g, std::mt19937& r) {
+                           Var w = random_frozen(g, r, DType::Q4_0, 70, 96, "w");
+                           return linear(random_param(g, r, {T, 96}, "x"), w);
+                         }};
+  };
+  const BackendCheck many = run_mixed_check(lin(40), *backends().vulkan, *backends().mixed);
+  const BackendCheck few = run_mixed_check(lin(17), *backends().vulkan, *backends().mixed);
+  EXPECT_GT(many.forward_error, 1e-6);
+  EXPECT_LT(many.forward_error, 1e-2);
+  EXPECT_EQ(few.forward_error, 0.0);
+  EXPECT_EQ(few.backward_error, 0.0);
+}
 
 // An op with a backward needs a full gradient check; a forward-only case covers only an op without one.
 TEST(OpTable, EveryOpHasAGradientCheckCase) {

@@ -36,7 +36,9 @@ enum class Weights { None, Q4_0, Q8_0, F16, Q4_K, Q6_K };
 // the bench's --precision). CoopGemm: f16_coop_gemm, the plain f16 x f16 -> f32 tensor-core GEMM (A and W f16 in
 // memory; no conversion, no decode), the practical ceiling of the mixed products. MixedGemm, MixedDx: a format's
 // mixed product with a named path and tile shape (kernel names <format>_mixed_gemm, <format>_decoded_dx, ...).
-enum class Op { Copy, Gemv, Gemm, Dx, CoopGemm, MixedGemm, MixedDx };
+// Lora: the six f32 products of a LoRA adapter (rank 16) on a frozen product of the shape, as lora_linear runs them
+// (lora_hs, lora_y, lora_dh, lora_db, lora_da, lora_dxa).
+enum class Op { Copy, Gemv, Gemm, Dx, CoopGemm, MixedGemm, MixedDx, Lora };
 
 // A kernel --kernels can name (dx and the routed gemm run at T = 1 and at --tokens, 512 by default; the mixed ones
 // at --tokens).
@@ -56,7 +58,11 @@ const KernelInfo kKernels[] = {
     {"q4_k_dx", Weights::Q4_K, Op::Dx, false},    {"q6_k_gemv", Weights::Q6_K, Op::Gemv, false},
     {"q6_k_gemm", Weights::Q6_K, Op::Gemm, false}, {"q6_k_dx", Weights::Q6_K, Op::Dx, false},
     {"f16_coop_gemm", Weights::F16, Op::CoopGemm, false},
+    {"lora_hs", Weights::None, Op::Lora, false},  {"lora_y", Weights::None, Op::Lora, false},
+    {"lora_dh", Weights::None, Op::Lora, false},  {"lora_db", Weights::None, Op::Lora, false},
+    {"lora_da", Weights::None, Op::Lora, false},  {"lora_dxa", Weights::None, Op::Lora, false},
 };
+constexpr int64_t kLoraRank = 16;
 
 // The mixed kernels by path: fused (each tile decoded in the GEMM) or decoded (W decoded to f16 rows once per
 // product, then the F16 GEMM); with a tile-shape suffix of kernels/CMakeLists.txt's bench tiles.
@@ -186,6 +192,22 @@ void check_shape(Weights w, int64_t n_out, int64_t n_in) {
 
 bool is_product(Op op) { return op == Op::Gemm || op == Op::Dx || op == Op::MixedGemm || op == Op::MixedDx; }
 
+// The LoRA product named k at T tokens on an n_out x n_in frozen product: {M, N, K} and its GEMM (NT, NN or TN), as
+// autograd/ops/linear.cpp's lora_forward and lora_backward call them.
+struct LoraProduct {
+  int64_t M, N, K;
+  char kind;  // 't': gemm_nt, 'n': gemm_nn, 'T': gemm_tn
+};
+LoraProduct lora_product(const std::string& k, int64_t T, int64_t n_out, int64_t n_in) {
+  const int64_t r = kLoraRank;
+  if (k == "lora_hs") return {T, r, n_in, 't'};    // hs = s·xa·Aᵀ
+  if (k == "lora_y") return {T, n_out, r, 't'};    // y += hs·Bᵀ
+  if (k == "lora_dh") return {T, r, n_out, 'n'};   // dh = s·dy·B
+  if (k == "lora_db") return {n_out, r, T, 'T'};   // dB += dyᵀ·hs
+  if (k == "lora_da") return {r, n_in, T, 'T'};    // dA += dhᵀ·xa
+  return {T, n_in, r, 'n'};                        // dxa += dh·A
+}
+
 // Per shape: f16_coop_gemm first where a product of many tokens asks for its ceiling (tensor cores only), then the
 // kernels as listed.
 std::vector<Case> make_cases(const BenchOptions& opt, bool coop) {
@@ -211,6 +233,10 @@ std::vector<Case> make_cases(const BenchOptions& opt, bool coop) {
       check_shape(c.weights, n_out, n_in);
       c.n_out = n_out;
       c.n_in = n_in;
+      if (c.op == Op::Lora) {
+        cases.push_back([&] { Case many = c; many.T = opt.tokens; return many; }());
+        continue;
+      }
       if (c.op == Op::Gemv || c.op == Op::Dx) cases.push_back([&] { Case one = c; one.T = 1; return one; }());
       if (c.op != Op::Gemv) cases.push_back([&] { Case many = c; many.T = opt.tokens; return many; }());
     }
@@ -386,6 +412,24 @@ Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, d
   }
   if (c.op == Op::CoopGemm || c.op == Op::MixedGemm || c.op == Op::MixedDx) {
     finish(r, time_mixed(dev, k, c, budget_s), copy_gbps);
+    return r;
+  }
+  if (c.op == Op::Lora) {
+    const LoraProduct lp = lora_product(c.kernel, c.T, c.n_out, c.n_in);
+    const int64_t a_elems = lp.M * lp.K, b_elems = lp.K * lp.N;
+    vk::Buffer a(dev, size_t(a_elems) * 4), b(dev, size_t(b_elems) * 4), out(dev, size_t(lp.M * lp.N) * 4);
+    a.upload(random_acts(a_elems));
+    b.upload(random_acts(b_elems));
+    out.fill_zero();
+    vk::Buffer split(dev, std::max<size_t>(4, vk::LinearKernels::gemm_split_scratch_bytes(lp.M, lp.N, lp.K)));
+    const auto fn = lp.kind == 't' ? &vk::LinearKernels::gemm_nt
+                    : lp.kind == 'n' ? &vk::LinearKernels::gemm_nn : &vk::LinearKernels::gemm_tn;
+    finish(r, time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int) {
+             (k.*fn)(seq, out, a, b, lp.M, lp.N, lp.K, true, &split, 0.5f);
+           }), copy_gbps);
+    // Its bytes: both inputs once, the output read and written.
+    r.gbps = (4.0 * double(a_elems + b_elems) + 8.0 * double(lp.M * lp.N)) / (r.us * 1e-6) / 1e9;
+    r.has_tflops = false;
     return r;
   }
   const auto ws = device_weights(dev, c);

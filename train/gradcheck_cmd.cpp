@@ -1,5 +1,6 @@
 // q4tune gradcheck: every gradient-check case of the autograd op table, one line each: finite differences in
-// double on the CPU, then the f32 CPU and the chosen Vulkan device against the double-precision CPU.
+// double on the CPU, then the f32 CPU and the chosen Vulkan device against the double-precision CPU; with
+// --precision mixed, also the device's mixed precision against its f32 (each case's mixed_bound).
 #include <cstdio>
 #include <ostream>
 
@@ -7,19 +8,24 @@
 #include "train/commands.h"
 #include "train/device_choice.h"
 
+#include <string>
+
 namespace q4t {
 
 int run_gradcheck_cmd(const DeviceChoice& dev, std::ostream& out) {
   auto cpu32 = ag::Backend::cpu(ag::DType::F32);
-  std::unique_ptr<ag::Backend> vulkan;
+  std::unique_ptr<ag::Backend> vulkan, mixed;
   std::vector<ag::Backend*> others{cpu32.get()};
   if (!dev.is_cpu()) {
-    vulkan = ag::Backend::vulkan(*dev.vulkan);
+    vulkan = ag::Backend::vulkan(*dev.vulkan, Precision::F32);
     others.push_back(vulkan.get());
+    if (dev.precision == Precision::Mixed) mixed = ag::Backend::vulkan(*dev.vulkan, Precision::Mixed);
   }
   out << "gradcheck: finite differences in double on the CPU; ";
   for (size_t i = 0; i < others.size(); ++i) out << (i ? " and " : "") << others[i]->name();
-  out << " against the double-precision CPU\n";
+  out << " against the double-precision CPU";
+  if (mixed) out << "; mixed precision against f32 on " << mixed->name();
+  out << "\n";
   int failed = 0;
   for (const auto& c : ag::gradcheck_cases()) {
     const ag::GradcheckResult r = ag::run_gradcheck(c, others);
@@ -29,10 +35,23 @@ int run_gradcheck_cmd(const DeviceChoice& dev, std::ostream& out) {
     for (const auto& b : r.backends)
       n += std::snprintf(line + n, sizeof line - size_t(n), "  %s fwd %.1e bwd %.1e",
                          b.backend.rfind("cpu", 0) == 0 ? "cpu" : "vulkan", b.forward_error, b.backward_error);
-    out << line << "  " << (r.pass ? "PASS" : "FAIL");
-    if (!r.error.empty()) out << " (" << r.error << ")";
+    bool pass = r.pass;
+    std::string error = r.error;
+    if (mixed && r.error.empty()) {
+      try {
+        const ag::BackendCheck m = ag::run_mixed_check(c, *vulkan, *mixed);
+        n += std::snprintf(line + n, sizeof line - size_t(n), "  mixed fwd %.1e bwd %.1e (bound %.0e)",
+                           m.forward_error, m.backward_error, c.mixed_bound);
+        pass = pass && m.forward_error <= c.mixed_bound && m.backward_error <= c.mixed_bound;
+      } catch (const std::exception& e) {
+        error = e.what();
+        pass = false;
+      }
+    }
+    out << line << "  " << (pass ? "PASS" : "FAIL");
+    if (!error.empty()) out << " (" << error << ")";
     out << "\n";
-    failed += r.pass ? 0 : 1;
+    failed += pass ? 0 : 1;
   }
   out << (failed == 0 ? "gradcheck passed" : "gradcheck FAILED: " + std::to_string(failed) + " case(s)") << "\n";
   return failed == 0 ? 0 : 1;

@@ -89,6 +89,12 @@ int main(int argc, char** argv) {
                                        "Check every autograd op's gradients against finite differences (double) "
                                        "and the f32 CPU and Vulkan device against the double-precision CPU");
   gradcheck_dev.add(gradcheck);
+  gradcheck_dev.precision = "f32";
+  gradcheck->add_option("--precision", gradcheck_dev.precision,
+                        "f32 (the checks against double precision), or mixed: also every case's forward and "
+                        "gradients in mixed precision against f32 on the device, within the case's stated bound")
+      ->check(CLI::IsMember({"f32", "mixed"}))
+      ->capture_default_str();
 
   std::string info_path;
   auto* info = app.add_subcommand("info", "Print a GGUF file's metadata and tensors, and which tensor types q4tune supports");

@@ -518,6 +518,14 @@ void add_cases(std::vector<GradcheckCase>& out) {
                    Var x = random_param(g, r, {5, 256}, "x");
                    return linear_cross_entropy(x, w, ids_constant(g, {36, 5, -100, 5, 20}, "labels"), 10);
                  }});
+  // Mixed precision's output product (T >= 32): a Q4_K matrix in vocabulary tiles that end off a 32-row edge.
+  out.push_back({"linear_cross_entropy q4_k T=33 C=256 V=75 vocab_tile=40", [](Graph& g, std::mt19937& r) {
+                   Var w = random_frozen(g, r, DType::Q4_K, 75, 256, "w");
+                   Var x = random_param(g, r, {33, 256}, "x");
+                   std::vector<int32_t> labels;
+                   for (int32_t t = 0; t < 33; ++t) labels.push_back(t % 5 == 1 ? -100 : (t * 7) % 75);
+                   return linear_cross_entropy(x, w, ids_constant(g, labels, "labels"), 40);
+                 }});
   out.push_back({"linear_cross_entropy q6_k T=3 C=512 V=21 vocab_tile=8", [](Graph& g, std::mt19937& r) {
                    Var w = random_frozen(g, r, DType::Q6_K, 21, 512, "w");
                    Var x = random_param(g, r, {3, 512}, "x");

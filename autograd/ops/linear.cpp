@@ -240,6 +240,10 @@ Shape lora_shape(const Graph& g, const Node& n) {
 // of their own do not wait for each other's (Sequence orders commands by the bytes they share).
 enum LoraScratch { kFrozenScratch, kHsScratch, kYScratch, kDbScratch, kDhScratch, kDaScratch, kDxaScratch, kLoraScratches };
 
+// The adapter's products on Vulkan: the rank-side kernels (LinearKernels::lora_*) up to their largest rank, else the
+// tiled f32 GEMMs.
+bool lora_kernels(const OpContext& c, int64_t r) { return !c.be.is_cpu() && r <= vk::LinearKernels::kLoraMaxRank; }
+
 void lora_prepare(OpContext& c) {
   const auto [T_, n_out, n_in, r] = lora_dims(c.in(0), c.in(1), c.in(2));
   const bool grads = c.node.requires_grad && (c.needs_grad(2) || c.needs_grad(4));
@@ -255,11 +259,14 @@ void lora_prepare(OpContext& c) {
                                                                       {grads ? T_ : 0, r, n_out},
                                                                       {grads ? r : 0, n_in, T_},
                                                                       {grads ? T_ : 0, n_in, r}}};
+  const bool rank_kernels = lora_kernels(c, r);
   for (int k = 0; k < kLoraScratches; ++k) {
     const auto [M, N, K] = products[size_t(k)];
-    size_t bytes = k == kFrozenScratch ? frozen_scratch_bytes(c, c.in(1).dtype(), T_, n_out, n_in)
-                   : M > 0            ? vk::LinearKernels::gemm_split_scratch_bytes(M, N, K)
-                                      : 0;
+    size_t bytes = 0;
+    if (k == kFrozenScratch) bytes = frozen_scratch_bytes(c, c.in(1).dtype(), T_, n_out, n_in);
+    else if (M > 0 && !rank_kernels) bytes = vk::LinearKernels::gemm_split_scratch_bytes(M, N, K);
+    else if (M > 0 && k == kDbScratch) bytes = vk::LinearKernels::lora_cols_scratch_bytes(T_, n_out, r);
+    else if (M > 0 && k == kDaScratch) bytes = vk::LinearKernels::lora_cols_scratch_bytes(T_, n_in, r);
     c.node.saved.push_back(c.scratch({int64_t(std::max<size_t>(bytes, 4) / 4)}, DType::F32, Scratch::Pass));
   }
 }
@@ -272,6 +279,14 @@ void lora_forward(OpContext& c) {
   const Tensor &x = c.in(0), &w = c.in(1), &a = c.in(2), &b = c.in(3), &xa = c.in(4), &y = c.node.value;
   const Tensor& hs = c.node.saved[0];
   const auto [T_, n_out, n_in, r] = lora_dims(x, w, a);
+  const float scale = float(c.node.params.f[0]);
+  if (lora_kernels(c, r)) {
+    auto& k = c.be.linear();
+    k.lora_rows(*c.seq, hs.buffer(), xa.buffer(), a.buffer(), T_, n_in, n_in, r, false, false, scale);  // hs = s·xa·Aᵀ
+    frozen_forward(c, y, x, w, lora_scratch(c, kFrozenScratch));
+    k.lora_wide(*c.seq, y.buffer(), hs.buffer(), b.buffer(), T_, n_out, r, false, true, 1.0f);  // y += hs·Bᵀ
+    return;
+  }
   // hs first: it does not wait for y, and y += hs·Bᵀ waits for both.
   product(c, Prod::NT, hs, xa, a, T_, r, n_in, false, c.node.params.f[0],
           lora_scratch(c, kHsScratch));  // hs = scale·xa·Aᵀ
@@ -289,6 +304,22 @@ void lora_backward(OpContext& c) {
   const Tensor &hs = c.node.saved[0], &dh = c.node.saved[1];
   const auto [T_, n_out, n_in, r] = lora_dims(c.in(0), w, a);
   const bool adapter_input = c.needs_grad(2) || c.needs_grad(4);
+  if (lora_kernels(c, r)) {
+    auto& k = c.be.linear();
+    const float scale = float(c.node.params.f[0]);
+    if (adapter_input)  // dh = s·dy·B
+      k.lora_rows(*c.seq, dh.buffer(), dy.buffer(), b.buffer(), T_, n_out, n_out, r, true, false, scale);
+    if (c.needs_grad(0)) frozen_backward(c, c.in_grad(0), dy, w, lora_scratch(c, kFrozenScratch));
+    if (c.needs_grad(3))  // dB += dyᵀ·hs
+      k.lora_cols(*c.seq, c.in_grad(3).buffer(), dy.buffer(), hs.buffer(), T_, n_out, n_out, r, false, true, 1.0f,
+                  &lora_scratch(c, kDbScratch)->buffer());
+    if (c.needs_grad(2))  // dA += dhᵀ·xa
+      k.lora_cols(*c.seq, c.in_grad(2).buffer(), xa.buffer(), dh.buffer(), T_, n_in, n_in, r, true, true, 1.0f,
+                  &lora_scratch(c, kDaScratch)->buffer());
+    if (c.needs_grad(4))  // dxa += dh·A
+      k.lora_wide(*c.seq, c.in_grad(4).buffer(), dh.buffer(), a.buffer(), T_, n_in, r, true, true, 1.0f);
+    return;
+  }
   if (adapter_input)  // dh = scale·dy·B
     product(c, Prod::NN, dh, dy, b, T_, r, n_out, false, c.node.params.f[0], lora_scratch(c, kDhScratch));
   // Where the frozen product and the adapter read one input (no dropout, no rounding), a Q4_0 W on the tensor
@@ -375,6 +406,15 @@ void add_cases(std::vector<GradcheckCase>& out) {
   // by the frozen GEMM itself (LinearKernels::q4_0_gemm_lora), and the backward's dh·A by the frozen dx (x is the
   // adapter's input too: LinearKernels::q4_0_dx_lora).
   out.push_back(lora_case(DType::Q4_0, 256, 256, 256, 2, false));
+  // Mixed precision runs the products of 32 tokens or more (gradcheck --precision mixed): every format, the K and
+  // the output tiles cut by the shapes, an adapter reading its own input.
+  out.push_back(linear_case(DType::Q4_0, 40, 70, 96));
+  out.push_back(linear_case(DType::Q8_0, 33, 65, 64));
+  out.push_back(linear_case(DType::Q4_K, 36, 40, 256));
+  out.push_back(linear_case(DType::Q6_K, 32, 9, 512));
+  out.push_back(linear_case(DType::F16, 48, 33, 64));
+  out.push_back(lora_case(DType::Q4_K, 40, 70, 256, 8, true));
+  out.push_back(lora_case(DType::Q8_0, 64, 96, 64, 16, false));
 }
 
 const OpRegistration kRegistration({&kLinearOp, &kMatmulOp, &kLoraOp}, add_cases);

@@ -110,6 +110,22 @@ class LinearKernels {
                bool accumulate, const Buffer* scratch = nullptr, float alpha = 1);
   static size_t gemm_split_scratch_bytes(int64_t M, int64_t N, int64_t K);
 
+  // The products of a LoRA adapter of rank r <= kLoraMaxRank, in f32 (lora_*.comp): kernels bound by reading (and,
+  // for the wide ones, writing) their large operand once, where the tiled GEMMs above would spend most of their
+  // work on the rank's short side.
+  //   lora_rows: C[M, r] (+)= alpha·X[M, K]·Bᵀ with B [r, K], or (b_kr) alpha·X·B with B [K, r]; X rows of ldx.
+  //   lora_cols: C (+)= alpha·Σ_t X[t, n]·H[t, j], C [N, r] or (out_rn) [r, N]; X rows of ldx. Given a scratch of
+  //              lora_cols_scratch_bytes (when not 0), the tokens are split over workgroups and added in order.
+  //   lora_wide: C[M, N] (+)= alpha·H[M, r]·Bᵀ with B [N, r], or (b_rn) alpha·H·B with B [r, N].
+  static constexpr int64_t kLoraMaxRank = 64;
+  void lora_rows(Sequence& s, const Buffer& C, const Buffer& X, const Buffer& B, int64_t M, int64_t K, int64_t ldx,
+                 int64_t r, bool b_kr, bool accumulate, float alpha);
+  void lora_cols(Sequence& s, const Buffer& C, const Buffer& X, const Buffer& H, int64_t T, int64_t N, int64_t ldx,
+                 int64_t r, bool out_rn, bool accumulate, float alpha, const Buffer* scratch);
+  static size_t lora_cols_scratch_bytes(int64_t T, int64_t N, int64_t r);
+  void lora_wide(Sequence& s, const Buffer& C, const Buffer& H, const Buffer& B, int64_t M, int64_t N, int64_t r,
+                 bool b_rn, bool accumulate, float alpha);
+
   // dst[0:bytes) = src[0:bytes), bytes a multiple of 16: the bandwidth roofline of the benchmarks.
   void copy(Sequence& s, const Buffer& dst, const Buffer& src, size_t bytes);
 
