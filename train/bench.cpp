@@ -192,20 +192,21 @@ void check_shape(Weights w, int64_t n_out, int64_t n_in) {
 
 bool is_product(Op op) { return op == Op::Gemm || op == Op::Dx || op == Op::MixedGemm || op == Op::MixedDx; }
 
-// The LoRA product named k at T tokens on an n_out x n_in frozen product: {M, N, K} and its GEMM (NT, NN or TN), as
-// autograd/ops/linear.cpp's lora_forward and lora_backward call them.
+// The LoRA product named k at T tokens on an n_out x n_in frozen product, as autograd/ops/linear.cpp's lora_forward
+// and lora_backward run it: the large operand X [rows, cols] (the frozen product's input or output), the small one,
+// and the kernel (LinearKernels::lora_rows, lora_cols or lora_wide) with its layout flag.
 struct LoraProduct {
-  int64_t M, N, K;
-  char kind;  // 't': gemm_nt, 'n': gemm_nn, 'T': gemm_tn
+  int64_t rows, cols;  // X
+  char kernel;         // 'r' lora_rows, 'c' lora_cols, 'w' lora_wide
+  bool flag;           // b_kr, out_rn or b_rn
 };
 LoraProduct lora_product(const std::string& k, int64_t T, int64_t n_out, int64_t n_in) {
-  const int64_t r = kLoraRank;
-  if (k == "lora_hs") return {T, r, n_in, 't'};    // hs = s·xa·Aᵀ
-  if (k == "lora_y") return {T, n_out, r, 't'};    // y += hs·Bᵀ
-  if (k == "lora_dh") return {T, r, n_out, 'n'};   // dh = s·dy·B
-  if (k == "lora_db") return {n_out, r, T, 'T'};   // dB += dyᵀ·hs
-  if (k == "lora_da") return {r, n_in, T, 'T'};    // dA += dhᵀ·xa
-  return {T, n_in, r, 'n'};                        // dxa += dh·A
+  if (k == "lora_hs") return {T, n_in, 'r', false};   // hs = s·xa·Aᵀ
+  if (k == "lora_y") return {T, n_out, 'w', false};   // y += hs·Bᵀ
+  if (k == "lora_dh") return {T, n_out, 'r', true};   // dh = s·dy·B
+  if (k == "lora_db") return {T, n_out, 'c', false};  // dB += dyᵀ·hs
+  if (k == "lora_da") return {T, n_in, 'c', true};    // dA += dhᵀ·xa
+  return {T, n_in, 'w', true};                        // dxa += dh·A
 }
 
 // Per shape: f16_coop_gemm first where a product of many tokens asks for its ceiling (tensor cores only), then the
@@ -416,19 +417,22 @@ Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, d
   }
   if (c.op == Op::Lora) {
     const LoraProduct lp = lora_product(c.kernel, c.T, c.n_out, c.n_in);
-    const int64_t a_elems = lp.M * lp.K, b_elems = lp.K * lp.N;
-    vk::Buffer a(dev, size_t(a_elems) * 4), b(dev, size_t(b_elems) * 4), out(dev, size_t(lp.M * lp.N) * 4);
-    a.upload(random_acts(a_elems));
-    b.upload(random_acts(b_elems));
-    out.fill_zero();
-    vk::Buffer split(dev, std::max<size_t>(4, vk::LinearKernels::gemm_split_scratch_bytes(lp.M, lp.N, lp.K)));
-    const auto fn = lp.kind == 't' ? &vk::LinearKernels::gemm_nt
-                    : lp.kind == 'n' ? &vk::LinearKernels::gemm_nn : &vk::LinearKernels::gemm_tn;
+    const int64_t rank = kLoraRank, big = lp.rows * lp.cols, small = lp.cols * rank;
+    const int64_t outs = lp.kernel == 'c' ? small : lp.kernel == 'r' ? lp.rows * rank : big;
+    vk::Buffer x(dev, size_t(big) * 4), h(dev, size_t(lp.rows * rank) * 4), b(dev, size_t(small) * 4);
+    vk::Buffer o(dev, size_t(outs) * 4);
+    x.upload(random_acts(big));
+    h.upload(random_acts(lp.rows * rank));
+    b.upload(random_acts(small));
+    o.fill_zero();
+    vk::Buffer split(dev, std::max<size_t>(4, vk::LinearKernels::lora_cols_scratch_bytes(lp.rows, lp.cols, rank)));
     finish(r, time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int) {
-             (k.*fn)(seq, out, a, b, lp.M, lp.N, lp.K, true, &split, 0.5f);
+             if (lp.kernel == 'r') k.lora_rows(seq, o, x, b, lp.rows, lp.cols, lp.cols, rank, lp.flag, false, 0.5f);
+             if (lp.kernel == 'c') k.lora_cols(seq, o, x, h, lp.rows, lp.cols, lp.cols, rank, lp.flag, true, 1.0f, &split);
+             if (lp.kernel == 'w') k.lora_wide(seq, o, h, b, lp.rows, lp.cols, rank, lp.flag, true, 1.0f);
            }), copy_gbps);
-    // Its bytes: both inputs once, the output read and written.
-    r.gbps = (4.0 * double(a_elems + b_elems) + 8.0 * double(lp.M * lp.N)) / (r.us * 1e-6) / 1e9;
+    // Its bytes: the large operand once (read and written for the wide products), the small ones once.
+    r.gbps = (4.0 * double(big) * (lp.kernel == 'w' ? 2 : 1) + 4.0 * double(small + lp.rows * rank)) / (r.us * 1e-6) / 1e9;
     r.has_tflops = false;
     return r;
   }

@@ -42,9 +42,8 @@ void LinearKernels::lora_rows(Sequence& s, const Buffer& C, const Buffer& X, con
   check_min_size(k, "C", C.size(), size_t(M * r) * 4);
   struct { uint32_t M, K, ldx, accumulate; float alpha; } push{uint32_t(M), uint32_t(K), uint32_t(ldx),
                                                                accumulate ? 1u : 0u, alpha};
-  const int64_t rows_per_group = 2 * (256 / dev_.subgroup_size());  // 2 rows per subgroup
   s.dispatch(pipeline("lora_rows", 3, sizeof(push), {uint32_t(r), b_kr ? 1u : 0u}), {&C, &X, &B}, push,
-             groups_1d(ceil_div(M, rows_per_group)));
+             groups_1d(ceil_div(M, 16)));  // lora_rows.comp's RB rows per workgroup
 }
 
 size_t LinearKernels::lora_cols_scratch_bytes(int64_t T, int64_t N, int64_t r) {
@@ -83,9 +82,9 @@ void LinearKernels::lora_wide(Sequence& s, const Buffer& C, const Buffer& H, con
   check_min_size(k, "B", B.size(), size_t(N * r) * 4);
   check_min_size(k, "C", C.size(), size_t(M * N) * 4);
   struct { uint32_t M, N, accumulate; float alpha; } push{uint32_t(M), uint32_t(N), accumulate ? 1u : 0u, alpha};
-  const uint32_t rows_y = uint32_t(std::min<int64_t>(M, 65535)), rows_z = ceil_div(M, 65535);
+  if (ceil_div(M, 32) > 65535) throw ShapeError(std::string(k) + ": " + std::to_string(M) + " rows exceed 65535 tiles of 32");
   s.dispatch(pipeline("lora_wide", 3, sizeof(push), {uint32_t(r), b_rn ? 1u : 0u}), {&C, &H, &B}, push,
-             {ceil_div(N, 1024), rows_y, rows_z});
+             {ceil_div(N, 128), ceil_div(M, 32), 1});  // lora_wide.comp's tiles of 32 rows and 128 columns
 }
 
 }  // namespace q4t::vk
