@@ -50,11 +50,12 @@ vk::Device* LoraKernels::device_ = nullptr;
 
 const int64_t kRanks[] = {1, 5, 16, 64};
 
-// hs = s·X·Aᵀ (B [r, K]) and dh = s·dY·B (B [K, r]), X read with a row stride wider than K.
-TEST_F(LoraKernels, RowsMatchTheReference) {
+// hs = s·X·Aᵀ (B [r, K]) and dh = s·dY·B (B [K, r]), X read with a row stride wider than K, K split over
+// workgroups (with the scratch) or summed by one (without).
+TEST_F(LoraKernels, RowsMatchTheReferenceSplitOrNot) {
   vk::LinearKernels k(*device_);
   for (int64_t r : kRanks)
-    for (const auto [M, K] : {std::pair<int64_t, int64_t>{1, 7}, {37, 300}, {300, 1000}})
+    for (const auto [M, K] : {std::pair<int64_t, int64_t>{1, 7}, {37, 300}, {300, 1000}, {100, 5000}})
       for (bool b_kr : {false, true})
         for (bool acc : {false, true}) {
           const int64_t ldx = K + 3;
@@ -63,11 +64,17 @@ TEST_F(LoraKernels, RowsMatchTheReference) {
           for (int64_t m = 0; m < M; ++m)
             for (int64_t i = 0; i < K; ++i) xk[size_t(m * K + i)] = x[size_t(m * ldx + i)];
           vk::Buffer bx = upload(x), bb = upload(b), bc = upload(c0);
-          run([&](vk::Sequence& s) { k.lora_rows(s, bc, bx, bb, M, K, ldx, r, b_kr, acc, 0.75f); });
+          const size_t bytes = vk::LinearKernels::lora_rows_scratch_bytes(M, K, r);
+          vk::Buffer scratch(*device_, std::max<size_t>(bytes, 4));
+          const bool split = acc;  // half the cases each way
+          run([&](vk::Sequence& s) {
+            k.lora_rows(s, bc, bx, bb, M, K, ldx, r, b_kr, acc, 0.75f, split && bytes ? &scratch : nullptr);
+          });
           const auto want = b_kr ? ref::gemm_nn(xk.data(), b.data(), acc ? c0.data() : nullptr, M, r, K, 0.75)
                                  : ref::gemm_nt(xk.data(), b.data(), acc ? c0.data() : nullptr, M, r, K, 0.75);
           EXPECT_LE(ref::max_rel_error(bc.download_as<float>(size_t(M * r)).data(), want), kBound)
-              << "r=" << r << " M=" << M << " K=" << K << " b_kr=" << b_kr << " accumulate=" << acc;
+              << "r=" << r << " M=" << M << " K=" << K << " b_kr=" << b_kr << " accumulate=" << acc
+              << " split=" << (split && bytes);
         }
 }
 
@@ -97,6 +104,7 @@ TEST_F(LoraKernels, ColumnSumsMatchTheReferenceSplitOrNot) {
               << "r=" << r << " T=" << T << " N=" << N << " out_rn=" << out_rn << " split=" << (split && bytes);
         }
   ASSERT_GT(vk::LinearKernels::lora_cols_scratch_bytes(5000, 300, 16), 0u);  // the split does apply
+  ASSERT_GT(vk::LinearKernels::lora_rows_scratch_bytes(100, 5000, 16), 0u);
 }
 
 // y += hs·Bᵀ (B [N, r]) and dX += dh·A (B [r, N]), widths with and without whole vec4s.
@@ -121,7 +129,7 @@ TEST_F(LoraKernels, RanksAboveTheLargestAreRefused) {
   vk::Buffer any(*device_, 1 << 16);
   vk::Sequence s(*device_);
   s.begin();
-  EXPECT_THROW(k.lora_rows(s, any, any, any, 4, 4, 4, 65, false, false, 1.0f), ShapeError);
+  EXPECT_THROW(k.lora_rows(s, any, any, any, 4, 4, 4, 65, false, false, 1.0f, nullptr), ShapeError);
   EXPECT_THROW(k.lora_wide(s, any, any, any, 4, 4, 0, false, false, 1.0f), ShapeError);
   s.end();
 }

@@ -425,9 +425,10 @@ Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, d
     h.upload(random_acts(lp.rows * rank));
     b.upload(random_acts(small));
     o.fill_zero();
-    vk::Buffer split(dev, std::max<size_t>(4, vk::LinearKernels::lora_cols_scratch_bytes(lp.rows, lp.cols, rank)));
+    vk::Buffer split(dev, std::max<size_t>({4, vk::LinearKernels::lora_cols_scratch_bytes(lp.rows, lp.cols, rank),
+                                            vk::LinearKernels::lora_rows_scratch_bytes(lp.rows, lp.cols, rank)}));
     finish(r, time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int) {
-             if (lp.kernel == 'r') k.lora_rows(seq, o, x, b, lp.rows, lp.cols, lp.cols, rank, lp.flag, false, 0.5f);
+             if (lp.kernel == 'r') k.lora_rows(seq, o, x, b, lp.rows, lp.cols, lp.cols, rank, lp.flag, false, 0.5f, &split);
              if (lp.kernel == 'c') k.lora_cols(seq, o, x, h, lp.rows, lp.cols, lp.cols, rank, lp.flag, true, 1.0f, &split);
              if (lp.kernel == 'w') k.lora_wide(seq, o, h, b, lp.rows, lp.cols, rank, lp.flag, true, 1.0f);
            }), copy_gbps);

@@ -265,6 +265,8 @@ void lora_prepare(OpContext& c) {
     size_t bytes = 0;
     if (k == kFrozenScratch) bytes = frozen_scratch_bytes(c, c.in(1).dtype(), T_, n_out, n_in);
     else if (M > 0 && !rank_kernels) bytes = vk::LinearKernels::gemm_split_scratch_bytes(M, N, K);
+    else if (M > 0 && k == kHsScratch) bytes = vk::LinearKernels::lora_rows_scratch_bytes(T_, n_in, r);
+    else if (M > 0 && k == kDhScratch) bytes = vk::LinearKernels::lora_rows_scratch_bytes(T_, n_out, r);
     else if (M > 0 && k == kDbScratch) bytes = vk::LinearKernels::lora_cols_scratch_bytes(T_, n_out, r);
     else if (M > 0 && k == kDaScratch) bytes = vk::LinearKernels::lora_cols_scratch_bytes(T_, n_in, r);
     c.node.saved.push_back(c.scratch({int64_t(std::max<size_t>(bytes, 4) / 4)}, DType::F32, Scratch::Pass));
@@ -282,7 +284,8 @@ void lora_forward(OpContext& c) {
   const float scale = float(c.node.params.f[0]);
   if (lora_kernels(c, r)) {
     auto& k = c.be.linear();
-    k.lora_rows(*c.seq, hs.buffer(), xa.buffer(), a.buffer(), T_, n_in, n_in, r, false, false, scale);  // hs = s·xa·Aᵀ
+    k.lora_rows(*c.seq, hs.buffer(), xa.buffer(), a.buffer(), T_, n_in, n_in, r, false, false, scale,
+                &lora_scratch(c, kHsScratch)->buffer());  // hs = s·xa·Aᵀ
     frozen_forward(c, y, x, w, lora_scratch(c, kFrozenScratch));
     k.lora_wide(*c.seq, y.buffer(), hs.buffer(), b.buffer(), T_, n_out, r, false, true, 1.0f);  // y += hs·Bᵀ
     return;
@@ -308,7 +311,8 @@ void lora_backward(OpContext& c) {
     auto& k = c.be.linear();
     const float scale = float(c.node.params.f[0]);
     if (adapter_input)  // dh = s·dy·B
-      k.lora_rows(*c.seq, dh.buffer(), dy.buffer(), b.buffer(), T_, n_out, n_out, r, true, false, scale);
+      k.lora_rows(*c.seq, dh.buffer(), dy.buffer(), b.buffer(), T_, n_out, n_out, r, true, false, scale,
+                  &lora_scratch(c, kDhScratch)->buffer());
     if (c.needs_grad(0)) frozen_backward(c, c.in_grad(0), dy, w, lora_scratch(c, kFrozenScratch));
     if (c.needs_grad(3))  // dB += dyᵀ·hs
       k.lora_cols(*c.seq, c.in_grad(3).buffer(), dy.buffer(), hs.buffer(), T_, n_out, n_out, r, false, true, 1.0f,

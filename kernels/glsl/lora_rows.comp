@@ -1,8 +1,10 @@
 #version 450
 // The rank side of a LoRA adapter: C[M, R] (+)= α·X[M, K]·B, with B stored [R, K] (hs = s·xa·Aᵀ) or, B_KR, [K, R]
-// (dh = s·dy·B). Bound by reading X once: each workgroup takes RB rows through K steps of KC, the rows' step and B's
-// step staged in shared memory (B is read once per workgroup, from cache), each invocation a row and every 16th
-// column of C. Sums run in a fixed order: results do not depend on timing.
+// (dh = s·dy·B). Bound by reading X once: each workgroup takes RB rows through K steps of KC, the rows' step and
+// B's step staged in shared memory (B is read once per workgroup, from cache); each invocation owns a row and 4
+// neighbouring columns of C, and reads 4 steps of its row and of B as vec4s (16 FMAs per 5 loads). Workgroup y
+// sums [y·k_slice, +k_slice) of K only: with several, each writes its slice c + y·M·R (without accumulating) for
+// a second pass to add in order (q4_0_dx_reduce.comp). Sums run in a fixed order: results do not depend on timing.
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 256) in;
 layout(constant_id = 0) const uint R = 16u;       // the rank, at most 64
@@ -12,41 +14,48 @@ layout(std430, binding = 1) readonly buffer XB { float x[]; };
 layout(std430, binding = 2) readonly buffer BB { float b[]; };
 layout(push_constant) uniform Push {
   uint M, K;
-  uint ldx;  // X's row stride
+  uint ldx;      // X's row stride
+  uint k_slice;  // K per workgroup along y
+  uint sliced;   // 1: workgroup y writes slice y; 0: C (+)= α·sum
   uint accumulate;
   float alpha;
 } p;
 
-const uint RB = 16u, KC = 64u, NJ = (R + 15u) / 16u;  // rows per workgroup, K step, columns per invocation
-shared float xs[RB * (KC + 1u)];
-shared float bs[KC * (R + 1u)];
+const uint RP = (R + 3u) / 4u * 4u, LANES = RP / 4u;  // columns padded to whole vec4s; invocations per row
+// Rows per workgroup, K step (16 where the rows are many, so that the staged rows fit 32 KiB), a staged row's stride.
+const uint RB = 256u / LANES, KC = RB >= 128u ? 16u : 32u, XS = KC + 4u;
+shared vec4 xs[RB * XS / 4u];
+shared vec4 bs[KC * LANES];
 
 void main() {
-  const uint t = gl_LocalInvocationID.x, row = t / 16u, col = t % 16u;
-  const uint m0 = (gl_WorkGroupID.x + 65535u * gl_WorkGroupID.y) * RB;
-  float acc[NJ];
-  [[unroll]] for (uint q = 0u; q < NJ; ++q) acc[q] = 0.0;
-  for (uint k0 = 0u; k0 < p.K; k0 += KC) {
+  const uint t = gl_LocalInvocationID.x, row = t / LANES, lane = t % LANES;
+  const uint m0 = gl_WorkGroupID.x * RB;
+  const uint k_begin = gl_WorkGroupID.y * p.k_slice, k_end = min(p.K, k_begin + p.k_slice);
+  vec4 acc = vec4(0.0);
+  for (uint k0 = k_begin; k0 < k_end; k0 += KC) {
     barrier();  // the last step's reads are done
     for (uint e = t; e < RB * KC; e += 256u) {
       const uint r = e / KC, kk = e % KC;
-      xs[r * (KC + 1u) + kk] = m0 + r < p.M && k0 + kk < p.K ? x[(m0 + r) * p.ldx + k0 + kk] : 0.0;
+      xs[(r * XS + kk) / 4u][kk % 4u] = m0 + r < p.M && k0 + kk < k_end ? x[(m0 + r) * p.ldx + k0 + kk] : 0.0;
     }
-    for (uint e = t; e < KC * R; e += 256u) {
-      const uint kk = B_KR ? e / R : e % KC, j = B_KR ? e % R : e / KC;  // neighbours read neighbouring values
-      bs[kk * (R + 1u) + j] = k0 + kk < p.K ? (B_KR ? b[(k0 + kk) * R + j] : b[j * p.K + k0 + kk]) : 0.0;
+    for (uint e = t; e < KC * RP; e += 256u) {
+      const uint kk = B_KR ? e / RP : e % KC, j = B_KR ? e % RP : e / KC;  // neighbours read neighbouring values
+      bs[kk * LANES + j / 4u][j % 4u] =
+          k0 + kk < k_end && j < R ? (B_KR ? b[(k0 + kk) * R + j] : b[j * p.K + k0 + kk]) : 0.0;
     }
     barrier();
-    for (uint kk = 0u; kk < KC; ++kk) {
-      const float xv = xs[row * (KC + 1u) + kk];
-      [[unroll]] for (uint q = 0u; q < NJ; ++q)
-        if (col + 16u * q < R) acc[q] = fma(xv, bs[kk * (R + 1u) + col + 16u * q], acc[q]);
+    [[unroll]] for (uint q = 0u; q < KC / 4u; ++q) {
+      const vec4 xv = xs[(row * XS) / 4u + q];
+      [[unroll]] for (uint i = 0u; i < 4u; ++i) acc = fma(vec4(xv[i]), bs[(4u * q + i) * LANES + lane], acc);
     }
   }
   const uint m = m0 + row;
   if (m >= p.M) return;
-  [[unroll]] for (uint q = 0u; q < NJ; ++q) {
-    const uint j = col + 16u * q;
-    if (j < R) c[m * R + j] = (p.accumulate != 0u ? c[m * R + j] : 0.0) + p.alpha * acc[q];
+  const uint base = p.sliced != 0u ? gl_WorkGroupID.y * p.M * R : 0u;
+  [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+    const uint j = 4u * lane + e;
+    if (j >= R) continue;
+    const uint i = base + m * R + j;
+    c[i] = p.sliced != 0u ? p.alpha * acc[e] : (p.accumulate != 0u ? c[i] : 0.0) + p.alpha * acc[e];
   }
 }

@@ -114,12 +114,14 @@ class LinearKernels {
   // for the wide ones, writing) their large operand once, where the tiled GEMMs above would spend most of their
   // work on the rank's short side.
   //   lora_rows: C[M, r] (+)= alpha·X[M, K]·Bᵀ with B [r, K], or (b_kr) alpha·X·B with B [K, r]; X rows of ldx.
+  //              Given a scratch of lora_rows_scratch_bytes (when not 0), K is split over workgroups.
   //   lora_cols: C (+)= alpha·Σ_t X[t, n]·H[t, j], C [N, r] or (out_rn) [r, N]; X rows of ldx. Given a scratch of
   //              lora_cols_scratch_bytes (when not 0), the tokens are split over workgroups and added in order.
   //   lora_wide: C[M, N] (+)= alpha·H[M, r]·Bᵀ with B [N, r], or (b_rn) alpha·H·B with B [r, N].
   static constexpr int64_t kLoraMaxRank = 64;
   void lora_rows(Sequence& s, const Buffer& C, const Buffer& X, const Buffer& B, int64_t M, int64_t K, int64_t ldx,
-                 int64_t r, bool b_kr, bool accumulate, float alpha);
+                 int64_t r, bool b_kr, bool accumulate, float alpha, const Buffer* scratch);
+  static size_t lora_rows_scratch_bytes(int64_t M, int64_t K, int64_t r);
   void lora_cols(Sequence& s, const Buffer& C, const Buffer& X, const Buffer& H, int64_t T, int64_t N, int64_t ldx,
                  int64_t r, bool out_rn, bool accumulate, float alpha, const Buffer* scratch);
   static size_t lora_cols_scratch_bytes(int64_t T, int64_t N, int64_t r);

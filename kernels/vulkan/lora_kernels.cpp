@@ -29,10 +29,29 @@ std::pair<int64_t, int64_t> cols_split(int64_t T, int64_t N) {  // {chunks, toke
   return {(T + t_chunk - 1) / t_chunk, t_chunk};
 }
 
+// lora_rows.comp's rows per workgroup (256 invocations, 4 columns each), and how it splits K over workgroups along y
+// where its row groups alone would leave a large GPU idle: about kRowsTargetGroups workgroups, slices of at least
+// kRowsMinSlice (a multiple of its K step of 32).
+int64_t rows_per_group(int64_t r) { return 256 / ((r + 3) / 4); }
+constexpr int64_t kRowsTargetGroups = 264;
+constexpr int64_t kRowsMinSlice = 256;
+
+std::pair<int64_t, int64_t> rows_split(int64_t M, int64_t K, int64_t r) {  // {slices, K per slice}
+  const int64_t groups = (M + rows_per_group(r) - 1) / rows_per_group(r);
+  const int64_t slices = std::clamp<int64_t>(kRowsTargetGroups / groups, 1, std::max<int64_t>(1, K / kRowsMinSlice));
+  const int64_t k_slice = ((K + slices - 1) / slices + 31) / 32 * 32;
+  return {(K + k_slice - 1) / k_slice, k_slice};
+}
+
 }  // namespace
 
+size_t LinearKernels::lora_rows_scratch_bytes(int64_t M, int64_t K, int64_t r) {
+  const auto [slices, k_slice] = rows_split(M, K, r);
+  return slices > 1 ? size_t(slices * M * r) * 4 : 0;
+}
+
 void LinearKernels::lora_rows(Sequence& s, const Buffer& C, const Buffer& X, const Buffer& B, int64_t M, int64_t K,
-                              int64_t ldx, int64_t r, bool b_kr, bool accumulate, float alpha) {
+                              int64_t ldx, int64_t r, bool b_kr, bool accumulate, float alpha, const Buffer* scratch) {
   const char* k = "lora_rows";
   check_rank(k, r);
   check_gemm(k, M, r, K);
@@ -40,10 +59,17 @@ void LinearKernels::lora_rows(Sequence& s, const Buffer& C, const Buffer& X, con
   check_min_size(k, "X", X.size(), size_t((M - 1) * ldx + K) * 4);
   check_min_size(k, "B", B.size(), size_t(r * K) * 4);
   check_min_size(k, "C", C.size(), size_t(M * r) * 4);
-  struct { uint32_t M, K, ldx, accumulate; float alpha; } push{uint32_t(M), uint32_t(K), uint32_t(ldx),
-                                                               accumulate ? 1u : 0u, alpha};
-  s.dispatch(pipeline("lora_rows", 3, sizeof(push), {uint32_t(r), b_kr ? 1u : 0u}), {&C, &X, &B}, push,
-             groups_1d(ceil_div(M, 16)));  // lora_rows.comp's RB rows per workgroup
+  auto [slices, k_slice] = rows_split(M, K, r);
+  const bool sliced = slices > 1 && scratch;
+  if (!sliced) slices = 1, k_slice = K;
+  if (sliced) check_min_size(k, "scratch", scratch->size(), size_t(slices * M * r) * 4);
+  if (ceil_div(M, rows_per_group(r)) > 65535)
+    throw ShapeError(std::string(k) + ": " + std::to_string(M) + " rows exceed 65535 workgroups");
+  struct { uint32_t M, K, ldx, k_slice, sliced, accumulate; float alpha; } push{
+      uint32_t(M), uint32_t(K), uint32_t(ldx), uint32_t(k_slice), sliced ? 1u : 0u, accumulate ? 1u : 0u, alpha};
+  s.dispatch(pipeline("lora_rows", 3, sizeof(push), {uint32_t(r), b_kr ? 1u : 0u}), {sliced ? scratch : &C, &X, &B},
+             push, {ceil_div(M, rows_per_group(r)), uint32_t(slices), 1});
+  if (sliced) dx_reduce(s, C, *scratch, M * r, slices, accumulate);
 }
 
 size_t LinearKernels::lora_cols_scratch_bytes(int64_t T, int64_t N, int64_t r) {
