@@ -2,7 +2,7 @@
 // The adapter matrices' gradients, sums over the tokens: Σ_t X[t][n]·H[t][j] for n < N, j < R, into
 // C[n][j] (dB = dyᵀ·hs) or, OUT_RN, C[j][n] (dA = dhᵀ·xa), times α. Bound by reading X once: each invocation a
 // column n (neighbours read neighbouring values) with R sums, the R values of H of TC tokens staged in shared
-// memory at a time (read back as vec4s: 4 FMAs per load). Workgroup y sums the tokens [y·t_chunk, +t_chunk) only: with several, each writes its slice
+// memory at a time. Workgroup y sums the tokens [y·t_chunk, +t_chunk) only: with several, each writes its slice
 // c + y·N·R (without accumulating) for a second pass to add in order (q4_0_dx_reduce.comp).
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 256) in;
@@ -20,8 +20,8 @@ layout(push_constant) uniform Push {
   float alpha;
 } p;
 
-const uint TC = 32u, RP = (R + 3u) / 4u * 4u;  // tokens staged per step; the rank padded to whole vec4s
-shared vec4 hs[TC * RP / 4u];
+const uint TC = 32u;
+shared float hs[TC * R];
 
 void main() {
   const uint t = gl_LocalInvocationID.x, n = gl_WorkGroupID.x * 256u + t;
@@ -30,19 +30,12 @@ void main() {
   [[unroll]] for (uint j = 0u; j < R; ++j) acc[j] = 0.0;
   for (uint t0 = t_begin; t0 < t_end; t0 += TC) {
     barrier();  // the previous step's reads of hs are done
-    for (uint e = t; e < TC * RP; e += 256u) {
-      const uint tt = e / RP, j = e % RP;
-      hs[e / 4u][e % 4u] = t0 + tt < t_end && j < R ? h[(t0 + tt) * R + j] : 0.0;
-    }
+    for (uint e = t; e < TC * R; e += 256u) hs[e] = t0 + e / R < t_end ? h[(t0 + e / R) * R + e % R] : 0.0;
     barrier();
     if (n < p.N)
       for (uint tt = 0u; tt < min(TC, t_end - t0); ++tt) {
         const float xv = x[(t0 + tt) * p.ldx + n];
-        [[unroll]] for (uint q = 0u; q < RP / 4u; ++q) {
-          const vec4 hv = hs[tt * (RP / 4u) + q];  // the same for every invocation: one broadcast vec4 load
-          [[unroll]] for (uint e = 0u; e < 4u; ++e)
-            if (4u * q + e < R) acc[4u * q + e] = fma(xv, hv[e], acc[4u * q + e]);
-        }
+        [[unroll]] for (uint j = 0u; j < R; ++j) acc[j] = fma(xv, hs[tt * R + j], acc[j]);
       }
   }
   if (n >= p.N) return;
