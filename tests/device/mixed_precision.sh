@@ -7,7 +7,9 @@
 #   tests/device/mixed_precision.sh tinyllama OUT  # bench train against PyTorch + PEFT, 3 rounds interleaved
 #   tests/device/mixed_precision.sh llama-7b  OUT
 # PEFT=path/to/peft_lora_bench.py names the peer's script (default .dev/peft_lora_bench.py). For a quick check of
-# the numerics part elsewhere: DEVICE (default vulkan), MODEL_DIMS (init-model's shape flags) and DEMO_STEPS.
+# the numerics part elsewhere: DEVICE (default vulkan), MODEL_DIMS (init-model's shape flags) and DEMO_STEPS. To
+# split a training part over calls: SIZES (batch sizes, "1 4 8 16" for tinyllama, "1 4" for llama-7b), TYPES
+# (default "q4_0 q4_k_m") and ROUNDS (default 3).
 set -euo pipefail
 part=${1:?usage: mixed_precision.sh kernels|numerics|tinyllama|llama-7b OUT}
 out=${2:?usage: mixed_precision.sh kernels|numerics|tinyllama|llama-7b OUT}
@@ -72,29 +74,30 @@ PY
 
 tinyllama | llama-7b)
   shape=$part
-  if [ "$shape" = tinyllama ]; then shape=tinyllama-1.1b; sizes="1 4 8 16"; else sizes="1 4"; fi
+  if [ "$shape" = tinyllama ]; then shape=tinyllama-1.1b; sizes=${SIZES:-1 4 8 16}; else sizes=${SIZES:-1 4}; fi
+  types=${TYPES:-q4_0 q4_k_m}
   # The ffn outputs kept per batch size under --grad-checkpoint (memory against speed, at most 40% of PEFT's).
   keep() { case "$shape:$1" in tinyllama-1.1b:1) echo 11;; tinyllama-1.1b:4) echo 9;; tinyllama-1.1b:8) echo 8;;
                                tinyllama-1.1b:16) echo 6;; *) echo 0;; esac; }
-  for round in 1 2 3; do
+  for round in $(seq "${ROUNDS:-3}"); do
     for bs in $sizes; do
       PYTHONUNBUFFERED=1 python3 "$peft" "$shape" 512 "$bs" 10 | tee -a "$out/peft-$bs.log"
-      for type in q4_0 q4_k_m; do
+      for type in $types; do
         q4tune bench train --device vulkan --shape "$shape" --type $type --batch-sizes "$bs" --steps 5 \
           --grad-checkpoint --keep-ffn-layers "$(keep "$bs")" --json "$out/q-$type-$bs-$round.json" | \
           sed -n "s/^\(bs .*\)/q4tune $type \1/p"
       done
     done
   done
-  python3 - "$out" "$shape" $sizes <<'PY'
+  python3 - "$out" "$shape" "$types" $sizes <<'PY'
 import glob, json, re, statistics, sys
-d, shape, sizes = sys.argv[1], sys.argv[2], sys.argv[3:]
-print(f"== medians of 3 rounds ({shape}, seq 512, LoRA r=16 on all seven targets)")
+d, shape, types, sizes = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4:]
+print(f"== medians over the rounds ({shape}, seq 512, LoRA r=16 on all seven targets)")
 for bs in sizes:
     peft = [re.search(r": (\d+) tok/s, peak ([\d.]+) GiB", l) for l in open(f"{d}/peft-{bs}.log")]
     p_tok = statistics.median(float(m[1]) for m in peft if m)
     p_mem = statistics.median(float(m[2]) for m in peft if m)
-    for t in ("q4_0", "q4_k_m"):
+    for t in types:
         rows = [json.load(open(f))[0] for f in sorted(glob.glob(f"{d}/q-{t}-{bs}-*.json"))]
         q_tok = statistics.median(r["tokens_per_s"] for r in rows)
         q_mem = statistics.median(r["peak_bytes"] / 2**30 for r in rows)
