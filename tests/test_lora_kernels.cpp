@@ -55,7 +55,7 @@ const int64_t kRanks[] = {1, 5, 16, 64};
 TEST_F(LoraKernels, RowsMatchTheReferenceSplitOrNot) {
   vk::LinearKernels k(*device_);
   for (int64_t r : kRanks)
-    for (const auto [M, K] : {std::pair<int64_t, int64_t>{1, 7}, {37, 300}, {300, 1000}, {100, 5000}})
+    for (const auto& [M, K] : {std::pair<int64_t, int64_t>{1, 7}, {37, 300}, {300, 1000}, {100, 5000}})
       for (bool b_kr : {false, true})
         for (bool acc : {false, true}) {
           const int64_t ldx = K + 3;
@@ -83,7 +83,7 @@ TEST_F(LoraKernels, RowsMatchTheReferenceSplitOrNot) {
 TEST_F(LoraKernels, ColumnSumsMatchTheReferenceSplitOrNot) {
   vk::LinearKernels k(*device_);
   for (int64_t r : kRanks)
-    for (const auto [T, N] : {std::pair<int64_t, int64_t>{1, 9}, {100, 257}, {5000, 300}})
+    for (const auto& [T, N] : {std::pair<int64_t, int64_t>{1, 9}, {100, 257}, {5000, 300}})
       for (bool out_rn : {false, true})
         for (bool split : {false, true}) {
           const int64_t ldx = N + 5;
@@ -111,7 +111,7 @@ TEST_F(LoraKernels, ColumnSumsMatchTheReferenceSplitOrNot) {
 TEST_F(LoraKernels, WideProductsMatchTheReference) {
   vk::LinearKernels k(*device_);
   for (int64_t r : kRanks)
-    for (const auto [M, N] : {std::pair<int64_t, int64_t>{1, 3}, {33, 1030}, {70, 4096}})
+    for (const auto& [M, N] : {std::pair<int64_t, int64_t>{1, 3}, {33, 1030}, {70, 4096}})
       for (bool b_rn : {false, true})
         for (bool acc : {false, true}) {
           const auto h = random_floats(rng_, M * r), b = random_floats(rng_, N * r), c0 = random_floats(rng_, M * N);

@@ -33,14 +33,9 @@ std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scale = 1.0
   return v;
 }
 
-int64_t ggml_bytes(Format f, int64_t n_out, int64_t n_in) {
-  const FormatTraits& t = format_traits(f);
-  return n_out * (n_in / t.block_elems) * t.block_bytes;
-}
-
 // Random W [n_out, n_in] in format f, as GGML stores it.
 std::vector<uint8_t> random_weights(std::mt19937& rng, Format f, int64_t n_out, int64_t n_in) {
-  std::vector<uint8_t> w(size_t(ggml_bytes(f, n_out, n_in)));
+  std::vector<uint8_t> w(size_t(n_out * format_traits(f).row_bytes(n_in)));
   const auto v = random_floats(rng, n_out * n_in);
   switch (f) {
     case Format::Q4_0: quant::quantize_q4_0(w, v, n_out, n_in); break;

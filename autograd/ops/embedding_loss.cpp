@@ -274,10 +274,8 @@ void linear_ce_prepare(OpContext& c) {
   c.node.saved.push_back(c.scratch({3 * Tn + 1}, c.be.real(), Scratch::Saved));
   c.node.saved.push_back(c.scratch({Tn, tile}, c.be.real(), Scratch::Pass));
   size_t bytes = 0;
-  if (mixed_output(c)) {
-    const Format f = frozen_format(c.in(1).dtype());
-    bytes = std::max(c.be.linear().mixed_scratch_bytes(f, Tn, tile, C), c.be.linear().mixed_scratch_bytes(f, Tn, C, tile));
-  }
+  if (mixed_output(c))  // a tile's forward and dx (LinearKernels::frozen_scratch_bytes of a [tile, C] matrix)
+    bytes = c.be.linear().frozen_scratch_bytes(frozen_format(c.in(1).dtype()), Tn, tile, C);
   else if (!c.be.is_cpu() && c.in(1).dtype() == DType::Q4_0 && c.node.requires_grad && c.needs_grad(0))
     bytes = c.be.linear().q4_0_dx_device_scratch_bytes(Tn, tile, C);  // LinearKernels::q4_0_dx_rows_coop
   if (bytes > 0) c.node.saved.push_back(c.scratch({int64_t(std::max<size_t>(bytes, 4) / 4)}, DType::F32, Scratch::Pass));

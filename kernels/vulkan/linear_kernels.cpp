@@ -489,7 +489,6 @@ struct FrozenFormat {
   uint32_t gemv_rows;         // rows per GEMV workgroup
   int64_t dx_cols_per_group;  // dx columns per workgroup of the one-token split pass
   uint32_t dx_rows_in_flight;  // RU of the split pass; 0: the shader has no such constant
-  int64_t (*weight_bytes)(int64_t n_out, int64_t n_in);  // of W on the device
   void (*check)(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
   const char* dx_split_f16_shader = nullptr;  // the split pass with the f16 decode, if the format has one
 };
@@ -497,17 +496,13 @@ struct FrozenFormat {
 namespace {
 constexpr int64_t kDxF16Cols = 4 * 64;  // f16_dx_split.comp: 64 invocations x 4 columns
 
-// The bytes of n_out rows of a format stored as GGML stores it (all but Q6_K: shapes.h).
-template <int64_t (*RowBytes)(int64_t)>
-int64_t rows_of(int64_t n_out, int64_t n_in) { return n_out * RowBytes(n_in); }
-
 void check_f16_on_gpu(const char* kernel, int64_t n_out, int64_t n_in, int64_t T) {
   check_f16_linear(kernel, n_out, n_in, T);
   check_f16_pairs(kernel, n_in);
 }
 
 const FrozenFormat kQ8_0{Format::Q8_0, "q8_0_gemm", "q8_0_dx", "q8_0_gemv", nullptr, 0, "q8_0_gemm", "q8_0_dx_gemm",
-                         "q8_0_dx_split", kGemvWorkgroup, 2, kDxQ4_0Cols, 0, rows_of<q8_0_row_bytes>,
+                         "q8_0_dx_split", kGemvWorkgroup, 2, kDxQ4_0Cols, 0,
                          check_q8_0_linear};
 // K-quant GEMVs: 128 invocations per workgroup, each taking ROWS_PER_INVOCATION rows (q4_k_gemv.comp: 4, so one
 // row set; q6_k_gemv.comp: 2, so one set of 128 as well). Measured at 16384x16384 against other (invocations,
@@ -559,13 +554,13 @@ constexpr uint32_t kGemvQ6_KRows = 2;
 constexpr int64_t kDxKCols = 256;     // q4_k_dx_split.glsl: 8 units of 32 columns
 constexpr int64_t kDxQ6_KCols = 256;  // q6_k_dx_split.comp: whole blocks per workgroup
 const FrozenFormat kQ4_K{Format::Q4_K, "q4_k_gemm", "q4_k_dx", "q4_k_gemv", "q4_k_gemv_dot", 1, "q4_k_gemm", "q4_k_dx_gemm", "q4_k_dx_split",
-                         kGemvKWorkgroup, kGemvQ4_KRows, kDxKCols, kDxKRowsInFlight, rows_of<q4_k_row_bytes>,
+                         kGemvKWorkgroup, kGemvQ4_KRows, kDxKCols, kDxKRowsInFlight,
                          check_q4_k_linear, "q4_k_dx_split_f16"};
 const FrozenFormat kQ6_K{Format::Q6_K, "q6_k_gemm", "q6_k_dx", "q6_k_gemv", "q6_k_gemv_dot", 2, "q6_k_gemm", "q6_k_dx_gemm", "q6_k_dx_split",
-                         kGemvKWorkgroup, kGemvQ6_KRows, kDxQ6_KCols, kDxQ6_KRowsInFlight, q6_k_device_bytes,
+                         kGemvKWorkgroup, kGemvQ6_KRows, kDxQ6_KCols, kDxQ6_KRowsInFlight,
                          check_q6_k_linear};
 const FrozenFormat kF16{Format::F16, "f16_gemm", "f16_dx", "f16_gemv", nullptr, 0, "f16_gemm", "f16_dx_gemm",
-                        "f16_dx_split", kGemvWorkgroup, 4, kDxF16Cols, 0, rows_of<f16_row_bytes>, check_f16_on_gpu};
+                        "f16_dx_split", kGemvWorkgroup, 4, kDxF16Cols, 0, check_f16_on_gpu};
 }  // namespace
 
 void LinearKernels::frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer& Y, const Buffer& w,
@@ -574,7 +569,7 @@ void LinearKernels::frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer
   f.check(k, n_out, n_in, T);
   check_fits_u32(k, "X", T * n_in);
   check_fits_u32(k, "Y", T * n_out);
-  check_min_size(k, "W", w.size(), size_t(f.weight_bytes(n_out, n_in)));
+  check_min_size(k, "W", w.size(), size_t(device_weight_bytes(f.format, n_out, n_in)));
   check_min_size(k, "X", X.size(), size_t(T * n_in) * 4);
   check_min_size(k, "Y", Y.size(), size_t(T * n_out) * 4);
   if (mixed_for(T, n_in)) return routed_mixed_gemm(f.format, k, s, Y, w, X, T, n_out, n_in, scratch);
@@ -598,7 +593,7 @@ void LinearKernels::frozen_dx(const FrozenFormat& f, Sequence& s, const Buffer& 
   check_j_range(k, j_start, j_end, n_out);
   check_fits_u32(k, "dY", T * n_out);
   check_fits_u32(k, "dX", T * n_in);
-  check_min_size(k, "W", w.size(), size_t(f.weight_bytes(n_out, n_in)));
+  check_min_size(k, "W", w.size(), size_t(device_weight_bytes(f.format, n_out, n_in)));
   check_min_size(k, "dY", dY.size(), size_t(T * n_out) * 4);
   check_min_size(k, "dX", dX.size(), size_t(T * n_in) * 4);
   if (mixed_for(T, n_in))

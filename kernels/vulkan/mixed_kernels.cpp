@@ -45,13 +45,6 @@ constexpr int64_t kMinSliceK = 256;
 int64_t padded_k(int64_t K) { return (K + kBK - 1) / kBK * kBK; }
 size_t align16(size_t b) { return (b + 15) / 16 * 16; }
 
-// The bytes of n_rows rows of W in format f as the device holds them.
-int64_t weight_bytes(Format f, int64_t n_rows, int64_t n_in) {
-  if (f == Format::Q6_K) return q6_k_device_bytes(n_rows, n_in);
-  const FormatTraits& t = format_traits(f);
-  return n_rows * (n_in / t.block_elems) * t.block_bytes;
-}
-
 }  // namespace
 
 LinearKernels::MixedTile LinearKernels::mixed_tile(const std::string& variant) const {
@@ -127,7 +120,7 @@ void LinearKernels::mixed_product(bool dx, Sequence& s, const Buffer& C, const F
   if (w.panels)
     check_min_size(k, "W", w.buf->size(), size_t(w.base) * 16 + size_t(w_rows * n_in) * 2);
   else
-    check_min_size(k, "W", w.buf->size(), size_t(weight_bytes(w.format, w.row0 + w_rows, n_in)));
+    check_min_size(k, "W", w.buf->size(), size_t(device_weight_bytes(w.format, w.row0 + w_rows, n_in)));
   check_min_size(k, "C", C.size(), size_t(M * N) * 4);
   check_fits_u32(k, "C", M * N);
   const MixedTile t = mixed_tile(variant);
@@ -156,7 +149,7 @@ LinearKernels::MixedW LinearKernels::decode_f16(Format f, Sequence& s, const Buf
   const char* k = name.c_str();
   if (offset % 16 != 0 || n_in % kBK != 0)
     throw std::invalid_argument(name + ": needs an offset on 16 bytes and n_in a multiple of 32");
-  check_min_size(k, "W", w.size(), size_t(weight_bytes(f, w_row0 + rows, n_in)));
+  check_min_size(k, "W", w.size(), size_t(device_weight_bytes(f, w_row0 + rows, n_in)));
   check_min_size(k, "the output", dst.size(), offset + size_t(rows * n_in) * 2);
   check_fits_u32(k, "the output", int64_t(offset / 4) + rows * n_in / 2);
   const DecodePush push{uint32_t(rows), uint32_t(n_in), uint32_t(w_row0), uint32_t(offset / 16)};
