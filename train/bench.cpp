@@ -29,6 +29,16 @@
 
 namespace q4t {
 
+std::string mixed_tile_suffixes() {
+  std::vector<std::string> named;
+  for (const std::string& v : vk::LinearKernels::mixed_variants())
+    if (!v.empty()) named.push_back(v);
+  std::string text;
+  for (size_t i = 0; i < named.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == named.size() ? " or " : ", ") + named[i];
+  return text;
+}
+
 namespace {
 
 enum class Weights { None, Q4_0, Q8_0, F16, Q4_K, Q6_K };
@@ -65,10 +75,8 @@ const KernelInfo kKernels[] = {
 constexpr int64_t kLoraRank = 16;
 
 // The mixed kernels by path: fused (each tile decoded in the GEMM) or decoded (W decoded to f16 rows once per
-// product, then the F16 GEMM); with a tile-shape suffix of kernels/CMakeLists.txt's bench tiles.
+// product, then the F16 GEMM); with a tile-shape suffix of LinearKernels::mixed_variants.
 const char* const kMixedPaths[] = {"mixed", "decoded"};
-const char* const kTileSuffixes[] = {"",          "_t128x128w4",  "_t128x128w8n", "_t64x128w4",
-                                     "_t128x64w4", "_t64x64w4",    "_t128x256k16", "_t256x128k16"};
 
 Weights weights_named(const std::string& f) {
   if (f == "q4_0") return Weights::Q4_0;
@@ -162,8 +170,7 @@ const FormatKernels& format_kernels(Weights w) {
 Case kernel_case(const std::string& name) {
   for (const KernelInfo& k : kKernels)
     if (name == k.name) return {name, 0, 0, 0, k.weights, k.op};
-  for (const char* tile : kTileSuffixes) {
-    const std::string t = tile;
+  for (const std::string& t : vk::LinearKernels::mixed_variants()) {
     if (!t.empty() && name == "f16_coop_gemm" + t) return {name, 0, 0, 0, Weights::F16, Op::CoopGemm, false, t};
     for (const char* path : kMixedPaths)
       for (const char* op : {"gemm", "dx"}) {
@@ -178,8 +185,7 @@ Case kernel_case(const std::string& name) {
   for (const KernelInfo& k : kKernels) known += std::string(known.empty() ? "" : ", ") + k.name;
   throw std::invalid_argument("--kernels: unknown kernel '" + name + "' (known: " + known +
                               ", <format>_mixed_gemm, <format>_mixed_dx, <format>_decoded_gemm, <format>_decoded_dx, "
-                              "and f16_coop_gemm or a mixed kernel with a tile suffix _t128x128w4, _t128x128w8n, "
-                              "_t64x128w4, _t128x64w4 or _t64x64w4)");
+                              "and f16_coop_gemm or a mixed kernel with a tile suffix " + mixed_tile_suffixes() + ")");
 }
 
 void check_shape(Weights w, int64_t n_out, int64_t n_in) {

@@ -61,6 +61,8 @@ struct BenchOptions {
   Precision precision = Precision::F32;  // of the routed gemm and dx
 };
 int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& out);
+// The tile-shape suffixes bench's mixed kernels take ("_t128x128w4, ... or _t256x128k16"), for help and errors.
+std::string mixed_tile_suffixes();
 
 // A benchmark's --json FILE: opened (as FILE.tmp) before the run, so an unwritable path fails at once, and
 // renamed over FILE once the results are written. An empty path writes nothing.

@@ -158,14 +158,14 @@ int main(int argc, char** argv) {
   bench_dev.add(bench);
   bench->add_option("--kernels", bench_opt.kernels, "comma-separated subset of copy,q4_0_gemv,q4_0_gemm,q4_0_dx (the default set) and q8_0_gemv,q8_0_gemm,"
                     "q8_0_dx,f16_gemv,f16_gemm,f16_dx,q4_k_gemv,q4_k_gemm,q4_k_dx,q6_k_gemv,q6_k_gemm,q6_k_dx; "
-                    "f16_coop_gemm (the plain f16 tensor-core GEMM: the ceiling each product at T=512 is compared "
-                    "with); <format>_mixed_gemm, <format>_mixed_dx (each tile decoded in the GEMM) and "
-                    "<format>_decoded_gemm, <format>_decoded_dx (W decoded to f16 first), mixed kernels with a tile "
-                    "suffix _t128x128w4, _t128x128w8n, _t64x128w4, _t128x64w4 or _t64x64w4 (Vulkan only)")
+                    "f16_coop_gemm (the plain f16 tensor-core GEMM: the ceiling each product at --tokens is compared "
+                    "with); lora_hs, lora_y, lora_dh, lora_db, lora_da, lora_dxa (a rank-16 adapter's products); <format>_mixed_gemm, <format>_mixed_dx (each tile decoded in the GEMM) and "
+                    "<format>_decoded_gemm, <format>_decoded_dx (W decoded to f16 first), f16_coop_gemm and the "
+                    "<format>_mixed_* kernels with a tile suffix " + q4t::mixed_tile_suffixes() + " (Vulkan only)")
       ->delimiter(',');
   bench->add_option_function<std::string>(
             "--precision", [&](const std::string& v) { bench_opt.precision = q4t::parse_precision(v, "--precision"); },
-            "f32 or mixed: the numerics of the gemm and dx kernels at T=512 (default f32)");
+            "f32 or mixed: the numerics of the gemm and dx kernels at --tokens (default f32)");
   bench->add_option("--shapes", bench_opt.shapes,
                     "comma-separated N_OUTxN_IN shapes (default 4096x4096,4096x14336,14336x4096,16384x16384)")
       ->delimiter(',');
