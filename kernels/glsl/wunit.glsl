@@ -10,7 +10,7 @@
 //                                                 per word, its first weight in h[0].x's low half (one
 //                                                 rounding where a scale multiplies an exact code).
 // The including shader enables GL_EXT_shader_explicit_arithmetic_types_float16, defines FORMAT (formats.glsl)
-// and declares the weight buffer as wq1 (uint[]), wq2 (uvec2[]) and wq4 (uvec4[]).
+// and declares the weight buffer as wq1 (uint[]) and wq4 (uvec4[]).
 #include "formats.glsl"
 
 // Pairs of small codes from a word of bytes b0..b3 (b0 lowest), in weight order: (b0, b1) or (b2, b3), their low
