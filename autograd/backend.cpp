@@ -37,8 +37,9 @@ std::shared_ptr<Storage> new_storage(const vk::Device* dev, const Shape& shape, 
     if (d <= 0) throw GraphError("tensor shape " + shape_str(shape) + " has a non-positive dimension");
   auto st = std::make_shared<Storage>();
   st->bytes = storage_bytes(dtype, shape);
-  // Q6_K on the device: the grouped layout of the Vulkan kernels (kernels/shapes.h).
-  if (dev && dtype == DType::Q6_K) st->bytes = size_t(q6_k_device_bytes(shape[0], shape[1]));
+  // A frozen matrix on the device: its format's device layout (kernels/formats.h).
+  if (dev && is_frozen_storage(dtype))
+    st->bytes = size_t(device_weight_bytes(frozen_format(dtype), shape[0], shape[1]));
   return st;
 }
 constexpr size_t kHostAlignment = 64;
@@ -151,15 +152,15 @@ void Backend::upload_i32(Tensor& t, std::span<const int32_t> v) {
 Tensor Backend::quantized(std::span<const uint8_t> bytes, const Shape& shape, DType dtype) {
   if (!is_frozen_storage(dtype))
     throw GraphError(std::string("Backend::quantized: ") + dtype_name(dtype) +
-                     " is not a frozen weight storage (q4_0, q8_0, q4_k, q6_k, f16)");
+                     " is not a frozen weight storage (a format of kernels/formats.h)");
   Tensor t = empty(shape, dtype);
   if (bytes.size() != t.bytes())
     throw GraphError(std::string(dtype_name(dtype)) + " tensor " + shape_str(shape) + " needs " +
                      std::to_string(t.bytes()) + " bytes, got " + std::to_string(bytes.size()));
   if (t.on_host()) {
     std::memcpy(t.data<uint8_t>(), bytes.data(), bytes.size());
-  } else if (dtype == DType::Q6_K) {
-    const std::vector<uint8_t> grouped = quant::q6_k_to_device(bytes);
+  } else if (format_traits(frozen_format(dtype)).grouped) {
+    const std::vector<uint8_t> grouped = to_device_layout(frozen_format(dtype), bytes);
     const_cast<vk::Buffer&>(t.buffer()).upload(grouped.data(), grouped.size());
   } else {
     const_cast<vk::Buffer&>(t.buffer()).upload(bytes.data(), bytes.size());
@@ -171,10 +172,11 @@ std::vector<uint8_t> Backend::raw_bytes(const Tensor& t) const {
   std::vector<uint8_t> out(t.bytes());
   if (t.on_host()) {
     std::memcpy(out.data(), t.data<uint8_t>(), out.size());
-  } else if (t.dtype() == DType::Q6_K) {
+  } else if (is_frozen_storage(t.dtype()) && format_traits(frozen_format(t.dtype())).grouped) {
+    const FormatTraits& f = format_traits(frozen_format(t.dtype()));
     std::vector<uint8_t> grouped(t.storage().bytes);
     t.buffer().download(grouped.data(), grouped.size());
-    out = quant::q6_k_from_device(grouped, int64_t(out.size()) / kQ6_KBlockBytes);
+    out = from_device_layout(f.format, grouped, int64_t(out.size()) / f.block_bytes);
   } else {
     t.buffer().download(out.data(), out.size());
   }

@@ -103,25 +103,13 @@ Var random_constant(Graph& g, std::mt19937& rng, const Shape& shape, const std::
 }
 
 Var random_q4_0(Graph& g, std::mt19937& rng, int64_t n_out, int64_t n_in, const std::string& name) {
-  std::vector<uint8_t> bytes(size_t(n_out * q4_0_row_bytes(n_in)));
-  quant::quantize_q4_0(bytes, uniform(rng, n_out * n_in, -1, 1), n_out, n_in);
-  return g.constant(g.backend().quantized(bytes, {n_out, n_in}, DType::Q4_0), name);
+  return random_frozen(g, rng, frozen_dtype(Format::Q4_0), n_out, n_in, name);
 }
 
 Var random_frozen(Graph& g, std::mt19937& rng, DType t, int64_t n_out, int64_t n_in, const std::string& name) {
-  if (t == DType::Q4_0) return random_q4_0(g, rng, n_out, n_in, name);
-  const std::vector<float> v = uniform(rng, n_out * n_in, -1, 1);
-  std::vector<uint8_t> bytes(storage_bytes(t, {n_out, n_in}));
-  if (t == DType::Q8_0)
-    quant::quantize_q8_0(bytes, v, n_out, n_in);
-  else if (t == DType::Q4_K)
-    quant::quantize_q4_k(bytes, v, n_out, n_in);
-  else if (t == DType::Q6_K)
-    quant::quantize_q6_k(bytes, v, n_out, n_in);
-  else if (t == DType::F16)
-    quant::f32_row_to_f16(bytes.data(), v.data(), n_out * n_in);
-  else
+  if (!is_frozen_storage(t))
     throw GraphError(std::string("random_frozen: ") + dtype_name(t) + " is not a frozen storage type");
+  const std::vector<uint8_t> bytes = quantize_matrix(frozen_format(t), uniform(rng, n_out * n_in, -1, 1), n_out, n_in);
   return g.constant(g.backend().quantized(bytes, {n_out, n_in}, t), name);
 }
 

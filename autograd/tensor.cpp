@@ -5,11 +5,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/quant/f16.h"
-#include "kernels/quant/k_quants.h"
-#include "kernels/quant/q4_0.h"
-#include "kernels/quant/q8_0.h"
-#include "kernels/shapes.h"
 
 namespace q4t::ag {
 
@@ -18,12 +13,8 @@ const char* dtype_name(DType t) {
     case DType::F32: return "f32";
     case DType::F64: return "f64";
     case DType::I32: return "i32";
-    case DType::Q4_0: return "q4_0";
-    case DType::Q8_0: return "q8_0";
-    case DType::F16: return "f16";
-    case DType::Q4_K: return "q4_k";
-    case DType::Q6_K: return "q6_k";
   }
+  if (const FormatTraits* f = find_format(uint32_t(t))) return f->name;
   return "?";
 }
 
@@ -40,13 +31,8 @@ int64_t numel(const Shape& s) {
 }
 
 int64_t block_elems(DType t) {
-  switch (t) {
-    case DType::Q4_0: return kQ4_0BlockElems;
-    case DType::Q8_0: return kQ8_0BlockElems;
-    case DType::Q4_K:
-    case DType::Q6_K: return kQK_KBlockElems;
-    default: return 1;
-  }
+  const FormatTraits* f = find_format(uint32_t(t));
+  return f ? f->block_elems : 1;
 }
 
 size_t storage_bytes(DType t, const Shape& s) {
@@ -54,23 +40,13 @@ size_t storage_bytes(DType t, const Shape& s) {
     case DType::F32:
     case DType::I32: return size_t(numel(s)) * 4;
     case DType::F64: return size_t(numel(s)) * 8;
-    case DType::Q4_0:
-    case DType::Q8_0:
-    case DType::Q4_K:
-    case DType::Q6_K: {
-      const int64_t block = block_elems(t);
-      if (s.size() != 2 || s[1] % block != 0)
-        throw GraphError(std::string("a ") + dtype_name(t) + " tensor must be a matrix [rows, cols] with cols a " +
-                         "multiple of " + std::to_string(block) + ", not " + shape_str(s));
-      const int64_t row = t == DType::Q4_0   ? q4_0_row_bytes(s[1])
-                          : t == DType::Q8_0 ? q8_0_row_bytes(s[1])
-                          : t == DType::Q4_K ? q4_k_row_bytes(s[1])
-                                             : q6_k_row_bytes(s[1]);
-      return size_t(s[0] * row);
-    }
-    case DType::F16: return size_t(numel(s)) * 2;
   }
-  return 0;
+  const Format f = frozen_format(t);
+  const int64_t block = block_elems(t);
+  if (s.size() != 2 || s[1] % block != 0)
+    throw GraphError(std::string("a ") + dtype_name(t) + " tensor must be a matrix [rows, cols] with cols a " +
+                     "multiple of " + std::to_string(block) + ", not " + shape_str(s));
+  return size_t(s[0] * row_bytes(f, s[1]));
 }
 
 Tensor Tensor::view(Shape shape) const {
@@ -82,37 +58,14 @@ Tensor Tensor::view(Shape shape) const {
 }
 
 Format frozen_format(DType t) {
-  switch (t) {
-    case DType::Q4_0: return Format::Q4_0;
-    case DType::Q8_0: return Format::Q8_0;
-    case DType::Q4_K: return Format::Q4_K;
-    case DType::Q6_K: return Format::Q6_K;
-    case DType::F16: return Format::F16;
-    default: throw GraphError(std::string("frozen_format: ") + dtype_name(t) + " is not a frozen storage type");
-  }
+  if (!is_frozen_storage(t))
+    throw GraphError(std::string("frozen_format: ") + dtype_name(t) + " is not a frozen storage type");
+  return Format(uint32_t(t));
 }
 
-int64_t frozen_row_bytes(DType t, int64_t cols) {
-  switch (t) {
-    case DType::Q4_0: return q4_0_row_bytes(cols);
-    case DType::Q8_0: return q8_0_row_bytes(cols);
-    case DType::Q4_K: return q4_k_row_bytes(cols);
-    case DType::Q6_K: return q6_k_row_bytes(cols);
-    case DType::F16: return f16_row_bytes(cols);
-    default: throw GraphError(std::string("frozen_row_bytes: ") + dtype_name(t) + " is not a frozen storage type");
-  }
-}
+int64_t frozen_row_bytes(DType t, int64_t cols) { return row_bytes(frozen_format(t), cols); }
 
 namespace {
-
-// The row's bytes copied into real blocks first: rows carry no alignment.
-template <class Block, class T>
-void dequantize_blocks(T* out, const uint8_t* row, int64_t cols, int64_t block_elems,
-                       void (*dequantize)(T*, const Block*, int64_t)) {
-  std::vector<Block> blocks(size_t(cols / block_elems));
-  std::memcpy(blocks.data(), row, blocks.size() * sizeof(Block));
-  dequantize(out, blocks.data(), cols);
-}
 
 template <class T>
 void matrix_row_as(T* out, const Tensor& m, int64_t r) {
@@ -123,19 +76,15 @@ void matrix_row_as(T* out, const Tensor& m, int64_t r) {
     std::copy(src, src + cols, out);
     return;
   }
-  const uint8_t* row = m.data<uint8_t>() + r * frozen_row_bytes(t, cols);
-  using namespace quant;
-  switch (t) {
-    case DType::Q4_0: return dequantize_blocks<BlockQ4_0, T>(out, row, cols, kQ4_0BlockElems, dequantize_row_q4_0);
-    case DType::Q8_0: return dequantize_blocks<BlockQ8_0, T>(out, row, cols, kQ8_0BlockElems, dequantize_row_q8_0);
-    case DType::Q4_K: return dequantize_blocks<BlockQ4_K, T>(out, row, cols, kQK_KBlockElems, dequantize_row_q4_k);
-    case DType::Q6_K: return dequantize_blocks<BlockQ6_K, T>(out, row, cols, kQK_KBlockElems, dequantize_row_q6_k);
-    default:
-      if constexpr (std::is_same_v<T, double>)
-        return f16_row_to_f64(out, row, cols);
-      else
-        return f16_row_to_f32(out, row, cols);
-  }
+  // A copy of the row first: rows carry no alignment.
+  const Format f = frozen_format(t);
+  const int64_t rb = frozen_row_bytes(t, cols);
+  const uint8_t* row = m.data<uint8_t>() + r * rb;
+  std::vector<uint8_t> bytes(row, row + rb);
+  if constexpr (std::is_same_v<T, double>)
+    format_traits(f).dequantize_row_f64(out, bytes.data(), cols);
+  else
+    format_traits(f).dequantize_row(out, bytes.data(), cols);
 }
 
 }  // namespace

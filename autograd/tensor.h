@@ -15,18 +15,18 @@
 namespace q4t::ag {
 
 // F32: activations, LoRA parameters and gradients. F64: the same on the CPU in gradient checks.
-// I32: token ids and labels. Q4_0, Q8_0, Q4_K, Q6_K, F16: frozen weights as GGUF stores them (raw GGML bytes).
-enum class DType : uint8_t { F32, F64, I32, Q4_0, Q8_0, F16, Q4_K, Q6_K };
-const char* dtype_name(DType t);
-// Block-quantized weights (Q4_0, Q8_0: blocks of 32; Q4_K, Q6_K: super-blocks of 256).
-inline bool is_quantized(DType t) {
-  return t == DType::Q4_0 || t == DType::Q8_0 || t == DType::Q4_K || t == DType::Q6_K;
-}
-// Weights per block of a quantized dtype (1 for any other).
-int64_t block_elems(DType t);
-// The storages of frozen GGUF weights: quantized blocks or F16 halves. Read-only, like the blocks: never
+// I32: token ids and labels. The frozen weights as GGUF stores them (raw GGML bytes) have one dtype per format of
+// kernels/formats.h, whose code it is: frozen_dtype(Format::Q4_K).
+enum class DType : uint8_t { F32 = 100, F64 = 101, I32 = 102 };
+constexpr DType frozen_dtype(Format f) { return DType(uint32_t(f)); }
+// The storages of frozen GGUF weights: quantized blocks, or F16 / BF16 halves. Read-only, like the blocks: never
 // trainable, never given a gradient, never reshaped (F16 is storage here, not a real type of the graph).
-inline bool is_frozen_storage(DType t) { return is_quantized(t) || t == DType::F16; }
+inline bool is_frozen_storage(DType t) { return find_format(uint32_t(t)) != nullptr; }
+// Block-quantized weights (every frozen storage but the 16-bit floats).
+inline bool is_quantized(DType t) { return is_frozen_storage(t) && format_traits(Format(uint32_t(t))).block_elems > 1; }
+const char* dtype_name(DType t);
+// Weights per block of a frozen dtype (1 for any other).
+int64_t block_elems(DType t);
 // The kernels' format of a frozen storage (kernels/formats.h); throws GraphError for any other dtype.
 Format frozen_format(DType t);
 inline bool is_real(DType t) { return t == DType::F32 || t == DType::F64; }
@@ -34,9 +34,8 @@ inline bool is_real(DType t) { return t == DType::F32 || t == DType::F64; }
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);
 int64_t numel(const Shape& s);
-// Bytes that a tensor of this dtype and shape occupies (Q4_0: rows * cols/32 * 18; Q8_0: rows * cols/32 * 34;
-// Q4_K: rows * cols/256 * 144; Q6_K: rows * cols/256 * 210; F16: 2 per element). A Vulkan tensor's buffer holds
-// Q6_K in the device's grouped layout, rounded up to 8 blocks (Storage::bytes; kernels/shapes.h).
+// Bytes that a tensor of this dtype and shape occupies (a frozen matrix: rows of its format's blocks, GGML's
+// bytes). A Vulkan tensor's buffer holds W in its format's device layout (Storage::bytes; device_weight_bytes).
 size_t storage_bytes(DType t, const Shape& s);
 
 // Where the bytes live. Exactly one of host / buffer is used. A planned tensor (see Graph::defer_memory) has

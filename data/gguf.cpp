@@ -105,11 +105,6 @@ bool type_layout(GgmlType t, int64_t* block_elems, int64_t* block_bytes) {
   return true;
 }
 
-bool supported_type(GgmlType t) {
-  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::Q8_0 || t == GgmlType::Q4_0 ||
-         t == GgmlType::Q4_K || t == GgmlType::Q6_K;
-}
-
 uint64_t tensor_bytes(GgmlType t, const std::vector<int64_t>& ne) {
   int64_t block_elems, block_bytes;
   if (!type_layout(t, &block_elems, &block_bytes)) throw FormatError(std::string("unknown tensor type ") + type_name(t));

@@ -42,8 +42,8 @@ struct Value {
   static Value array(ValueType elem, std::vector<Value> items) { return {ValueType::ARRAY, elem, std::move(items)}; }
 };
 
-// GGML tensor types (the numbering of the format). Only the ones q4tune can compute with are listed by name in
-// supported_type(); the rest are still read (info prints them) and rejected by the model loader.
+// GGML tensor types (the numbering of the format). The ones q4tune computes with are F32 and the formats of
+// kernels/formats.h (the same numbers); the rest are still read (info prints them) and rejected by the model loader.
 enum class GgmlType : uint32_t {
   F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9, Q2_K = 10, Q3_K = 11, Q4_K = 12,
   Q5_K = 13, Q6_K = 14, Q8_K = 15, IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21,
@@ -53,8 +53,6 @@ enum class GgmlType : uint32_t {
 const char* type_name(GgmlType t);  // "q4_0", ...; "type 77" for unknown numbers
 // Elements per block and bytes per block; false for a type number this reader does not know.
 bool type_layout(GgmlType t, int64_t* block_elems, int64_t* block_bytes);
-// The types q4tune's kernels compute with: f32, f16, q8_0, q4_0, q4_K, q6_K.
-bool supported_type(GgmlType t);
 
 struct TensorInfo {
   std::string name;

@@ -16,27 +16,11 @@ class HostKernels {
  public:
   virtual ~HostKernels() = default;
   virtual std::string device_name() const = 0;
-  // Contracts as in kernels/cpu/linear.h.
-  virtual void q4_0_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T,
-                         int64_t n_out, int64_t n_in) = 0;
-  virtual void q4_0_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T,
-                       int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) = 0;
-  virtual void q8_0_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T,
-                         int64_t n_out, int64_t n_in) = 0;
-  virtual void q8_0_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T,
-                       int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) = 0;
-  virtual void f16_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T,
-                        int64_t n_out, int64_t n_in) = 0;
-  virtual void f16_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T,
-                      int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) = 0;
-  virtual void q4_k_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T,
-                         int64_t n_out, int64_t n_in) = 0;
-  virtual void q4_k_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T,
-                       int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) = 0;
-  virtual void q6_k_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T,
-                         int64_t n_out, int64_t n_in) = 0;
-  virtual void q6_k_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T,
-                       int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) = 0;
+  // Contracts as in kernels/cpu/linear.h (W in GGML's layout; the Vulkan side converts it to the device's).
+  virtual void frozen_gemm(Format f, std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X,
+                           int64_t T, int64_t n_out, int64_t n_in) = 0;
+  virtual void frozen_dx(Format f, std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY,
+                         int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) = 0;
   virtual void gemm_nt(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M,
                        int64_t N, int64_t K, bool accumulate, float alpha = 1) = 0;
   virtual void gemm_nn(std::span<float> C, std::span<const float> A, std::span<const float> B, int64_t M,

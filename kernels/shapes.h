@@ -66,4 +66,15 @@ void check_size(const char* kernel, const char* what, size_t have, size_t want, 
 // Like check_size but a larger buffer is accepted (device buffers are often reused for smaller shapes).
 void check_min_size(const char* kernel, const char* what, size_t have, size_t want, const char* unit = "bytes");
 
+// The other GGML block formats with a codec in kernels/quant (legacy_quants.h, k_quants.h, iq4.h): bytes per
+// block. Q4_1, Q5_0, Q5_1 and IQ4_NL hold 32 weights a block; Q2_K, Q3_K, Q5_K and IQ4_XS 256 (kQK_KBlockElems).
+inline constexpr int64_t kQ4_1BlockBytes = 20;
+inline constexpr int64_t kQ5_0BlockBytes = 22;
+inline constexpr int64_t kQ5_1BlockBytes = 24;
+inline constexpr int64_t kQ2_KBlockBytes = 84;
+inline constexpr int64_t kQ3_KBlockBytes = 110;
+inline constexpr int64_t kQ5_KBlockBytes = 176;
+inline constexpr int64_t kIQ4_NLBlockBytes = 18;
+inline constexpr int64_t kIQ4_XSBlockBytes = 136;
+
 }  // namespace q4t

@@ -72,7 +72,7 @@ INSTANTIATE_TEST_SUITE_P(AllOps, MixedGradcheck, ::testing::Range(size_t(0), gra
 TEST(MixedPrecision, ProductsOf32TokensOrMoreRunMixedAndFewerStayF32) {
   auto lin = [](int64_t T) {
     return GradcheckCase{"linear", [T](Graph& g, std::mt19937& r) {
-                           Var w = random_frozen(g, r, DType::Q4_0, 70, 96, "w");
+                           Var w = random_frozen(g, r, frozen_dtype(Format::Q4_0), 70, 96, "w");
                            return linear(random_param(g, r, {T, 96}, "x"), w);
                          }};
   };
@@ -112,7 +112,7 @@ Tensor q4_0_weight(Backend& be, int64_t n_out, int64_t n_in) {
   for (size_t i = 0; i < f.size(); ++i) f[i] = float(i % 7) - 3.0f;
   std::vector<uint8_t> bytes(size_t(n_out * n_in / 32 * 18));
   quant::quantize_q4_0(bytes, f, n_out, n_in);
-  return be.quantized(bytes, {n_out, n_in}, DType::Q4_0);
+  return be.quantized(bytes, {n_out, n_in}, frozen_dtype(Format::Q4_0));
 }
 
 TEST(GraphRules, MarkingAQuantizedWeightTrainableFails) {
@@ -197,8 +197,8 @@ TEST(GraphRules, FrozenWeightsReturnTheirGgmlBytesOnEitherBackend) {
   quant::quantize_q6_k(q6, f, n_out, n_in);
   quant::quantize_q4_0(q4, f, n_out, n_in);
   for (Backend* be : {backends().cpu32.get(), backends().vulkan.get()}) {
-    EXPECT_EQ(be->raw_bytes(be->quantized(q6, {n_out, n_in}, DType::Q6_K)), q6) << be->name();
-    EXPECT_EQ(be->raw_bytes(be->quantized(q4, {n_out, n_in}, DType::Q4_0)), q4) << be->name();
+    EXPECT_EQ(be->raw_bytes(be->quantized(q6, {n_out, n_in}, frozen_dtype(Format::Q6_K))), q6) << be->name();
+    EXPECT_EQ(be->raw_bytes(be->quantized(q4, {n_out, n_in}, frozen_dtype(Format::Q4_0))), q4) << be->name();
   }
 }
 

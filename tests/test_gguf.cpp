@@ -282,10 +282,6 @@ TEST(Gguf, TypeLayoutsMatchGgml) {
   EXPECT_THROW(tensor_bytes(GgmlType::Q4_0, {48}), FormatError);
   EXPECT_THROW(tensor_bytes(GgmlType::F32, {}), FormatError);
   EXPECT_THROW(tensor_bytes(GgmlType::F32, {1, 1, 1, 1, 1}), FormatError);
-  EXPECT_TRUE(supported_type(GgmlType::Q8_0));
-  EXPECT_TRUE(supported_type(GgmlType::Q4_K));
-  EXPECT_TRUE(supported_type(GgmlType::Q6_K));
-  EXPECT_FALSE(supported_type(GgmlType::Q5_K));
 }
 
 TEST(Gguf, EveryMalformedFileIsOneFormatErrorNamingTheFieldAndOffset) {

@@ -58,7 +58,7 @@ Result fine_tune(Backend& be, int steps) {
       for (int64_t k = 0; k < kRank; ++k) wd[j * kIn + i] += bt[j * kRank + k] * at[k * kIn + i];
 
   Graph g(be);
-  Var w = g.constant(be.quantized(wq, {kOut, kIn}, DType::Q4_0), "w");
+  Var w = g.constant(be.quantized(wq, {kOut, kIn}, frozen_dtype(Format::Q4_0)), "w");
   Tensor xt = be.zeros({kT, kIn}, be.real()), yt = be.zeros({kT, kOut}, be.real());
   Var x = g.constant(xt, "x"), target = g.constant(yt, "target");
   LoraConfig cfg;

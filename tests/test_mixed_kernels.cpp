@@ -11,9 +11,6 @@
 #include "kernels/cpu/reference.h"
 #include "kernels/formats.h"
 #include "kernels/quant/f16.h"
-#include "kernels/quant/k_quants.h"
-#include "kernels/quant/q4_0.h"
-#include "kernels/quant/q8_0.h"
 #include "kernels/shapes.h"
 #include "kernels/vulkan/linear_kernels.h"
 
@@ -35,24 +32,14 @@ std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scale = 1.0
 
 // Random W [n_out, n_in] in format f, as GGML stores it.
 std::vector<uint8_t> random_weights(std::mt19937& rng, Format f, int64_t n_out, int64_t n_in) {
-  std::vector<uint8_t> w(size_t(n_out * format_traits(f).row_bytes(n_in)));
-  const auto v = random_floats(rng, n_out * n_in);
-  switch (f) {
-    case Format::Q4_0: quant::quantize_q4_0(w, v, n_out, n_in); break;
-    case Format::Q8_0: quant::quantize_q8_0(w, v, n_out, n_in); break;
-    case Format::F16: quant::f32_row_to_f16(w.data(), v.data(), n_out * n_in); break;
-    case Format::Q4_K: quant::quantize_q4_k(w, v, n_out, n_in); break;
-    case Format::Q6_K: quant::quantize_q6_k(w, v, n_out, n_in); break;
-  }
-  return w;
+  return quantize_matrix(f, random_floats(rng, n_out * n_in), n_out, n_in);
 }
 
 // W as the device holds it (Q6_K regrouped).
-std::vector<uint8_t> device_bytes(Format f, const std::vector<uint8_t>& w) {
-  return f == Format::Q6_K ? quant::q6_k_to_device(w) : w;
-}
+std::vector<uint8_t> device_bytes(Format f, const std::vector<uint8_t>& w) { return to_device_layout(f, w); }
 
-// The n_in values each format's tests use: one unit, a few, and a row longer than a K step of every tile.
+// The n_in values each format's tests use: one unit, a few, and a row longer than a K step of every tile (whole
+// super-blocks for the formats of 256-weight blocks).
 std::vector<int64_t> widths(Format f) {
   if (format_traits(f).block_elems == 256) return {256, 512, 2304};
   return {32, 96, 4128};
@@ -114,7 +101,7 @@ vk::Device* MixedKernels::device_ = nullptr;
 // Every format's decode (wunit.glsl through decode_f16.comp, into k-panels) gives the reference's f16 weights bit
 // for bit, over a window of rows that starts past row 0.
 TEST_F(MixedKernels, DecodedWeightsEqualTheReferenceBitForBit) {
-  for (Format f : kFormats)
+  for (Format f : all_formats())
     for (int64_t n_in : widths(f)) {
       const int64_t n_out = 9, row0 = 2, rows = 6;
       const auto w_host = random_weights(rng_, f, n_out, n_in);
@@ -186,7 +173,7 @@ TEST_F(MixedKernels, RowsToF16ScaleEachRowIntoRange) {
 // Y = X·Wᵀ for every format on shapes whose tiles do not divide (T from the fewest tokens that take the mixed path,
 // n_out from 1 row), against the f16 reference tightly and the exact product within the mixed bound.
 TEST_F(MixedKernels, GemmMatchesTheF16ReferenceOnAwkwardShapes) {
-  for (Format f : kFormats)
+  for (Format f : all_formats())
     for (int64_t n_in : widths(f))
       for (int64_t n_out : {1, 63, 130})
         for (int64_t T : {32, 65}) {
@@ -197,11 +184,7 @@ TEST_F(MixedKernels, GemmMatchesTheF16ReferenceOnAwkwardShapes) {
                                    std::to_string(n_out) + "x" + std::to_string(n_in);
           EXPECT_LE(ref::max_rel_error(y.data(), ref::mixed_gemm(f, w.data(), x.data(), T, n_out, n_in)), kSumBound)
               << what;
-          const auto exact = f == Format::Q4_0   ? ref::q4_0_gemm(w.data(), x.data(), T, n_out, n_in)
-                             : f == Format::Q8_0 ? ref::q8_0_gemm(w.data(), x.data(), T, n_out, n_in)
-                             : f == Format::F16  ? ref::f16_gemm(w.data(), x.data(), T, n_out, n_in)
-                             : f == Format::Q4_K ? ref::q4_k_gemm(w.data(), x.data(), T, n_out, n_in)
-                                                 : ref::q6_k_gemm(w.data(), x.data(), T, n_out, n_in);
+          const auto exact = ref::frozen_gemm(f, w.data(), x.data(), T, n_out, n_in);
           EXPECT_LE(ref::max_rel_error(y.data(), exact), kMixedBound) << what;
         }
 }
@@ -210,7 +193,7 @@ TEST_F(MixedKernels, GemmMatchesTheF16ReferenceOnAwkwardShapes) {
 // accumulating into a dX that holds values.
 TEST_F(MixedKernels, DxMatchesTheF16ReferenceOverRowWindows) {
   struct Window { int64_t n_out, j0, j1; };
-  for (Format f : kFormats)
+  for (Format f : all_formats())
     for (int64_t n_in : widths(f))
       for (const Window win : {Window{1, 0, 1}, Window{70, 3, 70}, Window{300, 37, 261}})
         for (bool acc : {false, true}) {
@@ -228,10 +211,11 @@ TEST_F(MixedKernels, DxMatchesTheF16ReferenceOverRowWindows) {
 }
 
 // Every tile shape the bench can name computes the same products: the forward and the dx of each format that has
-// the shape, on a product whose tiles do not divide (on devices without cooperative matrices, the portable twin).
+// the shape (the default one every format has; the bench's others F16, Q4_0 and Q4_K), on a product whose tiles do
+// not divide (on devices without cooperative matrices, the portable twin).
 TEST_F(MixedKernels, EveryTileShapeMatchesTheF16Reference) {
   const int64_t T = 300, n_out = 260, n_in = 512;
-  for (Format f : {Format::F16, Format::Q4_0, Format::Q4_K})
+  for (Format f : all_formats())
     for (const std::string& v : vk::LinearKernels::mixed_variants())
       for (bool dx : {false, true}) {
         if (!kernels_->has_mixed_variant(f, dx, v)) continue;
@@ -259,17 +243,17 @@ TEST_F(MixedKernels, EveryTileShapeMatchesTheF16Reference) {
 }
 
 // Products of few output tiles and a long K sum slices of K in a scratch and add them in order: the forward over
-// n_in = 8192, the dx over 6000 rows of W.
+// n_in = 8192, the dx over 6000 rows of W (rows of 96 weights, or one super-block).
 TEST_F(MixedKernels, ProductsSplitOverKMatchTheReference) {
   ASSERT_GT(kernels_->mixed_split_bytes(40, 64, 8192), 0u);
   ASSERT_GT(kernels_->mixed_split_bytes(48, 96, 6000), 0u);
-  for (Format f : {Format::Q4_0, Format::Q4_K}) {
+  for (Format f : all_formats()) {
     const auto w = random_weights(rng_, f, 64, 8192);
     const auto x = random_floats(rng_, 40 * 8192);
     EXPECT_LE(ref::max_rel_error(gemm(f, w, x, 40, 64, 8192).data(), ref::mixed_gemm(f, w.data(), x.data(), 40, 64, 8192)),
               kSumBound)
         << format_name(f);
-    const int64_t n_in = f == Format::Q4_K ? 256 : 96;
+    const int64_t n_in = format_traits(f).block_elems == 256 ? 256 : 96;
     const auto w2 = random_weights(rng_, f, 6000, n_in);
     const auto dy = random_floats(rng_, 48 * 6000);
     const std::vector<float> dx0(size_t(48 * n_in), 0.5f);
@@ -290,7 +274,7 @@ TEST_F(MixedKernels, RowsOutsideF16RangeKeepTheirProducts) {
     auto x = random_floats(rng_, T * n_in, scale);
     for (int64_t i = 0; i < n_in; ++i) x[size_t(7 * n_in + i)] *= 1e-3f;  // one row a thousand times smaller
     const auto y = gemm(Format::Q4_0, w, x, T, n_out, n_in);
-    const auto want = ref::q4_0_gemm(w.data(), x.data(), T, n_out, n_in);
+    const auto want = ref::frozen_gemm(Format::Q4_0, w.data(), x.data(), T, n_out, n_in);
     for (int64_t t = 0; t < T; ++t) {
       const std::vector<double> row(want.begin() + t * n_out, want.begin() + (t + 1) * n_out);
       EXPECT_LE(ref::max_rel_error(y.data() + t * n_out, row), kMixedBound) << "scale " << scale << " row " << t;
@@ -298,7 +282,7 @@ TEST_F(MixedKernels, RowsOutsideF16RangeKeepTheirProducts) {
     const auto dy = random_floats(rng_, T * n_out, scale);
     const std::vector<float> dx0(size_t(T * n_in), 0.0f);
     const auto got = dx(Format::Q4_0, w, dy, dx0, T, n_out, n_in, 0, n_out, false);
-    const auto want_dx = ref::q4_0_dx(w.data(), dy.data(), nullptr, T, n_out, n_in, 0, n_out);
+    const auto want_dx = ref::frozen_dx(Format::Q4_0, w.data(), dy.data(), nullptr, T, n_out, n_in, 0, n_out);
     for (int64_t t = 0; t < T; ++t) {
       const std::vector<double> row(want_dx.begin() + t * n_in, want_dx.begin() + (t + 1) * n_in);
       EXPECT_LE(ref::max_rel_error(got.data() + t * n_in, row), kMixedBound) << "dx scale " << scale << " row " << t;

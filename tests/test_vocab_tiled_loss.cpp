@@ -45,7 +45,7 @@ struct Leaves {
   Var x, w, labels;
 };
 Leaves leaves(Graph& g, Backend& be, const Problem& p) {
-  return {g.param(be.from_host(p.x, {p.T, p.C}), "x"), g.constant(be.quantized(p.w, {p.V, p.C}, DType::Q4_0), "w"),
+  return {g.param(be.from_host(p.x, {p.T, p.C}), "x"), g.constant(be.quantized(p.w, {p.V, p.C}, frozen_dtype(Format::Q4_0)), "w"),
           g.constant(be.from_host_i32(p.labels, {p.T}), "labels")};
 }
 

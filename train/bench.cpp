@@ -41,7 +41,10 @@ std::string mixed_tile_suffixes() {
 
 namespace {
 
-enum class Weights { None, Q4_0, Q8_0, F16, Q4_K, Q6_K };
+// The weights of a case: none, or a format of kernels/formats.h (its code).
+enum class Weights : uint32_t { None = 0xFFFFFFFFu };
+constexpr Weights weights_of(Format f) { return Weights(uint32_t(f)); }
+Format format_of(Weights w) { return Format(uint32_t(w)); }
 // Copy: the roofline. Gemv, Gemm, Dx: a format's product as training calls it (LinearKernels' entry points, at
 // the bench's --precision). CoopGemm: f16_coop_gemm, the plain f16 x f16 -> f32 tensor-core GEMM (A and W f16 in
 // memory; no conversion, no decode), the practical ceiling of the mixed products. MixedGemm, MixedDx: a format's
@@ -53,25 +56,25 @@ enum class Op { Copy, Gemv, Gemm, Dx, CoopGemm, MixedGemm, MixedDx, Lora };
 // A kernel --kernels can name (dx and the routed gemm run at T = 1 and at --tokens, 512 by default; the mixed ones
 // at --tokens).
 struct KernelInfo {
-  const char* name;
+  std::string name;
   Weights weights;
   Op op;
   bool by_default;  // in the set run when --kernels is not given
 };
-const KernelInfo kKernels[] = {
-    {"copy", Weights::None, Op::Copy, true},      {"q4_0_gemv", Weights::Q4_0, Op::Gemv, true},
-    {"q4_0_gemm", Weights::Q4_0, Op::Gemm, true}, {"q4_0_dx", Weights::Q4_0, Op::Dx, true},
-    {"q8_0_gemv", Weights::Q8_0, Op::Gemv, false}, {"q8_0_gemm", Weights::Q8_0, Op::Gemm, false},
-    {"q8_0_dx", Weights::Q8_0, Op::Dx, false},    {"f16_gemv", Weights::F16, Op::Gemv, false},
-    {"f16_gemm", Weights::F16, Op::Gemm, false},  {"f16_dx", Weights::F16, Op::Dx, false},
-    {"q4_k_gemv", Weights::Q4_K, Op::Gemv, false}, {"q4_k_gemm", Weights::Q4_K, Op::Gemm, false},
-    {"q4_k_dx", Weights::Q4_K, Op::Dx, false},    {"q6_k_gemv", Weights::Q6_K, Op::Gemv, false},
-    {"q6_k_gemm", Weights::Q6_K, Op::Gemm, false}, {"q6_k_dx", Weights::Q6_K, Op::Dx, false},
-    {"f16_coop_gemm", Weights::F16, Op::CoopGemm, false},
-    {"lora_hs", Weights::None, Op::Lora, false},  {"lora_y", Weights::None, Op::Lora, false},
-    {"lora_dh", Weights::None, Op::Lora, false},  {"lora_db", Weights::None, Op::Lora, false},
-    {"lora_da", Weights::None, Op::Lora, false},  {"lora_dxa", Weights::None, Op::Lora, false},
-};
+// copy, <format>_gemv / _gemm / _dx of every format (Q4_0's in the default set), f16_coop_gemm and the LoRA products.
+const std::vector<KernelInfo>& kernel_infos() {
+  static const std::vector<KernelInfo> k = [] {
+    std::vector<KernelInfo> v{{"copy", Weights::None, Op::Copy, true}};
+    for (const FormatTraits& f : format_table())
+      for (const auto& [suffix, op] : {std::pair{"_gemv", Op::Gemv}, {"_gemm", Op::Gemm}, {"_dx", Op::Dx}})
+        v.push_back({std::string(f.name) + suffix, weights_of(f.format), op, f.format == Format::Q4_0});
+    v.push_back({"f16_coop_gemm", weights_of(Format::F16), Op::CoopGemm, false});
+    for (const char* l : {"lora_hs", "lora_y", "lora_dh", "lora_db", "lora_da", "lora_dxa"})
+      v.push_back({l, Weights::None, Op::Lora, false});
+    return v;
+  }();
+  return k;
+}
 constexpr int64_t kLoraRank = 16;
 
 // The mixed kernels by path: fused (each tile decoded in the GEMM) or decoded (W decoded to f16 rows once per
@@ -79,22 +82,8 @@ constexpr int64_t kLoraRank = 16;
 const char* const kMixedPaths[] = {"mixed", "decoded"};
 
 Weights weights_named(const std::string& f) {
-  if (f == "q4_0") return Weights::Q4_0;
-  if (f == "q8_0") return Weights::Q8_0;
-  if (f == "f16") return Weights::F16;
-  if (f == "q4_k") return Weights::Q4_K;
-  if (f == "q6_k") return Weights::Q6_K;
-  return Weights::None;
-}
-
-Format format_of(Weights w) {
-  switch (w) {
-    case Weights::Q8_0: return Format::Q8_0;
-    case Weights::F16: return Format::F16;
-    case Weights::Q4_K: return Format::Q4_K;
-    case Weights::Q6_K: return Format::Q6_K;
-    default: return Format::Q4_0;
-  }
+  const FormatTraits* t = find_format(f);
+  return t ? weights_of(t->format) : Weights::None;
 }
 
 struct Case {
@@ -129,49 +118,16 @@ std::pair<int64_t, int64_t> parse_shape(const std::string& s) {
   throw std::invalid_argument("--shapes: '" + s + "' is not N_OUTxN_IN (e.g. 4096x14336)");
 }
 
-int64_t row_bytes(Weights w, int64_t n_in) {
-  switch (w) {
-    case Weights::Q4_0: return q4_0_row_bytes(n_in);
-    case Weights::Q8_0: return q8_0_row_bytes(n_in);
-    case Weights::F16: return f16_row_bytes(n_in);
-    case Weights::Q4_K: return q4_k_row_bytes(n_in);
-    case Weights::Q6_K: return q6_k_row_bytes(n_in);
-    case Weights::None: break;
-  }
-  return 0;
-}
-
-// The Vulkan and CPU entry points of one weight format (gemm with T = 1 is the GEMV).
-struct FormatKernels {
-  decltype(&vk::LinearKernels::q4_0_gemm) vk_gemm;
-  decltype(&vk::LinearKernels::q4_0_dx) vk_dx;
-  decltype(&cpu::q4_0_gemm) cpu_gemm;
-  decltype(&cpu::q4_0_dx) cpu_dx;
-};
-
-const FormatKernels& format_kernels(Weights w) {
-  using K = vk::LinearKernels;
-  static const FormatKernels q4_0{&K::q4_0_gemm, &K::q4_0_dx, cpu::q4_0_gemm, cpu::q4_0_dx};
-  static const FormatKernels q8_0{&K::q8_0_gemm, &K::q8_0_dx, cpu::q8_0_gemm, cpu::q8_0_dx};
-  static const FormatKernels f16{&K::f16_gemm, &K::f16_dx, cpu::f16_gemm, cpu::f16_dx};
-  static const FormatKernels q4_k{&K::q4_k_gemm, &K::q4_k_dx, cpu::q4_k_gemm, cpu::q4_k_dx};
-  static const FormatKernels q6_k{&K::q6_k_gemm, &K::q6_k_dx, cpu::q6_k_gemm, cpu::q6_k_dx};
-  switch (w) {
-    case Weights::Q8_0: return q8_0;
-    case Weights::F16: return f16;
-    case Weights::Q4_K: return q4_k;
-    case Weights::Q6_K: return q6_k;
-    default: return q4_0;
-  }
-}
+int64_t weight_row_bytes(Weights w, int64_t n_in) { return w == Weights::None ? 0 : row_bytes(format_of(w), n_in); }
 
 // The kernel --kernels names: one of kKernels, or <format>_<mixed|decoded>_<gemm|dx>[tile], or
 // f16_coop_gemm[tile].
 Case kernel_case(const std::string& name) {
-  for (const KernelInfo& k : kKernels)
+  for (const KernelInfo& k : kernel_infos())
     if (name == k.name) return {name, 0, 0, 0, k.weights, k.op};
   for (const std::string& t : vk::LinearKernels::mixed_variants()) {
-    if (!t.empty() && name == "f16_coop_gemm" + t) return {name, 0, 0, 0, Weights::F16, Op::CoopGemm, false, t};
+    if (!t.empty() && name == "f16_coop_gemm" + t)
+      return {name, 0, 0, 0, weights_of(Format::F16), Op::CoopGemm, false, t};
     for (const char* path : kMixedPaths)
       for (const char* op : {"gemm", "dx"}) {
         const std::string tail = std::string("_") + path + "_" + op + t;
@@ -182,18 +138,14 @@ Case kernel_case(const std::string& name) {
       }
   }
   std::string known;
-  for (const KernelInfo& k : kKernels) known += std::string(known.empty() ? "" : ", ") + k.name;
+  for (const KernelInfo& k : kernel_infos()) known += std::string(known.empty() ? "" : ", ") + k.name;
   throw std::invalid_argument("--kernels: unknown kernel '" + name + "' (known: " + known +
                               ", <format>_mixed_gemm, <format>_mixed_dx, <format>_decoded_gemm, <format>_decoded_dx, "
                               "and f16_coop_gemm or a mixed kernel with a tile suffix " + mixed_tile_suffixes() + ")");
 }
 
 void check_shape(Weights w, int64_t n_out, int64_t n_in) {
-  if (w == Weights::Q4_0) check_q4_0_linear("bench", n_out, n_in, 1);
-  if (w == Weights::Q8_0) check_q8_0_linear("bench", n_out, n_in, 1);
-  if (w == Weights::F16) check_f16_linear("bench", n_out, n_in, 1);
-  if (w == Weights::Q4_K) check_q4_k_linear("bench", n_out, n_in, 1);
-  if (w == Weights::Q6_K) check_q6_k_linear("bench", n_out, n_in, 1);
+  if (w != Weights::None) check_gpu_frozen_linear(format_of(w), "bench", n_out, n_in, 1);
 }
 
 bool is_product(Op op) { return op == Op::Gemm || op == Op::Dx || op == Op::MixedGemm || op == Op::MixedDx; }
@@ -221,7 +173,7 @@ std::vector<Case> make_cases(const BenchOptions& opt, bool coop) {
   if (opt.tokens < 2) throw std::invalid_argument("--tokens: must be at least 2 (one token is the GEMV's case)");
   std::vector<std::string> kernels = opt.kernels;
   if (kernels.empty())
-    for (const KernelInfo& k : kKernels)
+    for (const KernelInfo& k : kernel_infos())
       if (k.by_default) kernels.push_back(k.name);
   std::vector<Case> named;
   for (const auto& k : kernels) named.push_back(kernel_case(k));
@@ -234,7 +186,7 @@ std::vector<Case> make_cases(const BenchOptions& opt, bool coop) {
     const bool ceiling_listed = std::any_of(named.begin(), named.end(), [](const Case& c) { return c.kernel == "f16_coop_gemm"; });
     const bool wants_ceiling = coop && std::any_of(named.begin(), named.end(), [](const Case& c) { return is_product(c.op); });
     if (wants_ceiling && !ceiling_listed)
-      cases.push_back({"f16_coop_gemm", n_out, n_in, opt.tokens, Weights::F16, Op::CoopGemm});
+      cases.push_back({"f16_coop_gemm", n_out, n_in, opt.tokens, weights_of(Format::F16), Op::CoopGemm});
     for (Case c : named) {
       if (c.op == Op::Copy) continue;
       check_shape(c.weights, n_out, n_in);
@@ -253,7 +205,7 @@ std::vector<Case> make_cases(const BenchOptions& opt, bool coop) {
 
 // Bytes a kernel must move at least: the weights once, activations in and out.
 double min_bytes(const Case& c) {
-  return double(c.n_out * row_bytes(c.weights, c.n_in)) + 4.0 * double(c.T) * double(c.n_in + c.n_out);
+  return double(c.n_out * weight_row_bytes(c.weights, c.n_in)) + 4.0 * double(c.T) * double(c.n_in + c.n_out);
 }
 
 void finish(Result& r, double seconds, double copy_gbps) {
@@ -280,11 +232,9 @@ void finish(Result& r, double seconds, double copy_gbps) {
 }
 
 void quantize(Weights kind, std::span<uint8_t> w, const std::vector<float>& f, int64_t n_out, int64_t n_in) {
-  if (kind == Weights::Q4_0) quant::quantize_q4_0(w, f, n_out, n_in);
-  if (kind == Weights::Q8_0) quant::quantize_q8_0(w, f, n_out, n_in);
-  if (kind == Weights::F16) quant::f32_row_to_f16(w.data(), f.data(), n_out * n_in);
-  if (kind == Weights::Q4_K) quant::quantize_q4_k(w, f, n_out, n_in);
-  if (kind == Weights::Q6_K) quant::quantize_q6_k(w, f, n_out, n_in);
+  const FormatTraits& t = format_traits(format_of(kind));
+  const int64_t rb = row_bytes(t.format, n_in);
+  for (int64_t r = 0; r < n_out; ++r) t.quantize_row(w.data() + r * rb, f.data() + r * n_in, n_in);
 }
 
 // Uniform(-1, 1) weights in the kind's format. Rows are made in parallel, each group of rows from its own seed
@@ -295,7 +245,7 @@ const std::vector<uint8_t>& random_weights(Weights kind, int64_t n_out, int64_t 
   static std::vector<uint8_t> last;
   if (last_key == std::make_tuple(kind, n_out, n_in)) return last;
   constexpr int64_t kRowsPerSeed = 64;
-  const int64_t rb = row_bytes(kind, n_in);
+  const int64_t rb = weight_row_bytes(kind, n_in);
   last.assign(size_t(n_out * rb), 0);
   cpu::parallel_for((n_out + kRowsPerSeed - 1) / kRowsPerSeed, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t g = lo; g < hi; ++g) {
@@ -359,8 +309,9 @@ double time_vulkan(vk::Device& dev, double budget_s, const std::function<void(vk
 std::vector<vk::Buffer> device_weights(vk::Device& dev, const Case& c) {
   const auto& w_ggml = random_weights(c.weights, c.n_out, c.n_in);
   std::vector<uint8_t> w_grouped;
-  if (c.weights == Weights::Q6_K) w_grouped = quant::q6_k_to_device(w_ggml);
-  const std::vector<uint8_t>& w_host = c.weights == Weights::Q6_K ? w_grouped : w_ggml;
+  const bool grouped = c.weights != Weights::None && format_traits(format_of(c.weights)).grouped;
+  if (grouped) w_grouped = to_device_layout(format_of(c.weights), w_ggml);
+  const std::vector<uint8_t>& w_host = grouped ? w_grouped : w_ggml;
   const size_t n_copies = std::clamp<size_t>(kRotateBytes / w_host.size() + 1, 1, 32);
   std::vector<vk::Buffer> ws;
   for (size_t i = 0; i < n_copies; ++i) {
@@ -450,14 +401,13 @@ Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, d
   vk::Buffer in(dev, size_t(in_elems) * 4), out(dev, size_t(out_elems) * 4);
   in.upload(random_acts(in_elems));
   out.fill_zero();
-  const FormatKernels& fk = format_kernels(c.weights);
   vk::Buffer scratch(dev, std::max<size_t>(4, k.frozen_scratch_bytes(format_of(c.weights), c.T, c.n_out, c.n_in)));
   const double s = time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int i) {
     const vk::Buffer& w = ws[size_t(i) % ws.size()];
     if (dx)
-      (k.*fk.vk_dx)(seq, out, w, in, &scratch, c.T, c.n_out, c.n_in, 0, c.n_out, false);
+      k.dx(format_of(c.weights), seq, out, w, in, &scratch, c.T, c.n_out, c.n_in, 0, c.n_out, false);
     else
-      (k.*fk.vk_gemm)(seq, out, w, in, c.T, c.n_out, c.n_in, &scratch);
+      k.gemm(format_of(c.weights), seq, out, w, in, c.T, c.n_out, c.n_in, &scratch);
   });
   finish(r, s, copy_gbps);
   return r;
@@ -495,14 +445,13 @@ Result bench_cpu_case(const Case& c, double budget_s, double copy_gbps) {
   }
   const auto& w = random_weights(c.weights, c.n_out, c.n_in);
   const bool dx = c.op == Op::Dx;
-  const FormatKernels& fk = format_kernels(c.weights);
   const auto in = random_acts(c.T * (dx ? c.n_out : c.n_in));
   std::vector<float> out(size_t(c.T * (dx ? c.n_in : c.n_out)));
   const double s = time_cpu(budget_s, [&] {
     if (dx)
-      fk.cpu_dx(out, w, in, c.T, c.n_out, c.n_in, 0, c.n_out, false);
+      cpu::frozen_dx(format_of(c.weights), out, w, in, c.T, c.n_out, c.n_in, 0, c.n_out, false);
     else
-      fk.cpu_gemm(out, w, in, c.T, c.n_out, c.n_in);
+      cpu::frozen_gemm(format_of(c.weights), out, w, in, c.T, c.n_out, c.n_in);
   });
   finish(r, s, copy_gbps);
   return r;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "data/gguf.h"
+#include "kernels/formats.h"
 #include "train/commands.h"
 
 namespace q4t {
@@ -106,7 +107,7 @@ void print_tensors(const gguf::File& f, std::ostream& out) {
   for (const auto& t : f.tensors()) {
     out << "  " << std::left << std::setw(int(name_w)) << t.name << "  " << std::setw(int(ne_w)) << format_ne(t.ne)
         << "  " << std::setw(7) << gguf::type_name(t.type) << std::right << std::setw(12) << t.bytes << " bytes  ";
-    if (gguf::supported_type(t.type))
+    if (t.type == gguf::GgmlType::F32 || find_format(uint32_t(t.type)))
       out << "supported\n";
     else
       out << "not supported by q4tune (" << gguf::type_name(t.type) << ")\n";

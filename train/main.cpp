@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
                                         "Write a small random-initialised llama or qwen2 GGUF (byte-level vocabulary)");
   init_model->add_option("--out", init_opt.out, "output GGUF file")->required();
   init_model->add_option("--arch", init_opt.arch, "llama or qwen2")->capture_default_str();
-  init_model->add_option("--type", init_opt.type, "weight types: q4_0, q8_0, f16 or f32 (every matrix), or q4_k_m (llama-quantize's Q4_K_M mix: Q4_K, with Q6_K for the output matrix and for attn_v/ffn_down of the first and last eighth of the layers and every third between; needs --dim and --ff multiples of 256)")->capture_default_str();
+  init_model->add_option("--type", init_opt.type, "weight types: f32 or a format (every matrix: " + q4t::format_list() + "), or a mix as llama-quantize writes it (q2_k, q3_k_m, q4_k_m, q5_k_s, q5_k_m: the output matrix Q6_K, attn_v/ffn_down/attn_output as llama-quantize picks them; rows that are not whole super-blocks fall back as it does)")->capture_default_str();
   init_model->add_option("--dim", init_opt.dim, "embedding length")->capture_default_str();
   init_model->add_option("--layers", init_opt.layers, "number of transformer blocks")->capture_default_str();
   init_model->add_option("--heads", init_opt.heads, "attention heads")->capture_default_str();
@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   auto* quantize = app.add_subcommand("quantize", "Convert the 2-D F32/F16 weights of a GGUF as llama-quantize would (other tensors are copied)");
   quantize->add_option("IN", quant_in, "input GGUF")->required();
   quantize->add_option("OUT", quant_out, "output GGUF")->required();
-  quantize->add_option("--type", quant_type, "q4_0 (Q4_0, the output matrix Q6_K), q4_k_m (Q4_K, with Q6_K for the output matrix and for attn_v/ffn_down of the first and last eighth of the layers and every third between) or q8_0; matrices whose rows are not whole blocks stay F32 (Q6_K falls back to Q8_0)")->capture_default_str();
+  quantize->add_option("--type", quant_type, "a llama-quantize file type, with its choice of type per matrix (the output matrix Q6_K but in q8_0 and bf16; attn_v, ffn_down and attn_output per mix): q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k_m, q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, iq4_xs, bf16, or another format for every matrix; rows that are not whole super-blocks fall back as llama-quantize does (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K/IQ4_XS to IQ4_NL), rows that are not whole blocks stay F32")->capture_default_str();
 
   DeviceFlags logits_dev;
   q4t::LogitsOptions logits_opt;
@@ -156,8 +156,8 @@ int main(int argc, char** argv) {
                                    "Benchmark the copy roofline and the Q4_0 kernels (GEMV, GEMM at --tokens, dx at "
                                    "T=1 and at --tokens) on model-sized shapes");
   bench_dev.add(bench);
-  bench->add_option("--kernels", bench_opt.kernels, "comma-separated subset of copy,q4_0_gemv,q4_0_gemm,q4_0_dx (the default set) and q8_0_gemv,q8_0_gemm,"
-                    "q8_0_dx,f16_gemv,f16_gemm,f16_dx,q4_k_gemv,q4_k_gemm,q4_k_dx,q6_k_gemv,q6_k_gemm,q6_k_dx; "
+  bench->add_option("--kernels", bench_opt.kernels, "comma-separated subset of copy,q4_0_gemv,q4_0_gemm,q4_0_dx (the default set) and "
+                    "<format>_gemv, <format>_gemm, <format>_dx for every other format (" + q4t::format_list() + "); "
                     "f16_coop_gemm (the plain f16 tensor-core GEMM: the ceiling each product at --tokens is compared "
                     "with); lora_hs, lora_y, lora_dh, lora_db, lora_da, lora_dxa (a rank-16 adapter's products); <format>_mixed_gemm, <format>_mixed_dx (each tile decoded in the GEMM) and "
                     "<format>_decoded_gemm, <format>_decoded_dx (W decoded to f16 first), f16_coop_gemm and the "

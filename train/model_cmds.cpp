@@ -68,64 +68,108 @@ void add_matrix(gguf::Writer& w, const std::string& name, const std::vector<floa
   std::vector<uint8_t> data;
   if (type == GgmlType::F32) {
     data = as_bytes(v);
-  } else if (type == GgmlType::F16) {
-    data.resize(v.size() * 2);
-    quant::f32_row_to_f16(data.data(), v.data(), int64_t(v.size()));
   } else {
-    data.resize(gguf::tensor_bytes(type, {n_in, n_out}));
-    if (type == GgmlType::Q4_0) quant::quantize_q4_0(data, v, n_out, n_in);
-    else if (type == GgmlType::Q8_0) quant::quantize_q8_0(data, v, n_out, n_in);
-    else if (type == GgmlType::Q4_K) quant::quantize_q4_k(data, v, n_out, n_in);
-    else if (type == GgmlType::Q6_K) quant::quantize_q6_k(data, v, n_out, n_in);
-    else throw std::logic_error(std::string("add_matrix: no quantizer for ") + gguf::type_name(type));
+    const FormatTraits* f = find_format(uint32_t(type));
+    if (!f) throw std::logic_error(std::string("add_matrix: no quantizer for ") + gguf::type_name(type));
+    data = quantize_matrix(f->format, v, n_out, n_in);
   }
   w.add_tensor(name, {n_in, n_out}, type, std::move(data));
 }
 
-// The weight types a file can be written in: one type for every matrix (f32, f16, q8_0, and q4_0 for init-model),
-// or a mix as llama-quantize writes it (q4_0 for quantize, q4_k_m).
-enum class Recipe { F32, F16, Q8_0, Q4_0, Q4_0Mixed, Q4_K_M };
-
-struct RecipeName {
-  const char* name;
-  Recipe recipe;
+// The weight types a file can be written in: one format for every matrix (`pure`: init-model's --type <format>),
+// or a mix as llama-quantize writes it for one of its file types (quantize --type, and init-model's mix names).
+struct Recipe {
+  std::string name;    // "q4_k_m", or a format's name
+  GgmlType base;       // the type of most matrices
   uint32_t file_type;  // general.file_type (llama_ftype)
+  bool mix;            // llama-quantize's choices for the output, attn_v, ffn_down and attn_output matrices
 };
-constexpr RecipeName kRecipes[] = {{"f32", Recipe::F32, 0},  {"f16", Recipe::F16, 1},
-                                   {"q8_0", Recipe::Q8_0, 7}, {"q4_0", Recipe::Q4_0, 2},
-                                   {"q4_k_m", Recipe::Q4_K_M, 15}};
 
-const RecipeName& parse_recipe(const std::string& flag, const std::string& s) {
-  for (const RecipeName& r : kRecipes)
-    if (s == r.name) return r;
-  throw std::invalid_argument(flag + ": '" + s + "' is not one of q4_0, q4_k_m, q8_0, f16, f32");
+// llama_ftype's numbers of the mixes q4tune writes; a format without one of its own is written pure.
+struct FileTypeName {
+  const char* name;
+  GgmlType base;
+  uint32_t file_type;
+};
+constexpr FileTypeName kMixes[] = {
+    {"q4_0", GgmlType::Q4_0, 2},    {"q4_1", GgmlType::Q4_1, 3},     {"q8_0", GgmlType::Q8_0, 7},
+    {"q5_0", GgmlType::Q5_0, 8},    {"q5_1", GgmlType::Q5_1, 9},     {"q2_k", GgmlType::Q2_K, 10},
+    {"q3_k_m", GgmlType::Q3_K, 12}, {"q4_k_m", GgmlType::Q4_K, 15},  {"q5_k_s", GgmlType::Q5_K, 16},
+    {"q5_k_m", GgmlType::Q5_K, 17}, {"q6_k", GgmlType::Q6_K, 18},    {"iq4_nl", GgmlType::IQ4_NL, 25},
+    {"iq4_xs", GgmlType::IQ4_XS, 30}, {"bf16", GgmlType::BF16, 32},
+};
+
+std::string recipe_names() {
+  std::string s = "f32, " + format_list();
+  for (const FileTypeName& m : kMixes)
+    if (!find_format(std::string_view(m.name))) s += std::string(", ") + m.name;
+  return s;
 }
 
-// The type of matrix `name` [n_out, n_in] under a recipe, as llama-quantize picks it:
-// - the output matrix (output.weight, or token_embd.weight when tied) of a quantized mix is Q6_K, or Q8_0 when
-//   n_in is not a multiple of 256;
-// - Q4_K_M: attn_v and ffn_down of the "more bits" layers are Q6_K, every other matrix Q4_K;
-// - a matrix whose rows are not whole blocks of its type falls back: Q6_K to Q8_0; Q4_0/Q8_0 (blocks of 32)
-//   stay F32. A Q4_K matrix with n_in % 256 != 0 is an error: llama-quantize writes Q5_0 there, which q4tune
-//   does not compute with.
-GgmlType matrix_type(Recipe r, const std::string& name, int64_t n_in, int64_t layer, int64_t n_layers, bool output) {
-  GgmlType t = GgmlType::F32;
-  switch (r) {
-    case Recipe::F32: return GgmlType::F32;
-    case Recipe::F16: return GgmlType::F16;
-    case Recipe::Q8_0: t = GgmlType::Q8_0; break;
-    case Recipe::Q4_0: t = GgmlType::Q4_0; break;
-    case Recipe::Q4_0Mixed: t = output ? GgmlType::Q6_K : GgmlType::Q4_0; break;
-    case Recipe::Q4_K_M:
-      t = model::q4_k_m_takes_q6_k(name, layer, n_layers, output) ? GgmlType::Q6_K : GgmlType::Q4_K;
-      break;
+// `pure`: a format's name means every matrix in it (init-model); otherwise llama-quantize's mix of that name.
+Recipe parse_recipe(const std::string& flag, const std::string& s, bool pure) {
+  if (s == "f32") return {s, GgmlType::F32, 0, false};
+  if (s == "f16") return {s, GgmlType::F16, 1, false};
+  for (const FileTypeName& m : kMixes)
+    if (s == m.name && !(pure && find_format(std::string_view(m.name)))) return {s, m.base, m.file_type, true};
+  if (const FormatTraits* f = find_format(std::string_view(s))) {
+    for (const FileTypeName& m : kMixes)
+      if (m.base == GgmlType(uint32_t(f->format))) return {s, m.base, m.file_type, false};
+    return {s, GgmlType(uint32_t(f->format)), 0, false};
   }
-  if (t == GgmlType::Q6_K && n_in % kQK_KBlockElems != 0) t = GgmlType::Q8_0;
-  if (t == GgmlType::Q4_K && n_in % kQK_KBlockElems != 0)
-    throw std::invalid_argument("q4_k_m: " + name + " has n_in = " + std::to_string(n_in) +
-                                ", not a multiple of 256; llama-quantize would write it as Q5_0, which q4tune does "
-                                "not support (use q4_0)");
-  if ((t == GgmlType::Q4_0 || t == GgmlType::Q8_0) && n_in % 32 != 0) t = GgmlType::F32;
+  throw std::invalid_argument(flag + ": '" + s + "' is not one of " + recipe_names());
+}
+
+// What llama-quantize writes where a matrix's rows are not whole 256-weight super-blocks.
+GgmlType k_fallback(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
+    case GgmlType::IQ4_XS: return GgmlType::IQ4_NL;
+    case GgmlType::Q4_K: return GgmlType::Q5_0;
+    case GgmlType::Q5_K: return GgmlType::Q5_1;
+    case GgmlType::Q6_K: return GgmlType::Q8_0;
+    default: return t;
+  }
+}
+
+// The type of matrix `name` (rows of n_in weights, in layer `layer` of n_layers; n_gqa = heads / kv heads) under a
+// recipe, as llama-quantize picks it for llama and qwen2 without an importance matrix:
+// - the output matrix (output.weight, or token_embd.weight when tied) is Q6_K, except in a Q8_0 file;
+// - attn_v: Q2_K's Q3_K (Q4_K where n_gqa >= 4), Q3_K_M's Q5_K for the first two layers and Q4_K after,
+//   Q4_K_M's and Q5_K_M's Q6_K in the "more bits" layers, IQ4_NL's and IQ4_XS's Q5_K where n_gqa >= 4;
+// - ffn_down: Q2_K's Q3_K, Q3_K_M's Q5_K in the first sixteenth of the layers and Q4_K after, Q4_K_M's and Q5_K_M's
+//   Q6_K in the "more bits" layers;
+// - attn_output: Q2_K's Q3_K, Q3_K_M's Q4_K;
+// - rows that are not whole super-blocks fall back as llama-quantize does (k_fallback); rows that are not whole
+//   32-weight blocks stay F32.
+GgmlType matrix_type(const Recipe& r, const std::string& name, int64_t n_in, int64_t layer, int64_t n_layers,
+                     int64_t n_gqa, bool output) {
+  GgmlType t = r.base;
+  if (r.mix) {
+    const std::string& f = r.name;
+    const bool more = layer >= 0 && model::more_bits_layer(layer, n_layers);
+    const auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+    if (output) {
+      if (t != GgmlType::Q8_0 && t != GgmlType::BF16) t = GgmlType::Q6_K;
+    } else if (has("attn_v.weight")) {
+      if (f == "q2_k") t = n_gqa >= 4 ? GgmlType::Q4_K : GgmlType::Q3_K;
+      else if (f == "q3_k_m") t = layer < 2 ? GgmlType::Q5_K : GgmlType::Q4_K;
+      else if ((f == "q4_k_m" || f == "q5_k_m") && more) t = GgmlType::Q6_K;
+      else if ((f == "iq4_nl" || f == "iq4_xs") && n_gqa >= 4) t = GgmlType::Q5_K;
+    } else if (has("ffn_down.weight")) {
+      if (f == "q2_k") t = GgmlType::Q3_K;
+      else if (f == "q3_k_m") t = layer < n_layers / 16 ? GgmlType::Q5_K : GgmlType::Q4_K;
+      else if ((f == "q4_k_m" || f == "q5_k_m") && more) t = GgmlType::Q6_K;
+    } else if (has("attn_output.weight")) {
+      if (f == "q2_k") t = GgmlType::Q3_K;
+      else if (f == "q3_k_m") t = GgmlType::Q4_K;
+    }
+  }
+  if (t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16) return t;
+  const FormatTraits& ft = format_traits(Format(uint32_t(t)));
+  if (ft.block_elems == 256 && n_in % 256 != 0) t = k_fallback(t);
+  if (n_in % format_traits(Format(uint32_t(t))).block_elems != 0) t = GgmlType::F32;
   return t;
 }
 
@@ -143,7 +187,7 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
     throw std::invalid_argument("init-model: --dim, --layers, --heads, --kv-heads, --ff and --ctx must be positive");
   if (o.dim % o.heads != 0 || o.heads % o.kv_heads != 0 || (o.dim / o.heads) % 2 != 0)
     throw std::invalid_argument("init-model: --heads must divide --dim into an even head size, and --kv-heads must divide --heads");
-  const RecipeName& recipe = parse_recipe("--type", o.type);
+  const Recipe recipe = parse_recipe("--type", o.type, true);
   const int64_t C = o.dim, H = o.heads, Hkv = o.kv_heads, D = C / H, F = o.ff, V = 260;  // write_byte_vocab's tokens
   std::mt19937 rng(o.seed);
   auto uniform = [&](int64_t n, double a) {
@@ -154,7 +198,7 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
   };
   // Unit-gain weights (variance 1/n_in) keep activations O(1) through the layers.
   auto type_of = [&](const std::string& name, int64_t n_in, bool output) {
-    return matrix_type(recipe.recipe, name, n_in, layer_of(name), o.layers, output);
+    return matrix_type(recipe, name, n_in, layer_of(name), o.layers, o.heads / o.kv_heads, output);
   };
   auto matrix = [&](const std::string& name, int64_t n_out, int64_t n_in, gguf::Writer& w) {
     add_matrix(w, name, uniform(n_out * n_in, std::sqrt(3.0 / double(n_in))), n_out, n_in,
@@ -209,26 +253,27 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
 }
 
 int run_quantize(const std::string& in, const std::string& out_path, const std::string& type_name, std::ostream& out) {
-  const RecipeName& named = parse_recipe("--type", type_name);
-  if (named.recipe != Recipe::Q4_0 && named.recipe != Recipe::Q8_0 && named.recipe != Recipe::Q4_K_M)
-    throw std::invalid_argument("quantize: --type " + type_name + " is not a quantized type (q4_0, q4_k_m, q8_0)");
-  // q4_0 here is llama-quantize's Q4_0: the output matrix in Q6_K.
-  const Recipe recipe = named.recipe == Recipe::Q4_0 ? Recipe::Q4_0Mixed : named.recipe;
+  const Recipe recipe = parse_recipe("--type", type_name, false);
+  if (recipe.base == GgmlType::F32 || recipe.base == GgmlType::F16)
+    throw std::invalid_argument("quantize: --type " + type_name + " is not a quantized type (one of " +
+                                recipe_names() + " but f32 and f16)");
   auto f = gguf::File::open(in);
   const std::string arch = f->find("general.architecture") ? f->get_string("general.architecture") : "";
   const int64_t n_layers = int64_t(f->get_uint_or(arch + ".block_count", 0));
+  const int64_t n_head = int64_t(f->get_uint_or(arch + ".attention.head_count", 1));
+  const int64_t n_gqa = n_head / std::max<int64_t>(1, int64_t(f->get_uint_or(arch + ".attention.head_count_kv", n_head)));
   const bool tied = f->tensor("output.weight") == nullptr;
   // Every type is chosen (and every refusal made) before anything is converted or written.
   std::vector<GgmlType> types;
   for (const gguf::TensorInfo& t : f->tensors()) {
     const bool weight = t.ne.size() == 2 && (t.type == GgmlType::F32 || t.type == GgmlType::F16);
     const bool output = t.name == "output.weight" || (tied && t.name == "token_embd.weight");
-    types.push_back(weight ? matrix_type(recipe, t.name, t.ne[0], layer_of(t.name), n_layers, output) : t.type);
+    types.push_back(weight ? matrix_type(recipe, t.name, t.ne[0], layer_of(t.name), n_layers, n_gqa, output) : t.type);
   }
   gguf::Writer w;
   for (const auto& [key, value] : f->metadata())
     if (key != "general.alignment") w.set(key, value);
-  w.set("general.file_type", Value::u32(named.file_type));
+  w.set("general.file_type", Value::u32(recipe.file_type));
   std::map<std::string, int> counts;
   for (size_t i = 0; i < f->tensors().size(); ++i) {
     const gguf::TensorInfo& t = f->tensors()[i];

@@ -40,55 +40,25 @@ std::vector<float> random_floats(std::mt19937& rng, int64_t n) {
   return v;
 }
 
-std::vector<uint8_t> random_q4_0(std::mt19937& rng, int64_t n_out, int64_t n_in) {
-  std::vector<uint8_t> w(size_t(n_out * q4_0_row_bytes(n_in)));
-  quant::quantize_q4_0(w, random_floats(rng, n_out * n_in), n_out, n_in);
-  return w;
+// Uniform(-1, 1) weights in format f.
+std::vector<uint8_t> random_weights(Format f, std::mt19937& rng, int64_t n_out, int64_t n_in) {
+  return quantize_matrix(f, random_floats(rng, n_out * n_in), n_out, n_in);
 }
 
-std::vector<uint8_t> random_q8_0(std::mt19937& rng, int64_t n_out, int64_t n_in) {
-  std::vector<uint8_t> w(size_t(n_out * q8_0_row_bytes(n_in)));
-  quant::quantize_q8_0(w, random_floats(rng, n_out * n_in), n_out, n_in);
-  return w;
-}
-
-std::vector<uint8_t> random_q4_k(std::mt19937& rng, int64_t n_out, int64_t n_in) {
-  std::vector<uint8_t> w(size_t(n_out * q4_k_row_bytes(n_in)));
-  quant::quantize_q4_k(w, random_floats(rng, n_out * n_in), n_out, n_in);
-  return w;
-}
-
-std::vector<uint8_t> random_q6_k(std::mt19937& rng, int64_t n_out, int64_t n_in) {
-  std::vector<uint8_t> w(size_t(n_out * q6_k_row_bytes(n_in)));
-  quant::quantize_q6_k(w, random_floats(rng, n_out * n_in), n_out, n_in);
-  return w;
-}
-
-std::vector<uint8_t> random_f16(std::mt19937& rng, int64_t n_out, int64_t n_in) {
-  std::vector<uint8_t> w(size_t(n_out * f16_row_bytes(n_in)));
-  quant::f32_row_to_f16(w.data(), random_floats(rng, n_out * n_in).data(), n_out * n_in);
-  return w;
-}
-
-// A frozen weight format: how to make W, its kernels, its double-precision references and the shapes to check.
+// A frozen weight format and the shapes to check it on.
 struct FormatCase {
+  Format format;
   const char* name;
-  std::vector<uint8_t> (*make)(std::mt19937&, int64_t, int64_t);
-  decltype(&HostKernels::q4_0_gemm) gemm;
-  decltype(&HostKernels::q4_0_dx) dx;
-  decltype(&ref::q4_0_gemm) ref_gemm;
-  decltype(&ref::q4_0_dx) ref_dx;
   std::span<const Shape> shapes;
 };
-const FormatCase kFormatCases[] = {
-    {"q4_0", random_q4_0, &HostKernels::q4_0_gemm, &HostKernels::q4_0_dx, ref::q4_0_gemm, ref::q4_0_dx, kShapes},
-    {"q8_0", random_q8_0, &HostKernels::q8_0_gemm, &HostKernels::q8_0_dx, ref::q8_0_gemm, ref::q8_0_dx, kShapes},
-    {"f16", random_f16, &HostKernels::f16_gemm, &HostKernels::f16_dx, ref::f16_gemm, ref::f16_dx, kShapes},
-    {"q4_k", random_q4_k, &HostKernels::q4_k_gemm, &HostKernels::q4_k_dx, ref::q4_k_gemm, ref::q4_k_dx,
-     kKQuantShapes},
-    {"q6_k", random_q6_k, &HostKernels::q6_k_gemm, &HostKernels::q6_k_dx, ref::q6_k_gemm, ref::q6_k_dx,
-     kKQuantShapes},
-};
+// Every format of the table, Q4_0 first (the one-token dx paths below are its).
+std::vector<FormatCase> format_cases() {
+  std::vector<FormatCase> out{{Format::Q4_0, "q4_0", kShapes}};
+  for (const FormatTraits& t : format_table())
+    if (t.format != Format::Q4_0)
+      out.push_back({t.format, t.name, t.block_elems == 256 ? std::span<const Shape>(kKQuantShapes) : kShapes});
+  return out;
+}
 
 // One output line: the worst error over all cases of a kernel.
 struct KernelResult {
@@ -116,21 +86,21 @@ void check_dx(HostKernels& k, std::mt19937& rng, const FormatCase& f, const Shap
   const auto dx0 = dxv;
   const int64_t tile = std::max<int64_t>(1, s.n_out * 3 / 8);
   for (int64_t j = 0; j < s.n_out; j += tile)
-    (k.*f.dx)(dxv, w, dy, s.T, s.n_out, s.n_in, j, std::min(s.n_out, j + tile), true);
-  auto want = f.ref_dx(w.data(), dy.data(), dx0.data(), s.T, s.n_out, s.n_in, 0, s.n_out);
+    k.frozen_dx(f.format, dxv, w, dy, s.T, s.n_out, s.n_in, j, std::min(s.n_out, j + tile), true);
+  auto want = ref::frozen_dx(f.format, w.data(), dy.data(), dx0.data(), s.T, s.n_out, s.n_in, 0, s.n_out);
   r.add(ref::max_rel_error(dxv.data(), want));
-  (k.*f.dx)(dxv, w, dy, s.T, s.n_out, s.n_in, 0, s.n_out, false);
-  want = f.ref_dx(w.data(), dy.data(), nullptr, s.T, s.n_out, s.n_in, 0, s.n_out);
+  k.frozen_dx(f.format, dxv, w, dy, s.T, s.n_out, s.n_in, 0, s.n_out, false);
+  want = ref::frozen_dx(f.format, w.data(), dy.data(), nullptr, s.T, s.n_out, s.n_in, 0, s.n_out);
   r.add(ref::max_rel_error(dxv.data(), want));
 }
 
 void check_frozen(HostKernels& k, std::mt19937& rng, const FormatCase& f, FormatResults& r) {
   for (const Shape& s : f.shapes) {
-    const auto w = f.make(rng, s.n_out, s.n_in);
+    const auto w = random_weights(f.format, rng, s.n_out, s.n_in);
     const auto x = random_floats(rng, s.T * s.n_in);
     std::vector<float> y(size_t(s.T * s.n_out));
-    (k.*f.gemm)(y, w, x, s.T, s.n_out, s.n_in);
-    const auto want_y = f.ref_gemm(w.data(), x.data(), s.T, s.n_out, s.n_in);
+    k.frozen_gemm(f.format, y, w, x, s.T, s.n_out, s.n_in);
+    const auto want_y = ref::frozen_gemm(f.format, w.data(), x.data(), s.T, s.n_out, s.n_in);
     (s.T == 1 ? r.gemv : r.gemm).add(ref::max_rel_error(y.data(), want_y));
     check_dx(k, rng, f, s, w, s.T == 1 ? r.dx : r.dx_multi);
   }
@@ -161,11 +131,11 @@ void check_f32(HostKernels& k, std::mt19937& rng, HostGemm fn, RefGemm ref_fn, K
 void check_gemv(HostKernels& k, std::mt19937& rng, const FormatCase& f, KernelResult& r) {
   for (const Shape& s : f.shapes) {
     if (s.T != 1) continue;
-    const auto w = f.make(rng, s.n_out, s.n_in);
+    const auto w = random_weights(f.format, rng, s.n_out, s.n_in);
     const auto x = random_floats(rng, s.n_in);
     std::vector<float> y(size_t(s.n_out));
-    (k.*f.gemm)(y, w, x, 1, s.n_out, s.n_in);
-    r.add(ref::max_rel_error(y.data(), f.ref_gemm(w.data(), x.data(), 1, s.n_out, s.n_in)));
+    k.frozen_gemm(f.format, y, w, x, 1, s.n_out, s.n_in);
+    r.add(ref::max_rel_error(y.data(), ref::frozen_gemm(f.format, w.data(), x.data(), 1, s.n_out, s.n_in)));
   }
 }
 
@@ -173,7 +143,7 @@ void check_gemv(HostKernels& k, std::mt19937& rng, const FormatCase& f, KernelRe
 void check_one_token_dx(HostKernels& k, std::mt19937& rng, const FormatCase& f, std::span<const Shape> shapes,
                         KernelResult& r) {
   for (const Shape& s : shapes)
-    if (s.T == 1) check_dx(k, rng, f, s, f.make(rng, s.n_out, s.n_in), r);
+    if (s.T == 1) check_dx(k, rng, f, s, random_weights(f.format, rng, s.n_out, s.n_in), r);
 }
 
 template <class F>
@@ -191,16 +161,17 @@ int run_selftest(const DeviceChoice& dev, std::ostream& out) {
   auto k = dev.host_kernels();
   out << "selftest on " << k->device_name() << " (bound: max relative error <= " << kBound << ")\n";
   std::mt19937 rng(1234);
+  const std::vector<FormatCase> cases = format_cases();
   std::vector<FormatResults> formats;
-  for (const FormatCase& f : kFormatCases) formats.emplace_back(f.name);
+  for (const FormatCase& f : cases) formats.emplace_back(f.name);
   KernelResult nt{"f32_gemm_nt"}, nn{"f32_gemm_nn"}, tn{"f32_gemm_tn"};
   // Q4_0 and the f32 GEMMs first, so that their inputs stay what they were before Q8_0 and F16 were added.
-  guarded(formats[0].all, [&] { check_frozen(*k, rng, kFormatCases[0], formats[0]); });
+  guarded(formats[0].all, [&] { check_frozen(*k, rng, cases[0], formats[0]); });
   guarded(nt, [&] { check_f32(*k, rng, &HostKernels::gemm_nt, &ref::gemm_nt, nt); });
   guarded(nn, [&] { check_f32(*k, rng, &HostKernels::gemm_nn, &ref::gemm_nn, nn); });
   guarded(tn, [&] { check_f32(*k, rng, &HostKernels::gemm_tn, &ref::gemm_tn, tn); });
   for (size_t i = 1; i < formats.size(); ++i)
-    guarded(formats[i].all, [&] { check_frozen(*k, rng, kFormatCases[i], formats[i]); });
+    guarded(formats[i].all, [&] { check_frozen(*k, rng, cases[i], formats[i]); });
 
   std::vector<KernelResult*> all;
   for (size_t i = 0; i < formats.size(); ++i) {
@@ -214,8 +185,8 @@ int run_selftest(const DeviceChoice& dev, std::ostream& out) {
   std::vector<KernelResult> path_lines;
   if (dev.vulkan && dev.vulkan->integer_dot()) {
     const auto dot = make_vulkan_host_kernels(*dev.vulkan, 0, vk::LinearKernels::IntegerDot::Always);
-    for (const FormatCase& f : kFormatCases)
-      if (std::string(f.name) == "q4_0" || std::string(f.name) == "q4_k" || std::string(f.name) == "q6_k") {
+    for (const FormatCase& f : cases)
+      if (format_traits(f.format).gpu.gemv_dot) {
         path_lines.push_back({std::string(f.name) + "_gemv (dot)"});
         guarded(path_lines.back(), [&] { check_gemv(*dot, rng, f, path_lines.back()); });
       }
@@ -225,10 +196,10 @@ int run_selftest(const DeviceChoice& dev, std::ostream& out) {
   if (dev.vulkan && dev.vulkan->float16()) {
     const Shape wide[] = {{37, 1088, 1}, {1000, 4160, 1}};
     path_lines.push_back({"q4_0_dx (pairs)"});
-    guarded(path_lines.back(), [&] { check_one_token_dx(*k, rng, kFormatCases[0], wide, path_lines.back()); });
+    guarded(path_lines.back(), [&] { check_one_token_dx(*k, rng, cases[0], wide, path_lines.back()); });
     const auto f32 = make_vulkan_host_kernels(*dev.vulkan, 0, vk::LinearKernels::IntegerDot::Auto, false);
-    for (const FormatCase& f : kFormatCases)
-      if (std::string(f.name) == "q4_0" || std::string(f.name) == "q4_k") {
+    for (const FormatCase& f : cases)
+      if (format_traits(f.format).gpu.dx_split_f16) {
         path_lines.push_back({std::string(f.name) + "_dx (f32 decode)"});
         guarded(path_lines.back(), [&] { check_one_token_dx(*f32, rng, f, f.shapes, path_lines.back()); });
       }

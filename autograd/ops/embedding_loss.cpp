@@ -31,17 +31,9 @@ namespace {
 
 constexpr int32_t kIgnoreLabel = -100;
 
-// The format code the GLSL kernels take for a table or output matrix (embedding_forward.comp, linear_ce_*.comp).
-uint32_t shader_format(DType t) {
-  switch (t) {
-    case DType::Q4_0: return 1;
-    case DType::Q8_0: return 2;
-    case DType::F16: return 3;
-    case DType::Q4_K: return 4;
-    case DType::Q6_K: return 5;
-    default: return 0;
-  }
-}
+// The suffix of the per-format GLSL kernels for a table or output matrix (embedding_forward_<suffix>,
+// linear_ce_*_<suffix>): the frozen format's name, or f32.
+std::string shader_suffix(DType t) { return is_frozen_storage(t) ? format_name(frozen_format(t)) : "f32"; }
 
 // --- embedding: y[T, C] = table[ids[t], :] ------------------------------------------------------------------
 
@@ -93,8 +85,8 @@ void embedding_forward(OpContext& c) {
     return c.be.real() == DType::F64 ? embedding_forward_cpu<double>(c) : embedding_forward_cpu<float>(c);
   const Tensor &table = c.in(0), &ids = c.in(1), &y = c.node.value;
   EmbeddingPush push{uint32_t(ids.numel()), uint32_t(table.dim(1)), uint32_t(table.dim(0)),
-                     shader_format(table.dtype())};
-  const auto& p = c.be.pipeline("embedding_forward", 3, sizeof(push));
+                     0};
+  const auto& p = c.be.pipeline("embedding_forward_" + shader_suffix(table.dtype()), 3, sizeof(push));
   c.seq->dispatch(p, {&y.buffer(), &table.buffer(), &ids.buffer()}, push, groups_for(y.numel(), 256));
 }
 
@@ -276,8 +268,9 @@ void linear_ce_prepare(OpContext& c) {
   size_t bytes = 0;
   if (mixed_output(c))  // a tile's forward and dx (LinearKernels::frozen_scratch_bytes of a [tile, C] matrix)
     bytes = c.be.linear().frozen_scratch_bytes(frozen_format(c.in(1).dtype()), Tn, tile, C);
-  else if (!c.be.is_cpu() && c.in(1).dtype() == DType::Q4_0 && c.node.requires_grad && c.needs_grad(0))
-    bytes = c.be.linear().q4_0_dx_device_scratch_bytes(Tn, tile, C);  // LinearKernels::q4_0_dx_rows_coop
+  else if (!c.be.is_cpu() && is_frozen_storage(c.in(1).dtype()) &&
+           format_traits(frozen_format(c.in(1).dtype())).gpu.coop_dx && c.node.requires_grad && c.needs_grad(0))
+    bytes = c.be.linear().dx_scratch_bytes(frozen_format(c.in(1).dtype()), Tn, tile, C);  // LinearKernels::dx_rows_coop
   if (bytes > 0) c.node.saved.push_back(c.scratch({int64_t(std::max<size_t>(bytes, 4) / 4)}, DType::F32, Scratch::Pass));
 }
 
@@ -297,14 +290,8 @@ void tile_logits_cpu(T* logits, const Tensor& x, const Tensor& w, int64_t j0, in
   if constexpr (std::is_same_v<T, float>) {
     const std::span<float> y(logits, size_t(Tn * n));
     const std::span<const float> xs(x.data<float>(), size_t(Tn * C));
-    switch (w.dtype()) {
-      case DType::Q4_0: return cpu::q4_0_gemm(y, frozen_rows(w, j0, n), xs, Tn, n, C);
-      case DType::Q8_0: return cpu::q8_0_gemm(y, frozen_rows(w, j0, n), xs, Tn, n, C);
-      case DType::F16: return cpu::f16_gemm(y, frozen_rows(w, j0, n), xs, Tn, n, C);
-      case DType::Q4_K: return cpu::q4_k_gemm(y, frozen_rows(w, j0, n), xs, Tn, n, C);
-      case DType::Q6_K: return cpu::q6_k_gemm(y, frozen_rows(w, j0, n), xs, Tn, n, C);
-      default: return cpu::gemm_nt(y, xs, f32_rows(w, j0, n), Tn, n, C, false);
-    }
+    if (is_frozen_storage(w.dtype())) return cpu::frozen_gemm(frozen_format(w.dtype()), y, frozen_rows(w, j0, n), xs, Tn, n, C);
+    return cpu::gemm_nt(y, xs, f32_rows(w, j0, n), Tn, n, C, false);
   } else {
     std::vector<T> row(static_cast<size_t>(C));
     const T* px = x.data<T>();
@@ -326,14 +313,9 @@ void tile_dx_cpu(T* dx, const T* d, const Tensor& w, int64_t Tn, int64_t j0, int
   if constexpr (std::is_same_v<T, float>) {
     const std::span<float> dxs(dx, size_t(Tn * C));
     const std::span<const float> ds(d, size_t(Tn * n));
-    switch (w.dtype()) {
-      case DType::Q4_0: return cpu::q4_0_dx(dxs, frozen_rows(w, j0, n), ds, Tn, n, C, 0, n, true);
-      case DType::Q8_0: return cpu::q8_0_dx(dxs, frozen_rows(w, j0, n), ds, Tn, n, C, 0, n, true);
-      case DType::F16: return cpu::f16_dx(dxs, frozen_rows(w, j0, n), ds, Tn, n, C, 0, n, true);
-      case DType::Q4_K: return cpu::q4_k_dx(dxs, frozen_rows(w, j0, n), ds, Tn, n, C, 0, n, true);
-      case DType::Q6_K: return cpu::q6_k_dx(dxs, frozen_rows(w, j0, n), ds, Tn, n, C, 0, n, true);
-      default: return cpu::gemm_nn(dxs, ds, f32_rows(w, j0, n), Tn, C, n, true);
-    }
+    if (is_frozen_storage(w.dtype()))
+      return cpu::frozen_dx(frozen_format(w.dtype()), dxs, frozen_rows(w, j0, n), ds, Tn, n, C, 0, n, true);
+    cpu::gemm_nn(dxs, ds, f32_rows(w, j0, n), Tn, C, n, true);
   } else {
     std::vector<T> row(static_cast<size_t>(C));
     for (int64_t j = 0; j < n; ++j) {
@@ -389,36 +371,36 @@ void tile_gemm_vk(OpContext& c, const char* shader, const Tensor& out, const Ten
                   {ceil_div_u32(push.N, tile), ceil_div_u32(push.M, tile), 1});
 }
 
-// logits[T, n] = x · w[j0 : j0+n]ᵀ (M = T, N = n, K = C): a Q4_0 W on the tensor cores where the device has
-// them (LinearKernels::q4_0_gemm_rows_coop), else the tiled FP32 kernel.
+// logits[T, n] = x · w[j0 : j0+n]ᵀ (M = T, N = n, K = C): the format's tensor-core GEMM where it and the device
+// have one (LinearKernels::gemm_rows_coop), else the tiled FP32 kernel.
 void tile_logits_vk(OpContext& c, const Tensor& logits, int64_t j0, int64_t n) {
   const Tensor &x = c.in(0), &w = c.in(1);
   if (mixed_output(c))
     return c.be.linear().mixed_gemm(frozen_format(w.dtype()), *c.seq, logits.buffer(), w.buffer(), x.buffer(),
                                     c.node.saved[2].buffer(), x.rows(), n, x.cols(), j0);
-  if (w.dtype() == DType::Q4_0 &&
-      c.be.linear().q4_0_gemm_rows_coop(*c.seq, logits.buffer(), w.buffer(), x.buffer(), x.rows(), w.dim(0), j0, n,
-                                        x.cols()))
+  if (is_frozen_storage(w.dtype()) &&
+      c.be.linear().gemm_rows_coop(frozen_format(w.dtype()), *c.seq, logits.buffer(), w.buffer(), x.buffer(), x.rows(),
+                                   w.dim(0), j0, n, x.cols()))
     return;
   const uint32_t Tn = uint32_t(x.rows()), C = uint32_t(x.cols());
-  tile_gemm_vk(c, "linear_ce_logits", logits, x,
-               {Tn, uint32_t(n), 0, C, C, C, 0, uint32_t(j0), shader_format(w.dtype())});
+  tile_gemm_vk(c, ("linear_ce_logits_" + shader_suffix(w.dtype())).c_str(), logits, x,
+               {Tn, uint32_t(n), 0, C, C, C, 0, uint32_t(j0), 0});
 }
 
-// dx[T, C] += d[T, n] · w[j0 : j0+n] (M = T, N = C, K = n): a Q4_0 W on the tensor cores where the device has
-// them, else the tiled FP32 kernel.
+// dx[T, C] += d[T, n] · w[j0 : j0+n] (M = T, N = C, K = n): the format's tensor-core dx where it and the device
+// have one, else the tiled FP32 kernel.
 void tile_dx_vk(OpContext& c, const Tensor& d, int64_t j0, int64_t n) {
   const Tensor &x = c.in(0), &w = c.in(1);
   if (mixed_output(c))
     return c.be.linear().mixed_dx(frozen_format(w.dtype()), *c.seq, c.in_grad(0).buffer(), w.buffer(), d.buffer(),
                                   c.node.saved[2].buffer(), x.rows(), n, 0, x.cols(), j0, n, true);
-  if (w.dtype() == DType::Q4_0 && c.node.saved.size() > 2 &&
-      c.be.linear().q4_0_dx_rows_coop(*c.seq, c.in_grad(0).buffer(), w.buffer(), d.buffer(),
-                                      c.node.saved[2].buffer(), x.rows(), w.dim(0), j0, n, x.cols()))
+  if (is_frozen_storage(w.dtype()) && c.node.saved.size() > 2 &&
+      c.be.linear().dx_rows_coop(frozen_format(w.dtype()), *c.seq, c.in_grad(0).buffer(), w.buffer(), d.buffer(),
+                                 c.node.saved[2].buffer(), x.rows(), w.dim(0), j0, n, x.cols()))
     return;
   const uint32_t Tn = uint32_t(x.rows()), C = uint32_t(x.cols());
-  tile_gemm_vk(c, "linear_ce_dx", c.in_grad(0), d,
-               {Tn, C, 0, uint32_t(n), uint32_t(n), C, 1, uint32_t(j0), shader_format(w.dtype())});
+  tile_gemm_vk(c, ("linear_ce_dx_" + shader_suffix(w.dtype())).c_str(), c.in_grad(0), d,
+               {Tn, C, 0, uint32_t(n), uint32_t(n), C, 1, uint32_t(j0), 0});
 }
 
 void linear_ce_forward(OpContext& c) {
@@ -467,23 +449,23 @@ void add_cases(std::vector<GradcheckCase>& out) {
                    return mul(embedding(table, ids_constant(g, {8, 1, 1, 4, 0}, "ids")), s);
                  }});
   out.push_back({"embedding q8_0 table V=9 C=64, times a parameter", [](Graph& g, std::mt19937& r) {
-                   Var table = random_frozen(g, r, DType::Q8_0, 9, 64, "table");
+                   Var table = random_frozen(g, r, frozen_dtype(Format::Q8_0), 9, 64, "table");
                    Var s = random_param(g, r, {64}, "s");
                    return mul(embedding(table, ids_constant(g, {8, 1, 1, 4, 0}, "ids")), s);
                  }});
   out.push_back({"embedding q4_k table V=5 C=256, times a parameter", [](Graph& g, std::mt19937& r) {
-                   Var table = random_frozen(g, r, DType::Q4_K, 5, 256, "table");
+                   Var table = random_frozen(g, r, frozen_dtype(Format::Q4_K), 5, 256, "table");
                    return mul(embedding(table, ids_constant(g, {4, 0, 2, 4}, "ids")),
                               random_param(g, r, {4, 256}, "s"));
                  }});
   out.push_back({"embedding q6_k table V=3 C=512, times a parameter", [](Graph& g, std::mt19937& r) {
-                   Var table = random_frozen(g, r, DType::Q6_K, 3, 512, "table");
+                   Var table = random_frozen(g, r, frozen_dtype(Format::Q6_K), 3, 512, "table");
                    return mul(embedding(table, ids_constant(g, {2, 1, 2}, "ids")),
                               random_param(g, r, {3, 512}, "s"));
                  }});
   // An odd C: the GPU lookup reads halves one at a time, so any width works.
   out.push_back({"embedding f16 table V=7 C=13, times a parameter", [](Graph& g, std::mt19937& r) {
-                   Var table = random_frozen(g, r, DType::F16, 7, 13, "table");
+                   Var table = random_frozen(g, r, frozen_dtype(Format::F16), 7, 13, "table");
                    Var s = random_param(g, r, {13}, "s");
                    return mul(embedding(table, ids_constant(g, {6, 0, 3, 3}, "ids")), s);
                  }});
@@ -506,34 +488,53 @@ void add_cases(std::vector<GradcheckCase>& out) {
                    return linear_cross_entropy(x, w, ids_constant(g, labels, "labels"), 100);
                  }});
   out.push_back({"linear_cross_entropy q8_0 T=5 C=64 V=37 vocab_tile=10", [](Graph& g, std::mt19937& r) {
-                   Var w = random_frozen(g, r, DType::Q8_0, 37, 64, "w");
+                   Var w = random_frozen(g, r, frozen_dtype(Format::Q8_0), 37, 64, "w");
                    Var x = random_param(g, r, {5, 64}, "x");
                    return linear_cross_entropy(x, w, ids_constant(g, {36, 5, -100, 5, 20}, "labels"), 10);
                  }});
   // K-quants: a vocab tile (10) that divides neither V nor the GEMM tile.
   out.push_back({"linear_cross_entropy q4_k T=5 C=256 V=37 vocab_tile=10", [](Graph& g, std::mt19937& r) {
-                   Var w = random_frozen(g, r, DType::Q4_K, 37, 256, "w");
+                   Var w = random_frozen(g, r, frozen_dtype(Format::Q4_K), 37, 256, "w");
                    Var x = random_param(g, r, {5, 256}, "x");
                    return linear_cross_entropy(x, w, ids_constant(g, {36, 5, -100, 5, 20}, "labels"), 10);
                  }});
   // Mixed precision's output product (T >= 32): a Q4_K matrix in vocabulary tiles that end off a 32-row edge.
   out.push_back({"linear_cross_entropy q4_k T=33 C=256 V=75 vocab_tile=40", [](Graph& g, std::mt19937& r) {
-                   Var w = random_frozen(g, r, DType::Q4_K, 75, 256, "w");
+                   Var w = random_frozen(g, r, frozen_dtype(Format::Q4_K), 75, 256, "w");
                    Var x = random_param(g, r, {33, 256}, "x");
                    std::vector<int32_t> labels;
                    for (int32_t t = 0; t < 33; ++t) labels.push_back(t % 5 == 1 ? -100 : (t * 7) % 75);
                    return linear_cross_entropy(x, w, ids_constant(g, labels, "labels"), 40);
                  }});
   out.push_back({"linear_cross_entropy q6_k T=3 C=512 V=21 vocab_tile=8", [](Graph& g, std::mt19937& r) {
-                   Var w = random_frozen(g, r, DType::Q6_K, 21, 512, "w");
+                   Var w = random_frozen(g, r, frozen_dtype(Format::Q6_K), 21, 512, "w");
                    Var x = random_param(g, r, {3, 512}, "x");
                    return linear_cross_entropy(x, w, ids_constant(g, {20, 0, 7}, "labels"), 8);
                  }});
   out.push_back({"linear_cross_entropy f16 T=3 C=22 V=70 vocab_tile=65", [](Graph& g, std::mt19937& r) {
-                   Var w = random_frozen(g, r, DType::F16, 70, 22, "w");
+                   Var w = random_frozen(g, r, frozen_dtype(Format::F16), 70, 22, "w");
                    Var x = random_param(g, r, {3, 22}, "x");
                    return linear_cross_entropy(x, w, ids_constant(g, {69, 0, 64}, "labels"), 65);
                  }});
+  // The formats beyond those above, through the table: a lookup and a loss of rows of one or two blocks.
+  for (const FormatTraits& f : format_table()) {
+    const Format fm = f.format;
+    if (fm == Format::Q4_0 || fm == Format::Q8_0 || fm == Format::Q4_K || fm == Format::Q6_K || fm == Format::F16)
+      continue;
+    const int64_t C = f.block_elems >= 256 ? 256 : 64;
+    out.push_back({std::string("embedding ") + f.name + " table V=5 C=" + std::to_string(C) + ", times a parameter",
+                   [fm, C](Graph& g, std::mt19937& r) {
+                     Var table = random_frozen(g, r, frozen_dtype(fm), 5, C, "table");
+                     return mul(embedding(table, ids_constant(g, {4, 0, 2, 4}, "ids")), random_param(g, r, {4, C}, "s"));
+                   }});
+    out.push_back({std::string("linear_cross_entropy ") + f.name + " T=5 C=" + std::to_string(2 * C) +
+                       " V=37 vocab_tile=10",
+                   [fm, C](Graph& g, std::mt19937& r) {
+                     Var w = random_frozen(g, r, frozen_dtype(fm), 37, 2 * C, "w");
+                     Var x = random_param(g, r, {5, 2 * C}, "x");
+                     return linear_cross_entropy(x, w, ids_constant(g, {36, 5, -100, 5, 20}, "labels"), 10);
+                   }});
+  }
   out.push_back({"linear_cross_entropy f32 weight T=4 C=20 V=9 vocab_tile=4", [](Graph& g, std::mt19937& r) {
                    Var w = random_constant(g, r, {9, 20}, "w");
                    Var x = random_param(g, r, {4, 20}, "x");
@@ -545,7 +546,7 @@ const OpRegistration kRegistration({&kEmbeddingOp, &kCrossEntropyOp, &kLinearCro
 
 }  // namespace
 
-// A frozen (q4_0, q8_0, q4_k, q6_k, f16) table is a constant; an f32 table may be a parameter (its rows get the
+// A frozen table (any format of kernels/formats.h) is a constant; an f32 table may be a parameter (its rows get the
 // scattered gradient).
 Var embedding(Var table, Var ids) {
   const DType t = table.value().dtype();
@@ -569,14 +570,16 @@ Var linear_cross_entropy(Var x, Var w, Var labels, int64_t vocab_tile) {
   const Node& wn = w.g->node(w.id);
   if (wn.requires_grad)
     throw GraphError("linear_cross_entropy: the weight " + (wn.name.empty() ? std::string("") : "'" + wn.name + "' ") +
-                     "is trainable; the vocab-tiled loss takes a frozen output matrix (q4_0, q8_0, q4_k, q6_k, f16 or an f32 "
-                     "constant)");
+                     "is trainable; the vocab-tiled loss takes a frozen output matrix (a format of kernels/formats.h or an "
+                     "f32 constant)");
   const DType t = wn.value.dtype();
   if (!is_frozen_storage(t) && t != x.g->backend().real())
     throw GraphError(std::string("linear_cross_entropy: weight type ") + dtype_name(t) + " is not supported");
-  if (t == DType::F16 && !x.g->backend().is_cpu() && wn.value.dim(1) % 2 != 0)
-    throw GraphError("linear_cross_entropy: an f16 weight on Vulkan needs an even C (its kernels read halves in "
-                     "pairs), not C = " + std::to_string(wn.value.dim(1)));
+  if (is_frozen_storage(t) && !x.g->backend().is_cpu() &&
+      wn.value.dim(1) % format_traits(frozen_format(t)).gpu_n_in_multiple != 0)
+    throw GraphError(std::string("linear_cross_entropy: a ") + dtype_name(t) + " weight on Vulkan needs C a multiple "
+                     "of " + std::to_string(format_traits(frozen_format(t)).gpu_n_in_multiple) + " (its kernels read "
+                     "rows in whole units), not C = " + std::to_string(wn.value.dim(1)));
   OpParams p;
   p.i[0] = vocab_tile;
   return x.g->add(kLinearCrossEntropyOp, {x, w, labels}, p);

@@ -26,32 +26,6 @@ Shape linear_shape(const Graph& g, const Node& n) {
   return out;
 }
 
-// The kernels of one frozen weight storage, on the CPU (f32) and on Vulkan.
-struct FrozenKernels {
-  decltype(&cpu::q4_0_gemm) cpu_gemm;
-  decltype(&cpu::q4_0_dx) cpu_dx;
-  decltype(&vk::LinearKernels::q4_0_gemm) vk_gemm;
-  decltype(&vk::LinearKernels::q4_0_dx) vk_dx;
-};
-
-// Null for a real (f32 or f64) weight.
-const FrozenKernels* frozen_kernels(DType t) {
-  using K = vk::LinearKernels;
-  static const FrozenKernels q4_0{cpu::q4_0_gemm, cpu::q4_0_dx, &K::q4_0_gemm, &K::q4_0_dx};
-  static const FrozenKernels q8_0{cpu::q8_0_gemm, cpu::q8_0_dx, &K::q8_0_gemm, &K::q8_0_dx};
-  static const FrozenKernels f16{cpu::f16_gemm, cpu::f16_dx, &K::f16_gemm, &K::f16_dx};
-  static const FrozenKernels q4_k{cpu::q4_k_gemm, cpu::q4_k_dx, &K::q4_k_gemm, &K::q4_k_dx};
-  static const FrozenKernels q6_k{cpu::q6_k_gemm, cpu::q6_k_dx, &K::q6_k_gemm, &K::q6_k_dx};
-  switch (t) {
-    case DType::Q4_0: return &q4_0;
-    case DType::Q8_0: return &q8_0;
-    case DType::F16: return &f16;
-    case DType::Q4_K: return &q4_k;
-    case DType::Q6_K: return &q6_k;
-    default: return nullptr;
-  }
-}
-
 template <class T>
 void linear_forward_generic(const Tensor& y, const Tensor& x, const Tensor& w) {
   const int64_t T_ = x.rows(), n_in = w.dim(1), n_out = w.dim(0);
@@ -88,29 +62,31 @@ std::span<const uint8_t> byte_span(const Tensor& t) { return {t.data<uint8_t>(),
 // y = x·Wᵀ and dx += dy·W for a frozen W; `scratch` (Vulkan, quantized W) as sized by frozen_scratch_bytes.
 void frozen_forward(OpContext& c, const Tensor& y, const Tensor& x, const Tensor& w, const Tensor* scratch) {
   const int64_t T_ = x.rows(), n_out = w.dim(0), n_in = w.dim(1);
-  const FrozenKernels* k = frozen_kernels(w.dtype());
+  const bool frozen = is_frozen_storage(w.dtype());
   if (!c.be.is_cpu()) {
-    if (k)
-      return (c.be.linear().*k->vk_gemm)(*c.seq, y.buffer(), w.buffer(), x.buffer(), T_, n_out, n_in,
-                                         &scratch->buffer());
+    if (frozen)
+      return c.be.linear().gemm(frozen_format(w.dtype()), *c.seq, y.buffer(), w.buffer(), x.buffer(), T_, n_out,
+                                n_in, &scratch->buffer());
     return c.be.linear().gemm_nt(*c.seq, y.buffer(), x.buffer(), w.buffer(), T_, n_out, n_in, false);
   }
   if (c.be.real() == DType::F64) return linear_forward_generic<double>(y, x, w);
-  if (k) return k->cpu_gemm(f32_mut(y), byte_span(w), f32_span(x), T_, n_out, n_in);
+  if (frozen) return cpu::frozen_gemm(frozen_format(w.dtype()), f32_mut(y), byte_span(w), f32_span(x), T_, n_out, n_in);
   cpu::gemm_nt(f32_mut(y), f32_span(x), f32_span(w), T_, n_out, n_in, false);
 }
 
 void frozen_backward(OpContext& c, const Tensor& dx, const Tensor& dy, const Tensor& w, const Tensor* scratch) {
   const int64_t T_ = dy.rows(), n_out = w.dim(0), n_in = w.dim(1);
-  const FrozenKernels* k = frozen_kernels(w.dtype());
+  const bool frozen = is_frozen_storage(w.dtype());
   if (!c.be.is_cpu()) {
-    if (k)
-      return (c.be.linear().*k->vk_dx)(*c.seq, dx.buffer(), w.buffer(), dy.buffer(), &scratch->buffer(), T_, n_out,
-                                        n_in, 0, n_out, true);
+    if (frozen)
+      return c.be.linear().dx(frozen_format(w.dtype()), *c.seq, dx.buffer(), w.buffer(), dy.buffer(),
+                              &scratch->buffer(), T_, n_out, n_in, 0, n_out, true);
     return c.be.linear().gemm_nn(*c.seq, dx.buffer(), dy.buffer(), w.buffer(), T_, n_in, n_out, true);
   }
   if (c.be.real() == DType::F64) return linear_backward_generic<double>(dx, dy, w);
-  if (k) return k->cpu_dx(f32_mut(dx), byte_span(w), f32_span(dy), T_, n_out, n_in, 0, n_out, true);
+  if (frozen)
+    return cpu::frozen_dx(frozen_format(w.dtype()), f32_mut(dx), byte_span(w), f32_span(dy), T_, n_out, n_in, 0,
+                          n_out, true);
   cpu::gemm_nn(f32_mut(dx), f32_span(dy), f32_span(w), T_, n_in, n_out, true);
 }
 
@@ -126,12 +102,12 @@ void linear_backward(OpContext& c) {
 // of a product split over K, the split or f16 activations of the tensor-core and mixed paths
 // (LinearKernels::frozen_scratch_bytes). One scratch serves both passes.
 size_t frozen_scratch_bytes(OpContext& c, DType t, int64_t T_, int64_t n_out, int64_t n_in) {
-  if (c.be.is_cpu() || !frozen_kernels(t)) return 0;
+  if (c.be.is_cpu() || !is_frozen_storage(t)) return 0;
   return std::max<size_t>(c.be.linear().frozen_scratch_bytes(frozen_format(t), T_, n_out, n_in), 4);
 }
 
 void linear_prepare(OpContext& c) {
-  if (c.be.is_cpu() || !frozen_kernels(c.in(1).dtype())) return;
+  if (c.be.is_cpu() || !is_frozen_storage(c.in(1).dtype())) return;
   const size_t bytes = frozen_scratch_bytes(c, c.in(1).dtype(), c.in(0).rows(), c.in(1).dim(0), c.in(1).dim(1));
   c.node.saved.push_back(c.scratch({int64_t(bytes / 4)}, DType::F32, Scratch::Pass));
 }
@@ -293,10 +269,10 @@ void lora_forward(OpContext& c) {
   // hs first: it does not wait for y, and y += hs·Bᵀ waits for both.
   product(c, Prod::NT, hs, xa, a, T_, r, n_in, false, c.node.params.f[0],
           lora_scratch(c, kHsScratch));  // hs = scale·xa·Aᵀ
-  // A Q4_0 W on the tensor cores adds hs·Bᵀ in its own pass, without reading and writing y again.
-  if (!c.be.is_cpu() && w.dtype() == DType::Q4_0 &&
-      c.be.linear().q4_0_gemm_lora(*c.seq, y.buffer(), w.buffer(), x.buffer(), T_, n_out, n_in,
-                                   &lora_scratch(c, kFrozenScratch)->buffer(), hs.buffer(), b.buffer(), r))
+  // A format with a tensor-core GEMM adds hs·Bᵀ in its own pass, without reading and writing y again.
+  if (!c.be.is_cpu() && is_frozen_storage(w.dtype()) &&
+      c.be.linear().gemm_lora(frozen_format(w.dtype()), *c.seq, y.buffer(), w.buffer(), x.buffer(), T_, n_out, n_in,
+                              &lora_scratch(c, kFrozenScratch)->buffer(), hs.buffer(), b.buffer(), r))
     return;
   frozen_forward(c, y, x, w, lora_scratch(c, kFrozenScratch));
   product(c, Prod::NT, y, hs, b, T_, n_out, r, true, 1, lora_scratch(c, kYScratch));  // y += hs·Bᵀ
@@ -326,13 +302,13 @@ void lora_backward(OpContext& c) {
   }
   if (adapter_input)  // dh = scale·dy·B
     product(c, Prod::NN, dh, dy, b, T_, r, n_out, false, c.node.params.f[0], lora_scratch(c, kDhScratch));
-  // Where the frozen product and the adapter read one input (no dropout, no rounding), a Q4_0 W on the tensor
-  // cores adds dh·A into its dx in the same pass.
-  const bool fused_dx = !c.be.is_cpu() && w.dtype() == DType::Q4_0 && c.node.inputs[0] == c.node.inputs[4] &&
+  // Where the frozen product and the adapter read one input (no dropout, no rounding), a format with a
+  // tensor-core dx adds dh·A into its dx in the same pass.
+  const bool fused_dx = !c.be.is_cpu() && is_frozen_storage(w.dtype()) && c.node.inputs[0] == c.node.inputs[4] &&
                         c.needs_grad(0) && adapter_input &&
-                        c.be.linear().q4_0_dx_lora(*c.seq, c.in_grad(0).buffer(), w.buffer(), dy.buffer(),
-                                                   &lora_scratch(c, kFrozenScratch)->buffer(), T_, n_out, n_in,
-                                                   dh.buffer(), a.buffer(), r);
+                        c.be.linear().dx_lora(frozen_format(w.dtype()), *c.seq, c.in_grad(0).buffer(), w.buffer(),
+                                              dy.buffer(), &lora_scratch(c, kFrozenScratch)->buffer(), T_, n_out,
+                                              n_in, dh.buffer(), a.buffer(), r);
   if (c.needs_grad(0) && !fused_dx) frozen_backward(c, c.in_grad(0), dy, w, lora_scratch(c, kFrozenScratch));
   if (c.needs_grad(3))  // dB += dyᵀ·hs
     product(c, Prod::TN, c.in_grad(3), dy, hs, n_out, r, T_, true, 1, lora_scratch(c, kDbScratch));
@@ -373,18 +349,15 @@ GradcheckCase lora_case(DType t, int64_t T, int64_t n_out, int64_t n_in, int64_t
 }
 
 void add_cases(std::vector<GradcheckCase>& out) {
-  out.push_back(linear_case(DType::Q4_0, 1, 7, 64));
-  out.push_back(linear_case(DType::Q4_0, 3, 65, 32));
-  out.push_back(linear_case(DType::Q4_0, 17, 63, 96));
-  out.push_back(linear_case(DType::Q8_0, 1, 7, 64));
-  out.push_back(linear_case(DType::Q8_0, 17, 63, 96));
-  out.push_back(linear_case(DType::Q4_K, 1, 7, 256));
-  out.push_back(linear_case(DType::Q4_K, 17, 65, 512));
-  out.push_back(linear_case(DType::Q6_K, 1, 5, 256));
-  out.push_back(linear_case(DType::Q6_K, 3, 63, 512));
-  // F16 takes any even n_in on Vulkan: 46 is neither a multiple of 4 nor of the GEMM tile.
-  out.push_back(linear_case(DType::F16, 1, 9, 20));
-  out.push_back(linear_case(DType::F16, 5, 33, 46));
+  // Every format of the table, on awkward shapes: rows of 1 and 2 whole blocks (F16 takes any even n_in on
+  // Vulkan: 46 is neither a multiple of 4 nor of the GEMM tile), odd row counts.
+  for (const FormatTraits& f : format_table()) {
+    const int64_t unit = std::max(f.block_elems, f.gpu_n_in_multiple);
+    const int64_t n1 = unit >= 256 ? 256 : unit >= 32 ? 64 : 20, n2 = unit >= 256 ? 512 : unit >= 32 ? 96 : 46;
+    out.push_back(linear_case(frozen_dtype(f.format), 1, 7, n1));
+    out.push_back(linear_case(frozen_dtype(f.format), 17, 63, n2));
+  }
+  out.push_back(linear_case(frozen_dtype(Format::Q4_0), 3, 65, 32));
   out.push_back({"linear f32 weight", [](Graph& g, std::mt19937& r) {
                    Var w = random_constant(g, r, {9, 20}, "w");
                    return linear(random_param(g, r, {3, 20}, "x"), w);
@@ -400,25 +373,24 @@ void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back({"matmul_nt 300x16 300x16 (backward split over K)", [](Graph& g, std::mt19937& r) {
                    return matmul_nt(random_param(g, r, {300, 16}, "a"), random_param(g, r, {300, 16}, "b"));
                  }});
-  out.push_back(lora_case(DType::Q4_0, 1, 7, 64, 3, false));
-  out.push_back(lora_case(DType::Q4_0, 17, 65, 96, 4, true));
-  out.push_back(lora_case(DType::Q4_K, 3, 9, 256, 2, true));
-  out.push_back(lora_case(DType::F16, 5, 33, 46, 5, false));
+  out.push_back(lora_case(frozen_dtype(Format::Q4_0), 1, 7, 64, 3, false));
+  out.push_back(lora_case(frozen_dtype(Format::Q4_0), 17, 65, 96, 4, true));
+  out.push_back(lora_case(frozen_dtype(Format::Q4_K), 3, 9, 256, 2, true));
+  out.push_back(lora_case(frozen_dtype(Format::F16), 5, 33, 46, 5, false));
   out.push_back(lora_case(DType::F32, 3, 9, 20, 2, true));
   // On Vulkan the adapter's products split over K here: hs = xa·Aᵀ, dA = dhᵀ·xa, dB = dyᵀ·hs and
   // dh = dy·B over n_out (each sum over 256). On tensor cores the forward's hs·Bᵀ (rank 2, taken as 16) is added
-  // by the frozen GEMM itself (LinearKernels::q4_0_gemm_lora), and the backward's dh·A by the frozen dx (x is the
-  // adapter's input too: LinearKernels::q4_0_dx_lora).
-  out.push_back(lora_case(DType::Q4_0, 256, 256, 256, 2, false));
+  // by the frozen GEMM itself (LinearKernels::gemm_lora), and the backward's dh·A by the frozen dx (x is the
+  // adapter's input too: LinearKernels::dx_lora).
+  out.push_back(lora_case(frozen_dtype(Format::Q4_0), 256, 256, 256, 2, false));
   // Mixed precision runs the products of 32 tokens or more (gradcheck --precision mixed): every format, the K and
   // the output tiles cut by the shapes, an adapter reading its own input.
-  out.push_back(linear_case(DType::Q4_0, 40, 70, 96));
-  out.push_back(linear_case(DType::Q8_0, 33, 65, 64));
-  out.push_back(linear_case(DType::Q4_K, 36, 40, 256));
-  out.push_back(linear_case(DType::Q6_K, 32, 9, 512));
-  out.push_back(linear_case(DType::F16, 48, 33, 64));
-  out.push_back(lora_case(DType::Q4_K, 40, 70, 256, 8, true));
-  out.push_back(lora_case(DType::Q8_0, 64, 96, 64, 16, false));
+  for (const FormatTraits& f : format_table()) {
+    const int64_t unit = std::max(f.block_elems, f.gpu_n_in_multiple);
+    out.push_back(linear_case(frozen_dtype(f.format), 40, 70, unit >= 256 ? 512 : 96));
+  }
+  out.push_back(lora_case(frozen_dtype(Format::Q4_K), 40, 70, 256, 8, true));
+  out.push_back(lora_case(frozen_dtype(Format::Q8_0), 64, 96, 64, 16, false));
 }
 
 const OpRegistration kRegistration({&kLinearOp, &kMatmulOp, &kLoraOp}, add_cases);
@@ -432,12 +404,14 @@ void check_frozen_weight(const char* op, Var x, Var w) {
     throw GraphError(std::string(op) + ": the weight " + (wn.name.empty() ? std::string("") : "'" + wn.name + "' ") +
                      "is trainable; " + op + " takes frozen weights (use matmul_nt for a trainable matrix)");
   const DType t = w.value().dtype();
-  if (!frozen_kernels(t) && t != x.g->backend().real())
+  if (!is_frozen_storage(t) && t != x.g->backend().real())
     throw GraphError(std::string(op) + ": weight type " + dtype_name(t) +
-                     " is not supported (q4_0, q8_0, q4_k, q6_k, f16, or the graph's real type)");
-  if (t == DType::F16 && !x.g->backend().is_cpu() && w.value().dim(1) % 2 != 0)
-    throw GraphError(std::string(op) + ": an f16 weight on Vulkan needs an even n_in (its kernels read halves in "
-                     "pairs), not n_in = " + std::to_string(w.value().dim(1)));
+                     " is not supported (a format of kernels/formats.h, or the graph's real type)");
+  if (is_frozen_storage(t) && !x.g->backend().is_cpu() &&
+      w.value().dim(1) % format_traits(frozen_format(t)).gpu_n_in_multiple != 0)
+    throw GraphError(std::string(op) + ": a " + dtype_name(t) + " weight on Vulkan needs n_in a multiple of " +
+                     std::to_string(format_traits(frozen_format(t)).gpu_n_in_multiple) + " (its kernels read rows " +
+                     "in whole units), not n_in = " + std::to_string(w.value().dim(1)));
 }
 }  // namespace
 

@@ -1,7 +1,7 @@
-// The CPU frozen linear for any weight format with FrozenRowKernels (Q8_0, Q4_K, Q6_K, F16): the fused row loops
-// for one token, and for more tokens small tiles of W decoded to f32 and multiplied with the Q4_0 kernel set's
-// packed-panel GEMM (x86 SIMD sets) or with Eigen (portable set). W is never decoded as a whole. Shapes and
-// sizes are checked by the callers (linear_q8_0.cpp, linear_k_quants.cpp, linear_f16.cpp).
+// The CPU frozen linear for any weight format: the format's fused row loops (FrozenRowKernels) for one token, and
+// for more tokens small tiles of W decoded to f32 and multiplied with the Q4_0 kernel set's packed-panel GEMM
+// (x86 SIMD sets) or with Eigen (portable set). Q4_0 has a driver of its own over its kernel sets
+// (linear_q4_0.cpp). W is never decoded as a whole. Shapes and sizes are checked by the caller (linear.cpp).
 #pragma once
 #include <cstdint>
 
@@ -15,5 +15,9 @@ void frozen_gemm(const FrozenRowKernels& k, float* Y, const uint8_t* w, const fl
 // dX[T, n_in] (+)= dY[T, n_out][:, j_start:j_end] · W[j_start:j_end, :]
 void frozen_dx(const FrozenRowKernels& k, float* dX, const uint8_t* w, const float* dY, int64_t T, int64_t n_out,
                int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
+// The same for Q4_0 weights.
+void q4_0_gemm(float* Y, const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in);
+void q4_0_dx(float* dX, const uint8_t* w, const float* dY, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start,
+             int64_t j_end, bool accumulate);
 
 }  // namespace q4t::cpu::detail

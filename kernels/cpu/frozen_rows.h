@@ -4,6 +4,7 @@
 // bytes with no alignment assumed; rows lie row_bytes apart. Every range of weights below starts at a block
 // boundary and is a whole number of blocks.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 namespace q4t::cpu::detail {
@@ -38,5 +39,62 @@ extern const FrozenRowKernels kF16Avx2;
 extern const FrozenRowKernels kQ4_KAvx2;
 extern const FrozenRowKernels kQ6_KAvx2;
 #endif
+
+}  // namespace q4t::cpu::detail
+
+#include "kernels/formats.h"
+
+namespace q4t::cpu::detail {
+
+// The loops of any format through its codec: each block decoded to f32 by the format's dequantize_row (GGML's
+// float values), then multiplied. The formats without loops of their own take these.
+template <Format F>
+void decoded_dot_rows(float* y, const uint8_t* w, int64_t row_bytes, const float* x, int64_t n_rows, int64_t n) {
+  const FormatTraits& t = format_traits(F);
+  float block[256];
+  for (int64_t r = 0; r < n_rows; r++) {
+    const uint8_t* row = w + r * row_bytes;
+    float lanes[8] = {};
+    for (int64_t b = 0; b < n / t.block_elems; b++) {
+      const int64_t e = t.block_elems == 1 ? std::min<int64_t>(256, n - b) : t.block_elems;
+      t.dequantize_row(block, row + b * t.block_bytes, e);
+      const float* xb = x + b * t.block_elems;
+      for (int64_t j = 0; j < e; j++) lanes[j % 8] += block[j] * xb[j];
+      if (t.block_elems == 1) b += e - 1;
+    }
+    float sum = 0.0f;
+    for (float v : lanes) sum += v;
+    y[r] = sum;
+  }
+}
+
+template <Format F>
+void decoded_axpy_rows(float* dx, const uint8_t* w, int64_t row_bytes, const float* s, int64_t n_rows, int64_t n) {
+  const FormatTraits& t = format_traits(F);
+  float block[256];
+  for (int64_t r = 0; r < n_rows; r++) {
+    const uint8_t* row = w + r * row_bytes;
+    for (int64_t b = 0; b < n / t.block_elems; b++) {
+      const int64_t e = t.block_elems == 1 ? std::min<int64_t>(256, n - b) : t.block_elems;
+      t.dequantize_row(block, row + b * t.block_bytes, e);
+      float* xb = dx + b * t.block_elems;
+      for (int64_t j = 0; j < e; j++) xb[j] += s[r] * block[j];
+      if (t.block_elems == 1) b += e - 1;
+    }
+  }
+}
+
+template <Format F>
+void decoded_decode(float* y, const uint8_t* w, int64_t n) {
+  format_traits(F).dequantize_row(y, w, n);
+}
+
+template <Format F>
+const FrozenRowKernels& decoded_row_kernels() {
+  static const FrozenRowKernels k{format_traits(F).name, format_traits(F).block_elems,
+                                  format_traits(F).block_bytes, decoded_dot_rows<F>, decoded_axpy_rows<F>,
+                                  decoded_decode<F>};
+  return k;
+}
 
 }  // namespace q4t::cpu::detail

@@ -1,4 +1,4 @@
-// CPU frozen Q4_0 linear: GEMV, GEMM and the dx backward. W is never dequantised as a whole. GEMV and the
+// The CPU Q4_0 linear's driver (the Q4_0 row of kernels/formats.h): GEMV, GEMM and the dx backward. W is never dequantised as a whole. GEMV and the
 // single-token backward run fused kernels over the blocks; more tokens dequantise one small tile of W at a
 // time and multiply it either with the kernel set's packed-panel GEMM (x86 SIMD sets) or with Eigen
 // (portable set). Kernel sets: kernels/cpu/q4_0_rows.h.
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/cpu/linear.h"
+#include "kernels/cpu/frozen_linear.h"
 #include "kernels/cpu/q4_0_rows.h"
 #include "kernels/cpu/threads.h"
 #include "kernels/shapes.h"
@@ -43,11 +43,6 @@ float* tile_buffer(int64_t n) {
   if (int64_t(buf.size()) < n + 16) buf.resize(size_t(n + 16));
   const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
   return reinterpret_cast<float*>((p + 63) & ~uintptr_t(63));
-}
-
-void check_linear(const char* kernel, size_t w_bytes, int64_t n_out, int64_t n_in, int64_t T) {
-  check_q4_0_linear(kernel, n_out, n_in, T);
-  check_size(kernel, "w", w_bytes, size_t(n_out * q4_0_row_bytes(n_in)));
 }
 
 // y[n_out] = W · x, threads over row ranges (a multiple of the 4-row groups the kernels share x over).
@@ -179,57 +174,42 @@ void dx_tiles(const Q4_0Kernels& k, float* dX, const uint8_t* w, const float* dY
 
 }  // namespace
 
-void q4_0_gemv(std::span<float> y, std::span<const uint8_t> w, std::span<const float> x, int64_t n_out,
-               int64_t n_in) {
-  check_linear("q4_0_gemv", w.size(), n_out, n_in, 1);
-  check_size("q4_0_gemv", "y", y.size(), size_t(n_out), "floats");
-  check_size("q4_0_gemv", "x", x.size(), size_t(n_in), "floats");
-  gemv(y.data(), w.data(), x.data(), n_out, n_in);
-}
+namespace detail {
 
 // Threads own disjoint row ranges of W, hence disjoint columns of Y.
-void q4_0_gemm(std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T,
-               int64_t n_out, int64_t n_in) {
-  check_linear("q4_0_gemm", w.size(), n_out, n_in, T);
-  check_size("q4_0_gemm", "Y", Y.size(), size_t(T * n_out), "floats");
-  check_size("q4_0_gemm", "X", X.size(), size_t(T * n_in), "floats");
+void q4_0_gemm(float* Y, const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in) {
   if (T < kGemmPanelTokens) {
     // Y is [T, n_out]: token t's outputs are contiguous, so each token is one GEMV.
-    for (int64_t t = 0; t < T; t++) gemv(Y.data() + t * n_out, w.data(), X.data() + t * n_in, n_out, n_in);
+    for (int64_t t = 0; t < T; t++) gemv(Y + t * n_out, w, X + t * n_in, n_out, n_in);
     return;
   }
-  const Q4_0Kernels& k = detail::q4_0_kernels();
+  const Q4_0Kernels& k = q4_0_kernels();
   if (k.panel_gemm) {
-    parallel_for(n_out, kPanelCols, [&](int64_t r0, int64_t r1) {
-      gemm_panels(k, Y.data(), w.data(), X.data(), T, n_out, n_in, r0, r1);
-    });
+    parallel_for(n_out, kPanelCols, [&](int64_t r0, int64_t r1) { gemm_panels(k, Y, w, X, T, n_out, n_in, r0, r1); });
     return;
   }
   const int64_t tile_rows = std::min(kMaxTileRows, ceil_div(ceil_div(n_out, num_threads()), 4) * 4);
   parallel_for(n_out, tile_rows, [&](int64_t r0, int64_t r1) {
-    gemm_tiles(k, Y.data(), w.data(), X.data(), T, n_out, n_in, r0, r1, tile_rows);
+    gemm_tiles(k, Y, w, X, T, n_out, n_in, r0, r1, tile_rows);
   });
 }
 
 // Threads own disjoint column ranges of dX (whole blocks), so no two ever write the same element.
-void q4_0_dx(std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T,
-             int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate) {
-  check_linear("q4_0_dx", w.size(), n_out, n_in, T);
-  check_j_range("q4_0_dx", j_start, j_end, n_out);
-  check_size("q4_0_dx", "dX", dX.size(), size_t(T * n_in), "floats");
-  check_size("q4_0_dx", "dY", dY.size(), size_t(T * n_out), "floats");
+void q4_0_dx(float* dX, const uint8_t* w, const float* dY, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start,
+             int64_t j_end, bool accumulate) {
   if (T < kDxPanelTokens) {
-    for (int64_t t = 0; t < T; t++)
-      dx_one_token(dX.data() + t * n_in, w.data(), dY.data() + t * n_out, n_in, j_start, j_end, accumulate);
+    for (int64_t t = 0; t < T; t++) dx_one_token(dX + t * n_in, w, dY + t * n_out, n_in, j_start, j_end, accumulate);
     return;
   }
-  const Q4_0Kernels& k = detail::q4_0_kernels();
+  const Q4_0Kernels& k = q4_0_kernels();
   parallel_for(n_in / kQ4_0BlockElems, 1, [&](int64_t b0, int64_t b1) {
     if (k.panel_gemm)
-      dx_panels(k, dX.data(), w.data(), dY.data(), T, n_out, n_in, j_start, j_end, accumulate, b0, b1);
+      dx_panels(k, dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate, b0, b1);
     else
-      dx_tiles(k, dX.data(), w.data(), dY.data(), T, n_out, n_in, j_start, j_end, accumulate, b0, b1);
+      dx_tiles(k, dX, w, dY, T, n_out, n_in, j_start, j_end, accumulate, b0, b1);
   });
 }
+
+}  // namespace detail
 
 }  // namespace q4t::cpu

@@ -13,9 +13,6 @@ namespace q4t::ref {
 
 namespace {
 
-// Row r of W as doubles (exact), for one weight format.
-using RowDecoder = std::vector<double> (*)(const uint8_t* w, int64_t r, int64_t n_in);
-
 // The bytes are copied into real blocks first: w carries no alignment.
 template <class Block, int64_t kElems>
 std::vector<Block> blocks_of_row(const uint8_t* w, int64_t r, int64_t n_in) {
@@ -24,46 +21,12 @@ std::vector<Block> blocks_of_row(const uint8_t* w, int64_t r, int64_t n_in) {
   return blocks;
 }
 
-std::vector<double> q4_0_row(const uint8_t* w, int64_t r, int64_t n_in) {
-  const auto blocks = blocks_of_row<quant::BlockQ4_0, kQ4_0BlockElems>(w, r, n_in);
-  std::vector<double> row(static_cast<size_t>(n_in));
-  quant::dequantize_row_q4_0(row.data(), blocks.data(), n_in);
-  return row;
-}
-
-std::vector<double> q8_0_row(const uint8_t* w, int64_t r, int64_t n_in) {
-  const auto blocks = blocks_of_row<quant::BlockQ8_0, kQ8_0BlockElems>(w, r, n_in);
-  std::vector<double> row(static_cast<size_t>(n_in));
-  quant::dequantize_row_q8_0(row.data(), blocks.data(), n_in);
-  return row;
-}
-
-std::vector<double> q4_k_row(const uint8_t* w, int64_t r, int64_t n_in) {
-  const auto blocks = blocks_of_row<quant::BlockQ4_K, kQK_KBlockElems>(w, r, n_in);
-  std::vector<double> row(static_cast<size_t>(n_in));
-  quant::dequantize_row_q4_k(row.data(), blocks.data(), n_in);
-  return row;
-}
-
-std::vector<double> q6_k_row(const uint8_t* w, int64_t r, int64_t n_in) {
-  const auto blocks = blocks_of_row<quant::BlockQ6_K, kQK_KBlockElems>(w, r, n_in);
-  std::vector<double> row(static_cast<size_t>(n_in));
-  quant::dequantize_row_q6_k(row.data(), blocks.data(), n_in);
-  return row;
-}
-
-std::vector<double> f16_row(const uint8_t* w, int64_t r, int64_t n_in) {
-  std::vector<double> row(static_cast<size_t>(n_in));
-  quant::f16_row_to_f64(row.data(), w + r * f16_row_bytes(n_in), n_in);
-  return row;
-}
-
 // Y[T, n_out] = X · Wᵀ with W's rows from `row_of`.
-std::vector<double> linear_gemm(RowDecoder row_of, const uint8_t* w, const float* X, int64_t T, int64_t n_out,
+std::vector<double> linear_gemm(Format f, const uint8_t* w, const float* X, int64_t T, int64_t n_out,
                                 int64_t n_in) {
   std::vector<double> Y(size_t(T * n_out));
   for (int64_t o = 0; o < n_out; o++) {
-    const std::vector<double> row = row_of(w, o, n_in);
+    const std::vector<double> row = frozen_row(f, w, o, n_in);
     for (int64_t t = 0; t < T; t++) {
       double s = 0;
       for (int64_t i = 0; i < n_in; i++) s += double(X[t * n_in + i]) * row[i];
@@ -74,13 +37,13 @@ std::vector<double> linear_gemm(RowDecoder row_of, const uint8_t* w, const float
 }
 
 // dX[T, n_in] = base + dY[:, j_start:j_end] · W[j_start:j_end, :].
-std::vector<double> linear_dx(RowDecoder row_of, const uint8_t* w, const float* dY, const float* dX_in, int64_t T,
+std::vector<double> linear_dx(Format f, const uint8_t* w, const float* dY, const float* dX_in, int64_t T,
                               int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end) {
   std::vector<double> dX(size_t(T * n_in), 0.0);
   if (dX_in)
     for (size_t i = 0; i < dX.size(); i++) dX[i] = dX_in[i];
   for (int64_t j = j_start; j < j_end; j++) {
-    const std::vector<double> row = row_of(w, j, n_in);
+    const std::vector<double> row = frozen_row(f, w, j, n_in);
     for (int64_t t = 0; t < T; t++)
       for (int64_t i = 0; i < n_in; i++) dX[t * n_in + i] += double(dY[t * n_out + j]) * row[i];
   }
@@ -102,52 +65,24 @@ std::vector<double> gemm(const float* A, int64_t am, int64_t ak, const float* B,
 }
 }  // namespace
 
-std::vector<double> q4_0_gemm(const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in) {
-  return linear_gemm(q4_0_row, w, X, T, n_out, n_in);
+std::vector<double> frozen_row(Format f, const uint8_t* w, int64_t r, int64_t n_in) {
+  // A copy of the row first: w carries no alignment.
+  const int64_t rb = row_bytes(f, n_in);
+  std::vector<uint8_t> bytes(w + r * rb, w + (r + 1) * rb);
+  std::vector<double> row(static_cast<size_t>(n_in));
+  format_traits(f).dequantize_row_f64(row.data(), bytes.data(), n_in);
+  return row;
 }
 
-std::vector<double> q4_0_dx(const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
-                            int64_t n_in, int64_t j_start, int64_t j_end) {
-  return linear_dx(q4_0_row, w, dY, dX_in, T, n_out, n_in, j_start, j_end);
+std::vector<double> frozen_gemm(Format f, const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in) {
+  return linear_gemm(f, w, X, T, n_out, n_in);
 }
 
-std::vector<double> q8_0_gemm(const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in) {
-  return linear_gemm(q8_0_row, w, X, T, n_out, n_in);
+std::vector<double> frozen_dx(Format f, const uint8_t* w, const float* dY, const float* dX_in, int64_t T,
+                              int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end) {
+  return linear_dx(f, w, dY, dX_in, T, n_out, n_in, j_start, j_end);
 }
 
-std::vector<double> q8_0_dx(const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
-                            int64_t n_in, int64_t j_start, int64_t j_end) {
-  return linear_dx(q8_0_row, w, dY, dX_in, T, n_out, n_in, j_start, j_end);
-}
-
-std::vector<double> q4_k_gemm(const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in) {
-  return linear_gemm(q4_k_row, w, X, T, n_out, n_in);
-}
-
-std::vector<double> q4_k_dx(const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
-                            int64_t n_in, int64_t j_start, int64_t j_end) {
-  return linear_dx(q4_k_row, w, dY, dX_in, T, n_out, n_in, j_start, j_end);
-}
-
-std::vector<double> q6_k_gemm(const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in) {
-  return linear_gemm(q6_k_row, w, X, T, n_out, n_in);
-}
-
-std::vector<double> q6_k_dx(const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
-                            int64_t n_in, int64_t j_start, int64_t j_end) {
-  return linear_dx(q6_k_row, w, dY, dX_in, T, n_out, n_in, j_start, j_end);
-}
-
-std::vector<double> f16_gemm(const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in) {
-  return linear_gemm(f16_row, w, X, T, n_out, n_in);
-}
-
-std::vector<double> f16_dx(const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
-                           int64_t n_in, int64_t j_start, int64_t j_end) {
-  return linear_dx(f16_row, w, dY, dX_in, T, n_out, n_in, j_start, j_end);
-}
-
-// A[M, K] · B[N, K]ᵀ
 std::vector<double> gemm_nt(const float* A, const float* B, const float* C_in, int64_t M, int64_t N,
                             int64_t K, double alpha) {
   return gemm(A, K, 1, B, 1, K, C_in, M, N, K, alpha);
@@ -177,9 +112,7 @@ double round_to_f16(double v) {
 std::vector<double> mixed_row(Format f, const uint8_t* w, int64_t r, int64_t n_in) {
   std::vector<double> row(static_cast<size_t>(n_in));
   switch (f) {
-    case Format::Q4_0: row = q4_0_row(w, r, n_in); break;  // d·(q − 8), exact: one rounding below
-    case Format::Q8_0: row = q8_0_row(w, r, n_in); break;  // d·q, likewise
-    case Format::F16: return f16_row(w, r, n_in);
+    case Format::F16: return frozen_row(f, w, r, n_in);
     case Format::Q4_K: {
       const auto blocks = blocks_of_row<quant::BlockQ4_K, kQK_KBlockElems>(w, r, n_in);
       for (size_t b = 0; b < blocks.size(); ++b) {
@@ -214,6 +147,7 @@ std::vector<double> mixed_row(Format f, const uint8_t* w, int64_t r, int64_t n_i
       }
       return row;
     }
+    default: row = frozen_row(f, w, r, n_in); break;  // Q4_0's d·(q − 8), Q8_0's d·q: exact, one rounding below
   }
   for (double& v : row) v = round_to_f16(v);
   return row;

@@ -1,5 +1,5 @@
 // Plain double-precision references for every linear kernel: the ground truth for tests and `q4tune selftest`.
-// Q4_0, Q8_0, Q4_K, Q6_K and F16 weights widen exactly into double, so these are exact up to double rounding.
+// Every format's weights widen exactly into double, so these are exact up to double rounding.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -8,24 +8,13 @@
 
 namespace q4t::ref {
 
-// Y[T, n_out] = X[T, n_in] · Wᵀ
-std::vector<double> q4_0_gemm(const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in);
+// Y[T, n_out] = X[T, n_in] · Wᵀ, W in format f (GGML's layout)
+std::vector<double> frozen_gemm(Format f, const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in);
 // dX[T, n_in] = base + dY[:, j_start:j_end] · W[j_start:j_end, :]; base = dX_in when accumulating, else 0.
-std::vector<double> q4_0_dx(const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
-                            int64_t n_in, int64_t j_start, int64_t j_end);
-// The same for a Q8_0 weight, an F16 weight (rows of n_in halves), a Q4_K and a Q6_K weight.
-std::vector<double> q8_0_gemm(const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in);
-std::vector<double> q8_0_dx(const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
-                            int64_t n_in, int64_t j_start, int64_t j_end);
-std::vector<double> f16_gemm(const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in);
-std::vector<double> f16_dx(const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
-                           int64_t n_in, int64_t j_start, int64_t j_end);
-std::vector<double> q4_k_gemm(const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in);
-std::vector<double> q4_k_dx(const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
-                            int64_t n_in, int64_t j_start, int64_t j_end);
-std::vector<double> q6_k_gemm(const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in);
-std::vector<double> q6_k_dx(const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
-                            int64_t n_in, int64_t j_start, int64_t j_end);
+std::vector<double> frozen_dx(Format f, const uint8_t* w, const float* dY, const float* dX_in, int64_t T,
+                              int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end);
+// Row r of W as doubles: the format's exact values (its codec's dequantize_row_f64).
+std::vector<double> frozen_row(Format f, const uint8_t* w, int64_t r, int64_t n_in);
 // f32 GEMMs (see kernels/cpu/linear.h): C_in + alpha·op(A)·op(B); C_in may be null (no accumulate).
 std::vector<double> gemm_nt(const float* A, const float* B, const float* C_in, int64_t M, int64_t N, int64_t K,
                             double alpha = 1);

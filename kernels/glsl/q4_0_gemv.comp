@@ -5,7 +5,8 @@
 // 4 bytes of quants) with a stride of the workgroup size; neighbouring invocations read neighbouring bytes,
 // so loads coalesce. Each invocation loads its 8 activations once and reuses them for all NUM_ROWS rows,
 // which keeps activation traffic below weight traffic. Weights are decoded as 1 + n/16 (q4_0.glsl). Partial sums are reduced with subgroupAdd, then
-// across subgroups through shared memory; nothing here depends on the subgroup size.
+// across subgroups through shared memory; nothing here depends on the subgroup size. Workgroups are numbered over
+// x and y (more than 65535 row groups fit).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -25,7 +26,8 @@ layout(push_constant) uniform Push { uint n_out; uint n_in; } p;
 shared float partial[NUM_ROWS * MAX_SUBGROUPS];
 
 void main() {
-  const uint row0 = gl_WorkGroupID.x * NUM_ROWS;
+  const uint row0 = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * NUM_ROWS;
+  if (row0 >= p.n_out) return;  // whole workgroup: the barrier below stays uniform
   const uint n_blocks = p.n_in / 32u;
   const uint row_bytes = n_blocks * Q4_0_BLOCK_BYTES;
   const uint n_quarters = n_blocks * 4u;

@@ -2,10 +2,11 @@
 // h = s / 4, quadrant k4 = s % 4: weight l (0..31) has the low (k4 < 2) or high nibble of ql[64h + 32·(k4 & 1) + l],
 // bits 2·k4 .. 2·k4 + 1 of qh[32h + l] above it, and scale scales[8h + 2·k4 + l / 16]; value d·scale·(q − 32).
 // A block's body starts on 16 bytes, so its 32 ql bytes and 32 qh bytes are two uvec4s each; then one word for
-// the two scales and one for d.
+// the two scales and one for d. f32: (d·scale)·(q − 32).
 #define Q6_K_WORDS wq1
 #include "q6_k.glsl"
 
+#define UNIT_WORDS 19
 struct WUnit {
   uvec4 ql[2], qh[2];
   uint scales;  // the unit's two scale bytes in bits 0-15
@@ -28,6 +29,13 @@ WUnit unit_fetch(uint row, uint u, uint part, uint n_in) {
   return r;
 }
 
+// The 6-bit codes of weights 4e .. 4e + 3 (e = 0..7) as bytes.
+uint q6_k_codes(WUnit r, uint e) {
+  const uint l = r.ql[e >> 2u][e & 3u], q = r.qh[e >> 2u][e & 3u];
+  return ((l >> (4u * (r.k4 >> 1u))) & 0x0F0F0F0Fu) | (((q >> (2u * r.k4)) & 0x03030303u) << 4u);
+}
+
+#ifndef UNIT_F32_ONLY
 void unit_decode(WUnit r, out uvec4 h[UNIT_VECS]) {
   const uint shl = 4u * (r.k4 >> 1u), shh = 2u * r.k4;
   const float16_t bias = float16_t(32.0);
@@ -40,5 +48,13 @@ void unit_decode(WUnit r, out uvec4 h[UNIT_VECS]) {
     const uint b = ((lb >> shl) & 0x0F0F0F0Fu) | (((qb >> shh) & 0x03030303u) << 4u);
     h[e] = uvec4(packFloat2x16(codes_minus(bytes01(a), bias) * ds), packFloat2x16(codes_minus(bytes23(a), bias) * ds),
                  packFloat2x16(codes_minus(bytes01(b), bias) * ds), packFloat2x16(codes_minus(bytes23(b), bias) * ds));
+  }
+}
+#endif
+
+void unit_decode_f32(WUnit r, out vec4 f[2u * UNIT_VECS]) {
+  [[unroll]] for (uint t = 0u; t < 2u; ++t) {
+    const float ds = r.d * float(bitfieldExtract(int(r.scales), int(8u * t), 8));
+    [[unroll]] for (uint e = 4u * t; e < 4u * t + 4u; ++e) f[e] = ds * bytes_minus(q6_k_codes(r, e), 32.0);
   }
 }

@@ -81,4 +81,29 @@ void f32_row_to_f16(uint8_t* y, const float* x, int64_t n) {
   }
 }
 
+float bf16_to_f32(uint16_t h) { return float_of(uint32_t(h) << 16); }
+
+uint16_t f32_to_bf16(float f) {
+  const uint32_t b = bits_of(f);
+  // NaN: keep the top bits and set the quiet bit (bit 6 of the half), so truncation cannot make it an inf.
+  if ((b & 0x7FFFFFFF) > 0x7F800000) return uint16_t((b >> 16) | 0x40);
+  // Round to nearest even at bit 16; a mantissa carry bumps the exponent (the largest floats become inf).
+  return uint16_t((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
+}
+
+void bf16_row_to_f32(float* y, const uint8_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = bf16_to_f32(half_at(x, i));
+}
+
+void bf16_row_to_f64(double* y, const uint8_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = double(bf16_to_f32(half_at(x, i)));
+}
+
+void f32_row_to_bf16(uint8_t* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const uint16_t h = f32_to_bf16(x[i]);
+    std::memcpy(y + 2 * i, &h, sizeof h);
+  }
+}
+
 }  // namespace q4t::quant

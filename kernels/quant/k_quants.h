@@ -1,9 +1,23 @@
-// Q4_K and Q6_K block codecs, byte for byte GGML's "k-quant" formats: 256 weights per super-block.
+// Q2_K, Q3_K, Q4_K, Q5_K and Q6_K block codecs, byte for byte GGML's "k-quant" formats: 256 weights per
+// super-block.
+//
+// Q2_K (84 bytes): { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin }. Sixteen sub-blocks of 16 weights each have a
+// 4-bit scale (low nibble of scales[s]) and a 4-bit min (high nibble); weight = d·sc·q − dmin·m with q a 2-bit
+// quant. Each 128-weight half h uses qs[32h..32h+32): weights 128h + 32j + l (j in [0, 4), l in [0, 32)) sit in
+// bits 2j..2j+1 of qs[32h + l].
+//
+// Q3_K (110 bytes): { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d }. Sixteen sub-blocks of 16 weights each have
+// a 6-bit scale stored as sc + 32 (see k3_scale); weight = d·sc·(q − 4) with q a 3-bit quant: its low 2 bits are
+// packed into qs as Q2_K's, its high bit is bit i/32 of hmask[i % 32] for weight i.
 //
 // Q4_K (144 bytes): { f16 d; f16 dmin; u8 scales[12]; u8 qs[128] }. Eight sub-blocks of 32 weights each have a
 // 6-bit scale sc and a 6-bit min m packed into `scales` (k4_scale_min); weight = d·sc·q − dmin·m with q a
 // 4-bit quant. The 64-weight chunk c keeps sub-block 2c in the low nibbles of qs[32c..32c+32) and sub-block
 // 2c+1 in the high nibbles.
+//
+// Q5_K (176 bytes): { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] }: Q4_K's scales and mins and nibble
+// layout, plus a fifth bit per weight: bit 2c (sub-block 2c) or 2c+1 (sub-block 2c+1) of qh[l] for the weight of
+// the 64-weight chunk c held in qs[32c + l].
 //
 // Q6_K (210 bytes): { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }. Sixteen sub-blocks of 16 weights each
 // have a signed 8-bit scale; weight = d·scale·(q − 32) with q a 6-bit quant: 4 low bits in ql, 2 high bits in
@@ -19,6 +33,22 @@
 
 namespace q4t::quant {
 
+struct BlockQ2_K {
+  uint8_t scales[16];  // 16 x (4-bit scale | 4-bit min << 4)
+  uint8_t qs[64];      // 2-bit quants
+  uint16_t d;          // f16 scale of the sub-block scales
+  uint16_t dmin;       // f16 scale of the sub-block mins
+};
+static_assert(sizeof(BlockQ2_K) == kQ2_KBlockBytes, "Q2_K block must be 84 bytes");
+
+struct BlockQ3_K {
+  uint8_t hmask[32];   // high bits of the quants
+  uint8_t qs[64];      // low 2 bits of the quants
+  uint8_t scales[12];  // 16 x 6-bit scale (+32), see k3_scale
+  uint16_t d;          // f16 super-block scale
+};
+static_assert(sizeof(BlockQ3_K) == kQ3_KBlockBytes, "Q3_K block must be 110 bytes");
+
 struct BlockQ4_K {
   uint16_t d;          // f16 scale of the sub-block scales
   uint16_t dmin;       // f16 scale of the sub-block mins
@@ -26,6 +56,15 @@ struct BlockQ4_K {
   uint8_t qs[128];     // 4-bit quants
 };
 static_assert(sizeof(BlockQ4_K) == kQ4_KBlockBytes, "Q4_K block must be 144 bytes");
+
+struct BlockQ5_K {
+  uint16_t d;          // f16 scale of the sub-block scales
+  uint16_t dmin;       // f16 scale of the sub-block mins
+  uint8_t scales[12];  // 8 x (6-bit scale, 6-bit min), as Q4_K's (k4_scale_min)
+  uint8_t qh[32];      // fifth bits of the quants
+  uint8_t qs[128];     // low 4 bits of the quants
+};
+static_assert(sizeof(BlockQ5_K) == kQ5_KBlockBytes, "Q5_K block must be 176 bytes");
 
 struct BlockQ6_K {
   uint8_t ql[128];    // low 4 bits of the quants
@@ -48,13 +87,31 @@ inline void k4_scale_min(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m) 
   }
 }
 
-// GGML's reference quantizers (a weighted min/scale search per sub-block for Q4_K, a signed scale search per
-// 16 weights for Q6_K). n must be a multiple of 256; out receives n/256 blocks.
+// The signed scale of Q3_K sub-block s (0..15), in [−32, 31]: its low 4 bits are the low (s < 8) or high (s >= 8)
+// nibble of byte s % 8, its top 2 bits are bits 2·(s/4)..2·(s/4)+1 of byte 8 + s % 4; the stored value is sc + 32.
+inline int k3_scale(const uint8_t* scales, int s) {
+  const int low = s < 8 ? (scales[s] & 0xF) : (scales[s - 8] >> 4);
+  const int high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+  return (low | (high << 4)) - 32;
+}
+
+// GGML's reference quantizers (what llama.cpp writes with no importance matrix): a weighted min/scale search per
+// sub-block for Q2_K (absolute-error fit), Q4_K and Q5_K; a signed scale search per 16 weights for Q3_K (with
+// GGML's level-by-level refinement) and Q6_K. n must be a multiple of 256; out receives n/256 blocks.
+void quantize_row_q2_k(BlockQ2_K* out, const float* x, int64_t n);
+void quantize_row_q3_k(BlockQ3_K* out, const float* x, int64_t n);
 void quantize_row_q4_k(BlockQ4_K* out, const float* x, int64_t n);
+void quantize_row_q5_k(BlockQ5_K* out, const float* x, int64_t n);
 void quantize_row_q6_k(BlockQ6_K* out, const float* x, int64_t n);
 // Writes n weights (n multiple of 256). The float version evaluates GGML's expression in GGML's order
-// ((d·sc)·q − dmin·m for Q4_K, (d·scale)·(q − 32) for Q6_K), so it equals GGML's dequantisation bit for bit;
-// the double version is exact.
+// ((d·sc)·q − dmin·m for Q2_K, Q4_K and Q5_K, (d·sc)·(q − 4) for Q3_K, (d·scale)·(q − 32) for Q6_K), so it equals
+// GGML's dequantisation bit for bit; the double version is exact.
+void dequantize_row_q2_k(float* y, const BlockQ2_K* x, int64_t n);
+void dequantize_row_q2_k(double* y, const BlockQ2_K* x, int64_t n);
+void dequantize_row_q3_k(float* y, const BlockQ3_K* x, int64_t n);
+void dequantize_row_q3_k(double* y, const BlockQ3_K* x, int64_t n);
+void dequantize_row_q5_k(float* y, const BlockQ5_K* x, int64_t n);
+void dequantize_row_q5_k(double* y, const BlockQ5_K* x, int64_t n);
 void dequantize_row_q4_k(float* y, const BlockQ4_K* x, int64_t n);
 void dequantize_row_q4_k(double* y, const BlockQ4_K* x, int64_t n);
 void dequantize_row_q6_k(float* y, const BlockQ6_K* x, int64_t n);

@@ -1,8 +1,7 @@
 // Host side of the Vulkan linear kernels: checks shapes and buffer sizes, then records dispatches into a
-// Sequence. Same contracts as kernels/cpu/linear.h. Pipelines are built on first use and kept. Frozen weights
-// come as raw GGML bytes: Q4_0 or Q8_0 blocks (n_in a multiple of 32), Q4_K super-blocks (n_in a multiple of
-// 256), or F16 halves (n_in even here); Q6_K super-blocks (n_in a multiple of 256) come in the device's grouped
-// layout (kernels/shapes.h: q6_k_device_bytes; quant::q6_k_to_device converts).
+// Sequence. Same contracts as kernels/cpu/linear.h. Pipelines are built on first use and kept. Frozen weights come
+// in the device layout of their format (kernels/formats.h: GGML's bytes, or Q6_K's groups; to_device_layout
+// converts), n_in a multiple of the format's gpu_n_in_multiple.
 #pragma once
 #include <cstdint>
 #include <array>
@@ -18,9 +17,6 @@
 
 namespace q4t::vk {
 
-struct FrozenFormat;  // the shaders and checks of one frozen weight format, Q8_0, Q4_K, Q6_K or F16
-                      // (linear_kernels.cpp)
-
 // The tile edge (BM = BN of gemm_tiled.glsl) of a tiled GEMM with an M x N output: 128 for large products, 64
 // for those that 128-wide tiles would leave most of a large GPU idle with.
 uint32_t gemm_tile_for(int64_t M, int64_t N);
@@ -29,75 +25,41 @@ class LinearKernels {
  public:
   explicit LinearKernels(Device& dev);
 
-  // y[n_out] = W · x[n_in]
-  void q4_0_gemv(Sequence& s, const Buffer& y, const Buffer& w, const Buffer& x, int64_t n_out, int64_t n_in);
-  // Y[T, n_out] = X[T, n_in] · Wᵀ; T = 1 runs the GEMV. With a scratch of gemm_scratch_bytes(T, n_out, n_in)
-  // bytes (when that is not 0), a product of too few output tiles to fill the GPU is split over K into slices
-  // summed in order by a second pass, and the Q4_0 and Q4_K GEMVs run on 8-bit integer dot products where the
-  // device has them (the scratch holds the activations as limbs; int_dot.glsl).
-  void q4_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
-                 int64_t n_in, const Buffer* scratch = nullptr);
-  static size_t gemm_scratch_bytes(int64_t T, int64_t n_out, int64_t n_in);
-  // The scratch that also lets q4_0_gemm's tensor-core GEMM take X split once per product (coop_split_rows.comp)
-  // on this device: gemm_scratch_bytes, and where the device has cooperative matrices and T takes them, room
-  // for X as f16 hi + lo and its row scales. q4_0_gemm takes either size; the other formats need only the first.
-  size_t forward_scratch_bytes(int64_t T, int64_t n_out, int64_t n_in) const;
-  // Y[T, n_out] = X · Wᵀ + hs · Bᵀ (hs [T, r], B [n_out, r], f32): a LoRA adapter's term added by q4_0_gemm's
-  // tensor-core GEMM after its main loop, in the same pass (q4_0_gemm_coop.comp). Records nothing and returns
-  // false where that GEMM does not serve the shape (no cooperative matrices, T below the fewest tokens that take
-  // them) or r > 32; the caller then adds the term itself. The scratch as for q4_0_gemm.
-  bool q4_0_gemm_lora(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
-                      int64_t n_in, const Buffer* scratch, const Buffer& hs, const Buffer& B, int64_t r);
+  // Y[T, n_out] = X[T, n_in] · Wᵀ for W [n_out, n_in] in format f (kernels/formats.h: its row names the shaders).
+  // T = 1 runs the format's GEMV. With a scratch of gemm_scratch_bytes(f, T, n_out, n_in) bytes (when that is not
+  // 0): a product of too few output tiles to fill the GPU is split over K into slices summed in order by a second
+  // pass; the GEMVs with an integer-dot twin run on 8-bit integer dot products where the device has them (the
+  // scratch holds the activations as limbs; int_dot.glsl); and a format with a tensor-core GEMM takes X split once
+  // per product (coop_split_rows.comp). Mixed products (mixed_for) need frozen_scratch_bytes.
+  void gemm(Format f, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
+            int64_t n_in, const Buffer* scratch = nullptr);
+  size_t gemm_scratch_bytes(Format f, int64_t T, int64_t n_out, int64_t n_in) const;
+  // dX[T, n_in] (+)= dY[T, n_out][:, j_start:j_end] · W[j_start:j_end, :]. The one-token path needs `scratch` of at
+  // least dx_scratch_bytes(f, T, j_end - j_start, n_in) bytes (it may be null when that is 0); for T > 1 the same
+  // size lets a small product with many rows split over them (without it, it runs unsplit), and a format with a
+  // tensor-core dx take dY split once per product.
+  void dx(Format f, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
+          int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
+  size_t dx_scratch_bytes(Format f, int64_t T, int64_t n_rows, int64_t n_in) const;
+  // Y[T, n_out] = X · Wᵀ + hs · Bᵀ (hs [T, r], B [n_out, r], f32): a LoRA adapter's term added by the format's
+  // tensor-core GEMM after its main loop, in the same pass. Records nothing and returns false where that GEMM does
+  // not serve the shape (no such GEMM for the format, no cooperative matrices, T below the fewest tokens that take
+  // them, a mixed product) or r > 32; the caller then adds the term itself. The scratch as for gemm.
+  bool gemm_lora(Format f, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
+                 int64_t n_in, const Buffer* scratch, const Buffer& hs, const Buffer& B, int64_t r);
   // dX[T, n_in] += dY · W + dh · A (dh [T, r], A [r, n_in], f32) over all of W's rows: the adapter's term of the
-  // gradient of an input that both the frozen product and the adapter read, added by q4_0_dx's tensor-core GEMM
-  // in the same pass. Declines like q4_0_gemm_lora. The scratch as for q4_0_dx.
-  bool q4_0_dx_lora(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
-                    int64_t n_out, int64_t n_in, const Buffer& dh, const Buffer& A, int64_t r);
-  // Y[T, n] = X[T, n_in] · W[row0 : row0 + n, :]ᵀ for a window of the rows of a Q4_0 W [n_rows, n_in] (a
-  // vocabulary tile of the loss), on the tensor cores. Records nothing and returns false where the device has
-  // none or T is below the fewest tokens that take them.
-  bool q4_0_gemm_rows_coop(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_rows,
-                           int64_t row0, int64_t n, int64_t n_in);
-  // dX[T, n_in] += d[T, n] · W[row0 : row0 + n, :] for the same window (the loss's dx), on the tensor cores, with a
-  // scratch of q4_0_dx_device_scratch_bytes(T, n, n_in) bytes for d split into f16 hi + lo (and the slices of a
-  // split over the rows). Records nothing and returns false where the device has none or T is too small.
-  bool q4_0_dx_rows_coop(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& d, const Buffer& scratch,
-                         int64_t T, int64_t n_rows, int64_t row0, int64_t n, int64_t n_in);
-  // dX[T, n_in] (+)= dY[T, n_out][:, j_start:j_end] · W[j_start:j_end, :]. The one-token path needs `scratch`
-  // of at least q4_0_dx_scratch_bytes(T, j_end - j_start, n_in) bytes (it may be null when that is 0); for T > 1
-  // the same size lets a small product with many rows split over them (without it, it runs unsplit).
-  void q4_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
-               int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
-  static size_t q4_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
-  // The scratch that also lets the tensor-core dx take dY split once per product (coop_split_rows.comp): the
-  // size above, and where the device has cooperative matrices and T takes them, room for dY's rows j_start ..
-  // j_end as f16 hi + lo and their scales. q4_0_dx takes either size.
-  size_t q4_0_dx_device_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in) const;
-
-  // The same for a Q8_0 weight and an F16 weight; gemm with T = 1 runs the format's GEMV (and takes the same
-  // optional scratch as q4_0_gemm), dx with T = 1 needs `scratch` of at least the matching *_dx_scratch_bytes.
-  void q8_0_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
-                 int64_t n_in, const Buffer* scratch = nullptr);
-  void q8_0_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
-               int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
-  static size_t q8_0_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
-  void f16_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
-                int64_t n_in, const Buffer* scratch = nullptr);
-  void f16_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
-              int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
-  static size_t f16_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
-
-  // The same for a Q4_K and a Q6_K weight (n_in a multiple of 256).
-  void q4_k_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
-                 int64_t n_in, const Buffer* scratch = nullptr);
-  void q4_k_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
-               int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
-  static size_t q4_k_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
-  void q6_k_gemm(Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T, int64_t n_out,
-                 int64_t n_in, const Buffer* scratch = nullptr);
-  void q6_k_dx(Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch, int64_t T,
-               int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate);
-  static size_t q6_k_dx_scratch_bytes(int64_t T, int64_t n_rows, int64_t n_in);
+  // gradient of an input that both the frozen product and the adapter read, added by the format's tensor-core dx
+  // in the same pass. Declines like gemm_lora. The scratch as for dx.
+  bool dx_lora(Format f, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY, const Buffer* scratch,
+               int64_t T, int64_t n_out, int64_t n_in, const Buffer& dh, const Buffer& A, int64_t r);
+  // Y[T, n] = X[T, n_in] · W[row0 : row0 + n, :]ᵀ for a window of the rows of W [n_rows, n_in] (a vocabulary tile of
+  // the loss), on the format's tensor-core GEMM. Records nothing and returns false where it declines (as above).
+  bool gemm_rows_coop(Format f, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
+                      int64_t n_rows, int64_t row0, int64_t n, int64_t n_in);
+  // dX[T, n_in] += d[T, n] · W[row0 : row0 + n, :] for the same window (the loss's dx), with a scratch of
+  // dx_scratch_bytes(f, T, n, n_in) bytes. Declines likewise.
+  bool dx_rows_coop(Format f, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& d, const Buffer& scratch,
+                    int64_t T, int64_t n_rows, int64_t row0, int64_t n, int64_t n_in);
 
   // f32 GEMMs, row-major: nt: C[M,N] (+)= alpha·A[M,K]·B[N,K]ᵀ; nn: alpha·A[M,K]·B[K,N]; tn: alpha·A[K,M]ᵀ·B[K,N].
   // With a scratch of gemm_split_scratch_bytes(M, N, K) bytes (when that is not 0), a product of few output
@@ -224,19 +186,16 @@ class LinearKernels {
                            const std::vector<uint32_t>& spec = {});
   // The tensor-core dx with dY split once into `scratch`: dY's columns dy_col0 .. (rows of dy_stride floats) meet
   // W's rows j_start .. j_end; with lora = {dh, A}, the adapter's dh·A (rank r) is added too.
-  void dx_coop_split(const char* k, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
-                     const Buffer& scratch, int64_t T, int64_t n_in, int64_t dy_stride, int64_t dy_col0,
-                     int64_t j_start, int64_t j_end, bool accumulate, std::array<const Buffer*, 2> lora = {},
-                     int64_t r = 0);
-  // q4_0_dx's tensor-core path (T >= the fewest tokens that take it), with the adapter's dh and A where lora
-  // holds them.
-  void q4_0_dx_coop(const char* k, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
-                    const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
-                    bool accumulate, std::array<const Buffer*, 2> lora, int64_t r);
+  void dx_coop_split(const FormatTraits& t, const char* k, Sequence& s, const Buffer& dX, const Buffer& w,
+                     const Buffer& dY, const Buffer& scratch, int64_t T, int64_t n_in, int64_t dy_stride,
+                     int64_t dy_col0, int64_t j_start, int64_t j_end, bool accumulate,
+                     std::array<const Buffer*, 2> lora = {}, int64_t r = 0);
+  // The tensor-core dx (T >= the fewest tokens that take it), with the adapter's dh and A where lora holds them.
+  void coop_dx(const FormatTraits& t, const char* k, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
+               const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
+               bool accumulate, std::array<const Buffer*, 2> lora, int64_t r);
   void f32_gemm(const char* shader, Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B, int64_t M,
                 int64_t N, int64_t K, uint32_t lda, uint32_t ldb, bool accumulate, const Buffer* scratch, float alpha);
-  void frozen_gemm(const FrozenFormat& f, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
-                   int64_t n_out, int64_t n_in, const Buffer* scratch);
   // The integer-dot GEMV `shader` if integer_dot_gemv(n_out, n_in) and the scratch holds the limbs: x_limbs.comp
   // (with `layout`) into the scratch, then the GEMV over `rows` rows per workgroup. False (nothing recorded)
   // otherwise.
@@ -249,21 +208,17 @@ class LinearKernels {
   void dispatch_forward(const char* k, const Pipeline& p, Sequence& s, const Buffer& Y, const Buffer& w,
                         const Buffer& X, int64_t T, int64_t n_out, int64_t n_in, uint32_t groups_n, uint32_t groups_m,
                         const Buffer* scratch, int64_t row0 = 0, std::array<const Buffer*, 2> lora = {});
-  // q4_0_gemm's tensor-core path (T >= the fewest tokens that take it), with the adapter's hs and B where
-  // lora holds them.
-  void q4_0_gemm_coop(const char* k, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X, int64_t T,
-                      int64_t n_out, int64_t n_in, const Buffer* scratch, std::array<const Buffer*, 2> lora,
-                      int64_t r);
+  // The tensor-core GEMM (T >= the fewest tokens that take it), with the adapter's hs and B where lora holds them.
+  void coop_gemm(const FormatTraits& t, const char* k, Sequence& s, const Buffer& Y, const Buffer& w, const Buffer& X,
+                 int64_t T, int64_t n_out, int64_t n_in, const Buffer* scratch, std::array<const Buffer*, 2> lora,
+                 int64_t r);
   // Any GEMM pipeline p over `groups` (x: N tiles, y: M tiles) of C [M, N]: straight into C; or, given a scratch
   // and split = {slices > 1, k_slice}, as slices of K into the scratch, which dx_reduce then adds into C in order
   // (accumulating when push.accumulate says so).
-  // Pipelines of five bindings (q4_0_gemm_coop.comp, q4_0_dx_coop.comp) take `extra` as bindings 3 and 4.
+  // Pipelines of five bindings (the tensor-core GEMMs) take `extra` as bindings 3 and 4.
   void dispatch_gemm(const char* k, const Pipeline& p, Sequence& s, const Buffer& C, const Buffer& A, const Buffer& B,
                      const GemmPush& push, int64_t M, int64_t N, std::pair<int64_t, int64_t> split,
                      std::array<uint32_t, 2> groups, const Buffer* scratch, std::array<const Buffer*, 2> extra = {});
-  void frozen_dx(const FrozenFormat& f, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,
-                 const Buffer* scratch, int64_t T, int64_t n_out, int64_t n_in, int64_t j_start, int64_t j_end,
-                 bool accumulate);
   // dX (+)= dY[:, j_start:j_end] · W[j_start:j_end, :] for T > 1 with the format's tiled dx shader, split over
   // the rows into slices summed by dx_reduce when the product is small and the rows many (dx_gemm_split).
   void dx_gemm(const char* shader, Sequence& s, const Buffer& dX, const Buffer& w, const Buffer& dY,

@@ -209,15 +209,7 @@ void LinearKernels::routed_mixed_dx(Format f, const char* k, Sequence& s, const 
 size_t LinearKernels::frozen_scratch_bytes(Format f, int64_t T, int64_t n_out, int64_t n_in) const {
   if (mixed_for(T, n_in))
     return std::max(mixed_scratch_bytes(f, T, n_out, n_in), mixed_scratch_bytes(f, T, n_in, n_out));
-  switch (f) {
-    case Format::Q4_0:
-      return std::max(forward_scratch_bytes(T, n_out, n_in), q4_0_dx_device_scratch_bytes(T, n_out, n_in));
-    case Format::Q8_0: return std::max(gemm_scratch_bytes(T, n_out, n_in), q8_0_dx_scratch_bytes(T, n_out, n_in));
-    case Format::F16: return std::max(gemm_scratch_bytes(T, n_out, n_in), f16_dx_scratch_bytes(T, n_out, n_in));
-    case Format::Q4_K: return std::max(gemm_scratch_bytes(T, n_out, n_in), q4_k_dx_scratch_bytes(T, n_out, n_in));
-    case Format::Q6_K: return std::max(gemm_scratch_bytes(T, n_out, n_in), q6_k_dx_scratch_bytes(T, n_out, n_in));
-  }
-  return 0;
+  return std::max(gemm_scratch_bytes(f, T, n_out, n_in), dx_scratch_bytes(f, T, n_out, n_in));
 }
 
 }  // namespace q4t::vk

@@ -24,15 +24,14 @@ std::string ne_str(const std::vector<int64_t>& ne) {
 
 // The autograd dtype a frozen matrix of this GGML type is stored as, or false when q4tune cannot use it.
 bool matrix_dtype(gguf::GgmlType t, ag::DType real, ag::DType* out) {
-  switch (t) {
-    case gguf::GgmlType::F32: *out = real; return true;
-    case gguf::GgmlType::Q4_0: *out = ag::DType::Q4_0; return true;
-    case gguf::GgmlType::Q8_0: *out = ag::DType::Q8_0; return true;
-    case gguf::GgmlType::Q4_K: *out = ag::DType::Q4_K; return true;
-    case gguf::GgmlType::Q6_K: *out = ag::DType::Q6_K; return true;
-    case gguf::GgmlType::F16: *out = ag::DType::F16; return true;
-    default: return false;
+  if (t == gguf::GgmlType::F32) {
+    *out = real;
+    return true;
   }
+  const FormatTraits* f = find_format(uint32_t(t));
+  if (!f) return false;
+  *out = ag::frozen_dtype(f->format);
+  return true;
 }
 
 }  // namespace
@@ -133,26 +132,26 @@ std::vector<uint8_t> random_rows(ag::DType t, int64_t n_out, int64_t n_in, uint6
         std::memcpy(row + i, &state, size_t(std::min<int64_t>(8, row_bytes - i)));
       }
       switch (t) {
-        case ag::DType::Q4_0:
+        case ag::frozen_dtype(Format::Q4_0):
           for (int64_t b = 0; b < n_in / 32; ++b) std::memcpy(row + 18 * b, &d4, 2);
           break;
-        case ag::DType::Q8_0:
+        case ag::frozen_dtype(Format::Q8_0):
           for (int64_t b = 0; b < n_in / 32; ++b) std::memcpy(row + 34 * b, &d8, 2);
           break;
-        case ag::DType::Q4_K:
+        case ag::frozen_dtype(Format::Q4_K):
           for (int64_t b = 0; b < n_in / 256; ++b) {
             std::memcpy(row + 144 * b, &dk, 2);
             std::memcpy(row + 144 * b + 2, &dmk, 2);
           }
           break;
-        case ag::DType::Q6_K:
+        case ag::frozen_dtype(Format::Q6_K):
           for (int64_t b = 0; b < n_in / 256; ++b) {
             uint8_t* blk = row + 210 * b;
             for (int j = 0; j < 16; ++j) blk[192 + j] = uint8_t(int8_t(int(blk[192 + j] % 64) - 32));
             std::memcpy(blk + 208, &d6, 2);
           }
           break;
-        case ag::DType::F16:
+        case ag::frozen_dtype(Format::F16):
           for (int64_t i = 0; i < n_in; ++i) {
             state = splitmix64(state);
             const float u = float(double(state >> 11) * 0x1.0p-53 * 2 - 1);  // uniform in [-1, 1): spread 1/sqrt(3)
@@ -160,7 +159,15 @@ std::vector<uint8_t> random_rows(ag::DType t, int64_t n_out, int64_t n_in, uint6
             std::memcpy(row + 2 * i, &h, 2);
           }
           break;
-        default: break;
+        default: {  // the other formats: uniform values of the same spread, through the format's quantizer
+          std::vector<float> v(static_cast<size_t>(n_in), 0.0f);
+          for (float& x : v) {
+            state = splitmix64(state);
+            x = float((double(state >> 11) * 0x1.0p-53 * 2 - 1) * spread * 1.7320508);
+          }
+          format_traits(ag::frozen_format(t)).quantize_row(row, v.data(), n_in);
+          break;
+        }
       }
     }
   });
@@ -181,13 +188,13 @@ std::unique_ptr<Model> Model::random(const ModelConfig& c, ag::Backend& be, uint
       return;
     }
     const int64_t n_in = ne[0], n_out = ne[1];
-    ag::DType t = ag::DType::Q4_0;
-    if (w == RandomWeights::Q8_0) t = ag::DType::Q8_0;
-    if (w == RandomWeights::F16) t = ag::DType::F16;
+    ag::DType t = ag::frozen_dtype(Format::Q4_0);
+    if (w == RandomWeights::Q8_0) t = ag::frozen_dtype(Format::Q8_0);
+    if (w == RandomWeights::F16) t = ag::frozen_dtype(Format::F16);
     if (w == RandomWeights::Q4_K_M) {
       const bool output = name == "output.weight" || (c.tied && name == "token_embd.weight");
       const int64_t layer = name.rfind("blk.", 0) == 0 ? std::stoll(name.substr(4, name.find('.', 4) - 4)) : -1;
-      t = q4_k_m_takes_q6_k(name, layer, c.n_layer, output) ? ag::DType::Q6_K : ag::DType::Q4_K;
+      t = q4_k_m_takes_q6_k(name, layer, c.n_layer, output) ? ag::frozen_dtype(Format::Q6_K) : ag::frozen_dtype(Format::Q4_K);
     }
     const int64_t block = ag::block_elems(t);
     if (n_in % block != 0)
@@ -254,7 +261,7 @@ ag::Var ModelGraph::frozen_input(ag::Var x, ag::Var w) const {
   // llama.cpp rounds the input of Q4_0 and Q8_0 matrices to Q8_0 blocks and that of Q4_K and Q6_K matrices to
   // Q8_K blocks (its F16 matrices round it to f16, which is not reproduced here).
   if (!llama_cpp_numerics_ || !ag::is_quantized(w.value().dtype())) return x;
-  const bool k_quant = w.value().dtype() == ag::DType::Q4_K || w.value().dtype() == ag::DType::Q6_K;
+  const bool k_quant = w.value().dtype() == ag::frozen_dtype(Format::Q4_K) || w.value().dtype() == ag::frozen_dtype(Format::Q6_K);
   return k_quant ? ag::act_round_q8_k(x) : ag::act_round_q8_0(x);
 }
 
