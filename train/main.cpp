@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   auto* quantize = app.add_subcommand("quantize", "Convert the 2-D F32/F16 weights of a GGUF as llama-quantize would (other tensors are copied)");
   quantize->add_option("IN", quant_in, "input GGUF")->required();
   quantize->add_option("OUT", quant_out, "output GGUF")->required();
-  quantize->add_option("--type", quant_type, "a llama-quantize file type, with its choice of type per matrix (the output matrix Q6_K but in q8_0 and bf16; attn_v, ffn_down and attn_output per mix): q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k_m, q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, iq4_xs, bf16, or another format for every matrix; rows that are not whole super-blocks fall back as llama-quantize does (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K/IQ4_XS to IQ4_NL), rows that are not whole blocks stay F32")->capture_default_str();
+  quantize->add_option("--type", quant_type, "a llama-quantize file type, with its choice of type per matrix (the output matrix Q6_K but in q8_0 and bf16; attn_v, ffn_down and attn_output per mix): q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k_m, q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, iq4_xs, bf16, or another format for every matrix; rows that are not whole super-blocks fall back as llama-quantize does (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K to Q4_0, IQ4_XS to IQ4_NL), rows that are not whole blocks stay F32")->capture_default_str();
 
   DeviceFlags logits_dev;
   q4t::LogitsOptions logits_opt;

@@ -124,7 +124,7 @@ Recipe parse_recipe(const std::string& flag, const std::string& s, bool pure) {
 GgmlType k_fallback(GgmlType t) {
   switch (t) {
     case GgmlType::Q2_K:
-    case GgmlType::Q3_K:
+    case GgmlType::Q3_K: return GgmlType::Q4_0;
     case GgmlType::IQ4_XS: return GgmlType::IQ4_NL;
     case GgmlType::Q4_K: return GgmlType::Q5_0;
     case GgmlType::Q5_K: return GgmlType::Q5_1;
@@ -139,7 +139,7 @@ GgmlType k_fallback(GgmlType t) {
 // - attn_v: Q2_K's Q3_K (Q4_K where n_gqa >= 4), Q3_K_M's Q5_K for the first two layers and Q4_K after,
 //   Q4_K_M's and Q5_K_M's Q6_K in the "more bits" layers, IQ4_NL's and IQ4_XS's Q5_K where n_gqa >= 4;
 // - ffn_down: Q2_K's Q3_K, Q3_K_M's Q5_K in the first sixteenth of the layers and Q4_K after, Q4_K_M's and Q5_K_M's
-//   Q6_K in the "more bits" layers;
+//   Q6_K in the "more bits" layers, IQ4_NL's and IQ4_XS's Q5_K in the first eighth;
 // - attn_output: Q2_K's Q3_K, Q3_K_M's Q4_K;
 // - rows that are not whole super-blocks fall back as llama-quantize does (k_fallback); rows that are not whole
 //   32-weight blocks stay F32.
@@ -161,6 +161,7 @@ GgmlType matrix_type(const Recipe& r, const std::string& name, int64_t n_in, int
       if (f == "q2_k") t = GgmlType::Q3_K;
       else if (f == "q3_k_m") t = layer < n_layers / 16 ? GgmlType::Q5_K : GgmlType::Q4_K;
       else if ((f == "q4_k_m" || f == "q5_k_m") && more) t = GgmlType::Q6_K;
+      else if ((f == "iq4_nl" || f == "iq4_xs") && layer < n_layers / 8) t = GgmlType::Q5_K;
     } else if (has("attn_output.weight")) {
       if (f == "q2_k") t = GgmlType::Q3_K;
       else if (f == "q3_k_m") t = GgmlType::Q4_K;
