@@ -54,6 +54,10 @@ struct GpuKernels {
   const char* coop_dx = nullptr;
 };
 
+// How llama.cpp's CPU matmuls round the activations a matrix of the format multiplies (GGML's vec_dot_type):
+// Q8_0 blocks of 32 (Q8_1 rounds the values alike), Q8_K blocks of 256, or not reproduced (the 16-bit floats).
+enum class ActRound { None, Q8_0, Q8_K };
+
 struct FormatTraits {
   Format format;
   const char* name;     // GGUF's type name in lower case ("q4_k"); the suffix of the kernels' names
@@ -64,6 +68,7 @@ struct FormatTraits {
   void (*quantize_row)(uint8_t* out, const float* x, int64_t n);
   void (*dequantize_row)(float* y, const uint8_t* x, int64_t n);
   void (*dequantize_row_f64)(double* y, const uint8_t* x, int64_t n);
+  ActRound llama_cpp_act_round = ActRound::None;
   // The CPU row loops (kernels/cpu/frozen_rows.h); null: Q4_0's own kernel set (kernels/cpu/q4_0_rows.h).
   const cpu::detail::FrozenRowKernels& (*cpu_rows)() = nullptr;
   // The Vulkan kernels need n_in a multiple of this (whole units of 32 weights; F16 and BF16: pairs).

@@ -20,6 +20,7 @@
 // by far, and the positions within 1e-3 are reported.
 // Needs node >= 20 and npm, and the npm registry the first time; ctest label "interop".
 #include <gtest/gtest.h>
+#include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -98,6 +99,8 @@ uint16_t load_u16(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
 // Q6_K block (210 bytes, 256 weights): u8 ql[128]; u8 qh[64]; i8 sc[16]; f16 d. Weight i: half h = i / 128,
 // k = i % 128, l = k % 32, quarter g = k / 32; low 4 bits: ql[64h + l + 32·(g & 1)], low nibble for g < 2, high
 // for g >= 2; high 2 bits: (qh[32h + l] >> 2g) & 3; weight = d·sc[8h + g·2 + l/16]·(q − 32).
+std::vector<float> ggml_dequantize(const gguf::TensorInfo& t);
+
 std::vector<float> dequantize(const gguf::TensorInfo& t) {
   int64_t n = 1;
   for (int64_t d : t.ne) n *= d;
@@ -150,7 +153,7 @@ std::vector<float> dequantize(const gguf::TensorInfo& t) {
       }
       break;
     default:
-      throw std::runtime_error(t.name + ": no decoder for type " + gguf::type_name(t.type));
+      return ggml_dequantize(t);  // the other formats: llama.cpp's own dequantizer
   }
   return w;
 }
@@ -223,6 +226,27 @@ struct NodeLlama {
 };
 NodeLlama g_node_llama;
 
+// A tensor of a format this file has no decoder of, dequantized by llama.cpp's own row function
+// (dequantize_row_<type> or ggml_bf16_to_fp32_row of the prebuilt's libggml-base, through dlopen).
+std::vector<float> ggml_dequantize(const gguf::TensorInfo& t) {
+  static void* lib = [] {
+    const fs::path so = fs::path(g_node_llama.dir) / "node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so";
+    void* h = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) throw std::runtime_error(std::string("dlopen ") + so.string() + ": " + dlerror());
+    return h;
+  }();
+  const std::string type = gguf::type_name(t.type);
+  const std::string symbol = type == "bf16" ? "ggml_bf16_to_fp32_row" : "dequantize_row_" + type;
+  using RowFn = void (*)(const void*, float*, int64_t);
+  const auto fn = reinterpret_cast<RowFn>(dlsym(lib, symbol.c_str()));
+  if (!fn) throw std::runtime_error(t.name + ": llama.cpp has no " + symbol);
+  int64_t n = 1;
+  for (int64_t d : t.ne) n *= d;
+  std::vector<float> w(static_cast<size_t>(n), 0.0f);
+  fn(t.data, w.data(), n);
+  return w;
+}
+
 struct Variant {
   const char* arch;
   bool tied;
@@ -270,7 +294,7 @@ class LlamaCppAgreement : public ::testing::TestWithParam<Variant> {
     const std::string type = v.type;
     const bool quantize = type == "q4_0_quantize";
     // The k-quants need rows of whole 256-weight super-blocks; 4 layers give Q4_K_M both Q4_K and Q6_K layers.
-    const bool k_quants = type == "q4_k_m" || quantize;
+    const bool k_quants = type != "q4_0" && type != "f32";
     const std::string shape = k_quants ? " --dim 256 --ff 512 --layers 4 --heads 4 --kv-heads 2" : "";
     const fs::path written = quantize ? dir_ / "m-f32.gguf" : model;
     CmdResult r = run(std::string(Q4TUNE_BIN) + " init-model --arch " + v.arch + " --type " +
@@ -416,7 +440,12 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, LlamaCppAgreement,
                                            Variant{"llama", false, "q4_k_m", 9}, Variant{"llama", true, "q4_k_m", 10},
                                            Variant{"qwen2", false, "q4_k_m", 11},
                                            Variant{"llama", false, "q4_0_quantize", 12},
-                                           Variant{"qwen2", true, "q4_0_quantize", 13}),
+                                           Variant{"qwen2", true, "q4_0_quantize", 13},
+                                           // The other mixes llama-quantize writes (init-model writes each).
+                                           Variant{"llama", false, "q5_k_m", 14}, Variant{"qwen2", true, "q5_k_s", 15},
+                                           Variant{"llama", true, "q3_k_m", 16}, Variant{"qwen2", false, "q2_k", 17},
+                                           Variant{"llama", false, "iq4_xs", 18}, Variant{"qwen2", false, "q4_1", 19},
+                                           Variant{"llama", true, "q5_0", 20}, Variant{"qwen2", false, "bf16", 21}),
                          [](const ::testing::TestParamInfo<Variant>& info) { return info.param.name(); });
 
 }  // namespace

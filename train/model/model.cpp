@@ -258,11 +258,15 @@ void ModelGraph::add_adapters(const LoraSpec& spec, std::mt19937& rng) {
 }
 
 ag::Var ModelGraph::frozen_input(ag::Var x, ag::Var w) const {
-  // llama.cpp rounds the input of Q4_0 and Q8_0 matrices to Q8_0 blocks and that of Q4_K and Q6_K matrices to
-  // Q8_K blocks (its F16 matrices round it to f16, which is not reproduced here).
-  if (!llama_cpp_numerics_ || !ag::is_quantized(w.value().dtype())) return x;
-  const bool k_quant = w.value().dtype() == ag::frozen_dtype(Format::Q4_K) || w.value().dtype() == ag::frozen_dtype(Format::Q6_K);
-  return k_quant ? ag::act_round_q8_k(x) : ag::act_round_q8_0(x);
+  // llama.cpp rounds the input of a quantized matrix to Q8_0 or Q8_K blocks, as the format's row says (its F16 and
+  // BF16 matrices round it to 16 bits, which is not reproduced here).
+  if (!llama_cpp_numerics_ || !ag::is_frozen_storage(w.value().dtype())) return x;
+  switch (format_traits(ag::frozen_format(w.value().dtype())).llama_cpp_act_round) {
+    case ActRound::Q8_0: return ag::act_round_q8_0(x);
+    case ActRound::Q8_K: return ag::act_round_q8_k(x);
+    case ActRound::None: break;
+  }
+  return x;
 }
 
 ag::Var ModelGraph::frozen_linear(ag::Var x, ag::Var w) const { return ag::linear(frozen_input(x, w), w); }
