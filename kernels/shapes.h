@@ -17,21 +17,14 @@ struct ShapeError : std::invalid_argument {
 inline constexpr int64_t kQ4_0BlockElems = 32;
 inline constexpr int64_t kQ4_0BlockBytes = 18;
 
-inline int64_t q4_0_row_bytes(int64_t n_in) { return n_in / kQ4_0BlockElems * kQ4_0BlockBytes; }
-
 // Q8_0: 32 weights per block, 34 bytes per block (f16 d; i8 qs[32]).
 inline constexpr int64_t kQ8_0BlockElems = 32;
 inline constexpr int64_t kQ8_0BlockBytes = 34;
-
-inline int64_t q8_0_row_bytes(int64_t n_in) { return n_in / kQ8_0BlockElems * kQ8_0BlockBytes; }
 
 // Q4_K and Q6_K: 256 weights per super-block, 144 and 210 bytes (kernels/quant/k_quants.h).
 inline constexpr int64_t kQK_KBlockElems = 256;
 inline constexpr int64_t kQ4_KBlockBytes = 144;
 inline constexpr int64_t kQ6_KBlockBytes = 210;
-
-inline int64_t q4_k_row_bytes(int64_t n_in) { return n_in / kQK_KBlockElems * kQ4_KBlockBytes; }
-inline int64_t q6_k_row_bytes(int64_t n_in) { return n_in / kQK_KBlockElems * kQ6_KBlockBytes; }
 
 // Q6_K on a Vulkan device (kernels/glsl/q6_k.glsl): the blocks of a matrix, counted row after row, in groups of
 // 8 blocks (1680 bytes): the first 208 bytes of each block (ql, qh, scales), then the 8 blocks' f16 d's. A last
@@ -44,19 +37,6 @@ inline int64_t q6_k_device_bytes(int64_t n_out, int64_t n_in) {
   return (blocks + kQ6_KGroupBlocks - 1) / kQ6_KGroupBlocks * kQ6_KGroupBlocks * kQ6_KBlockBytes;
 }
 
-// F16: one IEEE half per weight, so any n_in works (the Vulkan kernels additionally need it even).
-inline int64_t f16_row_bytes(int64_t n_in) { return n_in * 2; }
-
-// Checks a frozen Q4_0 linear W[n_out, n_in] applied to T tokens.
-void check_q4_0_linear(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
-// The same for a Q8_0 weight (n_in a multiple of 32) and an F16 weight (any positive n_in).
-void check_q8_0_linear(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
-void check_f16_linear(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
-// The same for a Q4_K or Q6_K weight (n_in a multiple of 256).
-void check_q4_k_linear(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
-void check_q6_k_linear(const char* kernel, int64_t n_out, int64_t n_in, int64_t T);
-// Checks n_in is even: the Vulkan F16 kernels read a row as 32-bit words of two halves each.
-void check_f16_pairs(const char* kernel, int64_t n_in);
 // Checks 0 <= j_start < j_end <= n_out for the dx output-row range.
 void check_j_range(const char* kernel, int64_t j_start, int64_t j_end, int64_t n_out);
 // Checks M, N, K > 0 for an f32 GEMM.

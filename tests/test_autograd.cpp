@@ -111,7 +111,7 @@ Tensor q4_0_weight(Backend& be, int64_t n_out, int64_t n_in) {
   std::vector<float> f(size_t(n_out * n_in));
   for (size_t i = 0; i < f.size(); ++i) f[i] = float(i % 7) - 3.0f;
   std::vector<uint8_t> bytes(size_t(n_out * n_in / 32 * 18));
-  quant::quantize_q4_0(bytes, f, n_out, n_in);
+  bytes = quantize_matrix(Format::Q4_0, f, n_out, n_in);
   return be.quantized(bytes, {n_out, n_in}, frozen_dtype(Format::Q4_0));
 }
 
@@ -194,8 +194,8 @@ TEST(GraphRules, FrozenWeightsReturnTheirGgmlBytesOnEitherBackend) {
   std::vector<float> f(size_t(n_out * n_in));
   for (size_t i = 0; i < f.size(); ++i) f[i] = float(i % 13) - 6.0f + 0.01f * float(i % 101);
   std::vector<uint8_t> q6(size_t(n_out * n_in / 256 * 210)), q4(size_t(n_out * n_in / 32 * 18));
-  quant::quantize_q6_k(q6, f, n_out, n_in);
-  quant::quantize_q4_0(q4, f, n_out, n_in);
+  q6 = quantize_matrix(Format::Q6_K, f, n_out, n_in);
+  q4 = quantize_matrix(Format::Q4_0, f, n_out, n_in);
   for (Backend* be : {backends().cpu32.get(), backends().vulkan.get()}) {
     EXPECT_EQ(be->raw_bytes(be->quantized(q6, {n_out, n_in}, frozen_dtype(Format::Q6_K))), q6) << be->name();
     EXPECT_EQ(be->raw_bytes(be->quantized(q4, {n_out, n_in}, frozen_dtype(Format::Q4_0))), q4) << be->name();

@@ -43,12 +43,12 @@ Result fine_tune(Backend& be, int steps) {
   std::uniform_real_distribution<float> u(-1, 1);
   std::vector<float> wf(kOut * kIn);
   for (float& x : wf) x = u(rng);
-  std::vector<uint8_t> wq(size_t(kOut * q4_0_row_bytes(kIn)));
-  quant::quantize_q4_0(wq, wf, kOut, kIn);
+  std::vector<uint8_t> wq(size_t(kOut * row_bytes(Format::Q4_0, kIn)));
+  wq = quantize_matrix(Format::Q4_0, wf, kOut, kIn);
   std::vector<double> wd(size_t(kOut * kIn));
   for (int64_t j = 0; j < kOut; ++j)
     quant::dequantize_row_q4_0(wd.data() + j * kIn,
-                               reinterpret_cast<const quant::BlockQ4_0*>(wq.data() + j * q4_0_row_bytes(kIn)), kIn);
+                               reinterpret_cast<const quant::BlockQ4_0*>(wq.data() + j * row_bytes(Format::Q4_0, kIn)), kIn);
   // The teacher's change: delta = Bt·At, rank 4.
   std::vector<double> at(kRank * kIn), bt(kOut * kRank);
   for (double& x : at) x = 0.5 * u(rng);

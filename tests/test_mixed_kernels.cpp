@@ -52,10 +52,13 @@ class MixedKernels : public ::testing::Test {
   void SetUp() override {
     kernels_ = std::make_unique<vk::LinearKernels>(*device_);
     kernels_->set_precision(Precision::Mixed);
+    messages_before_ = device_->validation_messages().size();
   }
+  // Each test answers for the validation messages that arrive while it runs (the device keeps them all).
   void TearDown() override {
     const auto msgs = device_->validation_messages();
-    EXPECT_TRUE(msgs.empty()) << "validation: " << (msgs.empty() ? "" : msgs.front());
+    EXPECT_EQ(msgs.size(), messages_before_)
+        << "validation: " << (msgs.size() > messages_before_ ? msgs[messages_before_] : "");
   }
 
   // Y = X·Wᵀ through mixed_gemm (on the device's W bytes).
@@ -95,40 +98,44 @@ class MixedKernels : public ::testing::Test {
   static vk::Device* device_;
   std::unique_ptr<vk::LinearKernels> kernels_;
   std::mt19937 rng_{31};
+  size_t messages_before_ = 0;
 };
 vk::Device* MixedKernels::device_ = nullptr;
 
+// The same fixture, once per weight format.
+class MixedFormats : public MixedKernels, public ::testing::WithParamInterface<Format> {};
+
 // Every format's decode (wunit.glsl through decode_f16.comp, into k-panels) gives the reference's f16 weights bit
 // for bit, over a window of rows that starts past row 0.
-TEST_F(MixedKernels, DecodedWeightsEqualTheReferenceBitForBit) {
-  for (Format f : all_formats())
-    for (int64_t n_in : widths(f)) {
-      const int64_t n_out = 9, row0 = 2, rows = 6;
-      const auto w_host = random_weights(rng_, f, n_out, n_in);
-      const auto wd = device_bytes(f, w_host);
-      vk::Buffer w(*device_, wd.size()), out(*device_, size_t(rows * n_in) * 2);
-      w.upload(wd);
-      vk::Sequence s(*device_);
-      s.begin();
-      kernels_->decode_f16(f, s, out, 0, w, rows, n_in, row0);
-      s.end();
-      s.run();
-      const auto halves = out.download_as<uint16_t>(size_t(rows * n_in));
-      int64_t wrong = 0;
-      std::string first;  // the first few differences, for the failure message
-      for (int64_t r = 0; r < rows; ++r) {
-        const auto want = ref::mixed_row(f, w_host.data(), row0 + r, n_in);
-        for (int64_t i = 0; i < n_in; ++i) {
-          // k-panels: panel i / 32 holds columns i / 32 · 32 .. of every row
-          const double got = quant::f16_to_f32(halves[size_t((i / 32 * rows + r) * 32 + i % 32)]);
-          if (got == want[size_t(i)]) continue;
-          if (++wrong <= 4)
-            first += " [row " + std::to_string(row0 + r) + ", " + std::to_string(i) + "]: " + std::to_string(got) +
-                     " want " + std::to_string(want[size_t(i)]);
-        }
+TEST_P(MixedFormats, DecodedWeightsEqualTheReferenceBitForBit) {
+  const Format f = GetParam();
+  for (int64_t n_in : widths(f)) {
+    const int64_t n_out = 9, row0 = 2, rows = 6;
+    const auto w_host = random_weights(rng_, f, n_out, n_in);
+    const auto wd = device_bytes(f, w_host);
+    vk::Buffer w(*device_, wd.size()), out(*device_, size_t(rows * n_in) * 2);
+    w.upload(wd);
+    vk::Sequence s(*device_);
+    s.begin();
+    kernels_->decode_f16(f, s, out, 0, w, rows, n_in, row0);
+    s.end();
+    s.run();
+    const auto halves = out.download_as<uint16_t>(size_t(rows * n_in));
+    int64_t wrong = 0;
+    std::string first;  // the first few differences, for the failure message
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto want = ref::mixed_row(f, w_host.data(), row0 + r, n_in);
+      for (int64_t i = 0; i < n_in; ++i) {
+        // k-panels: panel i / 32 holds columns i / 32 · 32 .. of every row
+        const double got = quant::f16_to_f32(halves[size_t((i / 32 * rows + r) * 32 + i % 32)]);
+        if (got == want[size_t(i)]) continue;
+        if (++wrong <= 4)
+          first += " [row " + std::to_string(row0 + r) + ", " + std::to_string(i) + "]: " + std::to_string(got) +
+                   " want " + std::to_string(want[size_t(i)]);
       }
-      EXPECT_EQ(wrong, 0) << format_name(f) << " n_in=" << n_in << first;
     }
+    EXPECT_EQ(wrong, 0) << format_name(f) << " n_in=" << n_in << first;
+  }
 }
 
 // Rows of very different size each get their own power of two: a row past f16's range (1e6), one that would flush
@@ -172,96 +179,95 @@ TEST_F(MixedKernels, RowsToF16ScaleEachRowIntoRange) {
 
 // Y = X·Wᵀ for every format on shapes whose tiles do not divide (T from the fewest tokens that take the mixed path,
 // n_out from 1 row), against the f16 reference tightly and the exact product within the mixed bound.
-TEST_F(MixedKernels, GemmMatchesTheF16ReferenceOnAwkwardShapes) {
-  for (Format f : all_formats())
-    for (int64_t n_in : widths(f))
-      for (int64_t n_out : {1, 63, 130})
-        for (int64_t T : {32, 65}) {
-          const auto w = random_weights(rng_, f, n_out, n_in);
-          const auto x = random_floats(rng_, T * n_in);
-          const auto y = gemm(f, w, x, T, n_out, n_in);
-          const std::string what = std::string(format_name(f)) + " T=" + std::to_string(T) + " " +
-                                   std::to_string(n_out) + "x" + std::to_string(n_in);
-          EXPECT_LE(ref::max_rel_error(y.data(), ref::mixed_gemm(f, w.data(), x.data(), T, n_out, n_in)), kSumBound)
-              << what;
-          const auto exact = ref::frozen_gemm(f, w.data(), x.data(), T, n_out, n_in);
-          EXPECT_LE(ref::max_rel_error(y.data(), exact), kMixedBound) << what;
-        }
+TEST_P(MixedFormats, GemmMatchesTheF16ReferenceOnAwkwardShapes) {
+  const Format f = GetParam();
+  for (int64_t n_in : widths(f))
+    for (int64_t n_out : {1, 63, 130})
+      for (int64_t T : {32, 65}) {
+        const auto w = random_weights(rng_, f, n_out, n_in);
+        const auto x = random_floats(rng_, T * n_in);
+        const auto y = gemm(f, w, x, T, n_out, n_in);
+        const std::string what = std::string(format_name(f)) + " T=" + std::to_string(T) + " " +
+                                 std::to_string(n_out) + "x" + std::to_string(n_in);
+        EXPECT_LE(ref::max_rel_error(y.data(), ref::mixed_gemm(f, w.data(), x.data(), T, n_out, n_in)), kSumBound)
+            << what;
+        const auto exact = ref::frozen_gemm(f, w.data(), x.data(), T, n_out, n_in);
+        EXPECT_LE(ref::max_rel_error(y.data(), exact), kMixedBound) << what;
+      }
 }
 
 // dX (+)= dY[:, j0:j1]·W[j0:j1] over windows of W's rows that start and end off every tile edge, with and without
 // accumulating into a dX that holds values.
-TEST_F(MixedKernels, DxMatchesTheF16ReferenceOverRowWindows) {
+TEST_P(MixedFormats, DxMatchesTheF16ReferenceOverRowWindows) {
   struct Window { int64_t n_out, j0, j1; };
-  for (Format f : all_formats())
-    for (int64_t n_in : widths(f))
-      for (const Window win : {Window{1, 0, 1}, Window{70, 3, 70}, Window{300, 37, 261}})
-        for (bool acc : {false, true}) {
-          const int64_t T = acc ? 33 : 64;
-          const auto w = random_weights(rng_, f, win.n_out, n_in);
-          const auto dy = random_floats(rng_, T * win.n_out);
-          const auto dx0 = random_floats(rng_, T * n_in);
-          const auto got = dx(f, w, dy, dx0, T, win.n_out, n_in, win.j0, win.j1, acc);
-          const auto want =
-              ref::mixed_dx(f, w.data(), dy.data(), acc ? dx0.data() : nullptr, T, win.n_out, n_in, win.j0, win.j1);
-          EXPECT_LE(ref::max_rel_error(got.data(), want), kSumBound)
-              << format_name(f) << " T=" << T << " n_in=" << n_in << " rows [" << win.j0 << ", " << win.j1
-              << ") accumulate=" << acc;
-        }
+  const Format f = GetParam();
+  for (int64_t n_in : widths(f))
+    for (const Window win : {Window{1, 0, 1}, Window{70, 3, 70}, Window{300, 37, 261}})
+      for (bool acc : {false, true}) {
+        const int64_t T = acc ? 33 : 64;
+        const auto w = random_weights(rng_, f, win.n_out, n_in);
+        const auto dy = random_floats(rng_, T * win.n_out);
+        const auto dx0 = random_floats(rng_, T * n_in);
+        const auto got = dx(f, w, dy, dx0, T, win.n_out, n_in, win.j0, win.j1, acc);
+        const auto want =
+            ref::mixed_dx(f, w.data(), dy.data(), acc ? dx0.data() : nullptr, T, win.n_out, n_in, win.j0, win.j1);
+        EXPECT_LE(ref::max_rel_error(got.data(), want), kSumBound)
+            << format_name(f) << " T=" << T << " n_in=" << n_in << " rows [" << win.j0 << ", " << win.j1
+            << ") accumulate=" << acc;
+      }
 }
 
 // Every tile shape the bench can name computes the same products: the forward and the dx of each format that has
 // the shape (the default one every format has; the bench's others F16, Q4_0 and Q4_K), on a product whose tiles do
 // not divide (on devices without cooperative matrices, the portable twin).
-TEST_F(MixedKernels, EveryTileShapeMatchesTheF16Reference) {
+TEST_P(MixedFormats, EveryTileShapeMatchesTheF16Reference) {
   const int64_t T = 300, n_out = 260, n_in = 512;
-  for (Format f : all_formats())
-    for (const std::string& v : vk::LinearKernels::mixed_variants())
-      for (bool dx : {false, true}) {
-        if (!kernels_->has_mixed_variant(f, dx, v)) continue;
-        const auto w_host = random_weights(rng_, f, n_out, n_in);
-        const auto wd = device_bytes(f, w_host);
-        const int64_t K = dx ? n_out : n_in, N = dx ? n_in : n_out;
-        const auto x = random_floats(rng_, T * K);
-        vk::Buffer w(*device_, wd.size()), in(*device_, x.size() * 4), out(*device_, size_t(T * N) * 4);
-        const size_t split = (kernels_->mixed_split_bytes(T, N, K, v) + 15) / 16 * 16;
-        vk::Buffer scratch(*device_, split + vk::LinearKernels::f16_rows_bytes(T, K));
-        w.upload(wd);
-        in.upload(x);
-        vk::Sequence s(*device_);
-        s.begin();
-        const auto a = kernels_->to_f16(s, scratch, split, in, T, K, K, 0);
-        kernels_->mixed_product(dx, s, out, a, {f, &w}, N, n_in, false, split > 0 ? &scratch : nullptr, v);
-        s.end();
-        s.run();
-        const auto got = out.download_as<float>(size_t(T * N));
-        const auto want = dx ? ref::mixed_dx(f, w_host.data(), x.data(), nullptr, T, n_out, n_in, 0, n_out)
-                             : ref::mixed_gemm(f, w_host.data(), x.data(), T, n_out, n_in);
-        EXPECT_LE(ref::max_rel_error(got.data(), want), kSumBound)
-            << format_name(f) << (dx ? " dx" : " gemm") << " tile '" << v << "'";
-      }
+  const Format f = GetParam();
+  for (const std::string& v : vk::LinearKernels::mixed_variants())
+    for (bool dx : {false, true}) {
+      if (!kernels_->has_mixed_variant(f, dx, v)) continue;
+      const auto w_host = random_weights(rng_, f, n_out, n_in);
+      const auto wd = device_bytes(f, w_host);
+      const int64_t K = dx ? n_out : n_in, N = dx ? n_in : n_out;
+      const auto x = random_floats(rng_, T * K);
+      vk::Buffer w(*device_, wd.size()), in(*device_, x.size() * 4), out(*device_, size_t(T * N) * 4);
+      const size_t split = (kernels_->mixed_split_bytes(T, N, K, v) + 15) / 16 * 16;
+      vk::Buffer scratch(*device_, split + vk::LinearKernels::f16_rows_bytes(T, K));
+      w.upload(wd);
+      in.upload(x);
+      vk::Sequence s(*device_);
+      s.begin();
+      const auto a = kernels_->to_f16(s, scratch, split, in, T, K, K, 0);
+      kernels_->mixed_product(dx, s, out, a, {f, &w}, N, n_in, false, split > 0 ? &scratch : nullptr, v);
+      s.end();
+      s.run();
+      const auto got = out.download_as<float>(size_t(T * N));
+      const auto want = dx ? ref::mixed_dx(f, w_host.data(), x.data(), nullptr, T, n_out, n_in, 0, n_out)
+                           : ref::mixed_gemm(f, w_host.data(), x.data(), T, n_out, n_in);
+      EXPECT_LE(ref::max_rel_error(got.data(), want), kSumBound)
+          << format_name(f) << (dx ? " dx" : " gemm") << " tile '" << v << "'";
+    }
 }
 
 // Products of few output tiles and a long K sum slices of K in a scratch and add them in order: the forward over
 // n_in = 8192, the dx over 6000 rows of W (rows of 96 weights, or one super-block).
-TEST_F(MixedKernels, ProductsSplitOverKMatchTheReference) {
+TEST_P(MixedFormats, ProductsSplitOverKMatchTheReference) {
   ASSERT_GT(kernels_->mixed_split_bytes(40, 64, 8192), 0u);
   ASSERT_GT(kernels_->mixed_split_bytes(48, 96, 6000), 0u);
-  for (Format f : all_formats()) {
-    const auto w = random_weights(rng_, f, 64, 8192);
-    const auto x = random_floats(rng_, 40 * 8192);
-    EXPECT_LE(ref::max_rel_error(gemm(f, w, x, 40, 64, 8192).data(), ref::mixed_gemm(f, w.data(), x.data(), 40, 64, 8192)),
-              kSumBound)
-        << format_name(f);
-    const int64_t n_in = format_traits(f).block_elems == 256 ? 256 : 96;
-    const auto w2 = random_weights(rng_, f, 6000, n_in);
-    const auto dy = random_floats(rng_, 48 * 6000);
-    const std::vector<float> dx0(size_t(48 * n_in), 0.5f);
-    const auto got = dx(f, w2, dy, dx0, 48, 6000, n_in, 0, 6000, true);
-    EXPECT_LE(ref::max_rel_error(got.data(), ref::mixed_dx(f, w2.data(), dy.data(), dx0.data(), 48, 6000, n_in, 0, 6000)),
-              kSumBound)
-        << format_name(f);
-  }
+  const Format f = GetParam();
+  const auto w = random_weights(rng_, f, 64, 8192);
+  const auto x = random_floats(rng_, 40 * 8192);
+  EXPECT_LE(ref::max_rel_error(gemm(f, w, x, 40, 64, 8192).data(), ref::mixed_gemm(f, w.data(), x.data(), 40, 64, 8192)),
+            kSumBound)
+      << format_name(f);
+  const int64_t n_in = format_traits(f).block_elems == 256 ? 256 : 96;
+  const auto w2 = random_weights(rng_, f, 6000, n_in);
+  const auto dy = random_floats(rng_, 48 * 6000);
+  const std::vector<float> dx0(size_t(48 * n_in), 0.5f);
+  const auto got = dx(f, w2, dy, dx0, 48, 6000, n_in, 0, 6000, true);
+  EXPECT_LE(ref::max_rel_error(got.data(), ref::mixed_dx(f, w2.data(), dy.data(), dx0.data(), 48, 6000, n_in, 0, 6000)),
+            kSumBound)
+      << format_name(f);
 }
 
 // Inputs outside f16's range either way: activations near 1e6 (f16 overflows at 65504) and gradients near 1e-9
@@ -294,6 +300,9 @@ TEST_F(MixedKernels, RowsOutsideF16RangeKeepTheirProducts) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t n = 0; n < n_out; ++n) EXPECT_EQ(std::isnan(y[size_t(t * n_out + n)]), t == 5) << t << " " << n;
 }
+
+INSTANTIATE_TEST_SUITE_P(AllFormats, MixedFormats, ::testing::ValuesIn(all_formats()),
+                         [](const ::testing::TestParamInfo<Format>& info) { return std::string(format_name(info.param)); });
 
 }  // namespace
 }  // namespace q4t

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/formats.h"
 #include "kernels/quant/f16.h"
 #include "kernels/quant/k_quants.h"
 #include "kernels/quant/q4_0.h"
@@ -228,8 +229,8 @@ TEST(Q4_0, MatrixQuantizerWritesRowsOfBlocksBackToBack) {
   const int64_t n_out = 3, n_in = 64;
   std::vector<float> w(n_out * n_in);
   for (size_t i = 0; i < w.size(); i++) w[i] = std::sin(float(i));
-  std::vector<uint8_t> out(n_out * q4_0_row_bytes(n_in));
-  quantize_q4_0(out, w, n_out, n_in);
+  std::vector<uint8_t> out(n_out * row_bytes(Format::Q4_0, n_in));
+  out = quantize_matrix(Format::Q4_0, w, n_out, n_in);
   for (int64_t r = 0; r < n_out; r++) {
     BlockQ4_0 row[2];
     quantize_row_q4_0(row, w.data() + r * n_in, n_in);
@@ -249,12 +250,10 @@ std::string shape_error(const std::function<void()>& f) {
 TEST(Q4_0, QuantizerRejectsBadSizesWithActionableMessages) {
   std::vector<float> w(2 * 64);
   std::vector<uint8_t> out(2 * 36);
-  std::string msg = shape_error([&] { quantize_q4_0(out, w, 2, 48); });
+  std::string msg = shape_error([&] { out = quantize_matrix(Format::Q4_0, w, 2, 48); });
   EXPECT_NE(msg.find("multiple of 32"), std::string::npos) << msg;
-  msg = shape_error([&] { quantize_q4_0(out, std::span<const float>(w).first(100), 2, 64); });
-  EXPECT_NE(msg.find("w has 100 floats, expected 128"), std::string::npos) << msg;
-  msg = shape_error([&] { quantize_q4_0(std::span<uint8_t>(out).first(70), w, 2, 64); });
-  EXPECT_NE(msg.find("out has 70 bytes, expected 72"), std::string::npos) << msg;
+  msg = shape_error([&] { out = quantize_matrix(Format::Q4_0, std::span<const float>(w).first(100), 2, 64); });
+  EXPECT_NE(msg.find("quantize: W has 100 floats, expected 128"), std::string::npos) << msg;
   BlockQ4_0 block;
   msg = shape_error([&] { quantize_row_q4_0(&block, w.data(), 40); });
   EXPECT_NE(msg.find("multiple of 32"), std::string::npos) << msg;
@@ -399,8 +398,8 @@ TEST(Q8_0, MatrixQuantizerWritesRowsOfBlocksBackToBack) {
   const int64_t n_out = 3, n_in = 64;
   std::vector<float> w(n_out * n_in);
   for (size_t i = 0; i < w.size(); i++) w[i] = std::cos(float(i));
-  std::vector<uint8_t> out(n_out * q8_0_row_bytes(n_in));
-  quantize_q8_0(out, w, n_out, n_in);
+  std::vector<uint8_t> out(n_out * row_bytes(Format::Q8_0, n_in));
+  out = quantize_matrix(Format::Q8_0, w, n_out, n_in);
   for (int64_t r = 0; r < n_out; r++) {
     BlockQ8_0 row[2];
     quantize_row_q8_0(row, w.data() + r * n_in, n_in);
@@ -411,12 +410,10 @@ TEST(Q8_0, MatrixQuantizerWritesRowsOfBlocksBackToBack) {
 TEST(Q8_0, QuantizerRejectsBadSizesWithActionableMessages) {
   std::vector<float> w(2 * 64);
   std::vector<uint8_t> out(2 * 68);
-  std::string msg = shape_error([&] { quantize_q8_0(out, w, 2, 48); });
-  EXPECT_NE(msg.find("n_in = 48 is not a multiple of 32 (the Q8_0 block size)"), std::string::npos) << msg;
-  msg = shape_error([&] { quantize_q8_0(out, std::span<const float>(w).first(100), 2, 64); });
-  EXPECT_NE(msg.find("w has 100 floats, expected 128"), std::string::npos) << msg;
-  msg = shape_error([&] { quantize_q8_0(std::span<uint8_t>(out).first(70), w, 2, 64); });
-  EXPECT_NE(msg.find("out has 70 bytes, expected 136"), std::string::npos) << msg;
+  std::string msg = shape_error([&] { out = quantize_matrix(Format::Q8_0, w, 2, 48); });
+  EXPECT_NE(msg.find("n_in = 48 is not a multiple of 32 (the q8_0 block size)"), std::string::npos) << msg;
+  msg = shape_error([&] { out = quantize_matrix(Format::Q8_0, std::span<const float>(w).first(100), 2, 64); });
+  EXPECT_NE(msg.find("quantize: W has 100 floats, expected 128"), std::string::npos) << msg;
   BlockQ8_0 block;
   msg = shape_error([&] { dequantize_row_q8_0(w.data(), &block, 40); });
   EXPECT_NE(msg.find("multiple of 32"), std::string::npos) << msg;
@@ -646,9 +643,9 @@ TEST(KQuants, MatrixQuantizersWriteRowsOfBlocksBackToBack) {
   const int64_t n_out = 3, n_in = 512;
   std::vector<float> w(n_out * n_in);
   for (size_t i = 0; i < w.size(); i++) w[i] = std::sin(0.37f * float(i));
-  std::vector<uint8_t> out4(n_out * q4_k_row_bytes(n_in)), out6(n_out * q6_k_row_bytes(n_in));
-  quantize_q4_k(out4, w, n_out, n_in);
-  quantize_q6_k(out6, w, n_out, n_in);
+  std::vector<uint8_t> out4(n_out * row_bytes(Format::Q4_K, n_in)), out6(n_out * row_bytes(Format::Q6_K, n_in));
+  out4 = quantize_matrix(Format::Q4_K, w, n_out, n_in);
+  out6 = quantize_matrix(Format::Q6_K, w, n_out, n_in);
   for (int64_t r = 0; r < n_out; r++) {
     BlockQ4_K row4[2];
     BlockQ6_K row6[2];
@@ -667,7 +664,7 @@ TEST(Q6_K, DeviceLayoutGroupsEightBlocksAndConvertsBack) {
   std::vector<float> w(size_t(n) * 256);
   for (size_t i = 0; i < w.size(); i++) w[i] = std::cos(0.11f * float(i)) * float(1 + i % 7);
   std::vector<uint8_t> ggml(size_t(n) * 210);
-  quantize_q6_k(ggml, w, 1, n * 256);
+  ggml = quantize_matrix(Format::Q6_K, w, 1, n * 256);
   const std::vector<uint8_t> dev = q6_k_to_device(ggml);
   ASSERT_EQ(dev.size(), 2u * 1680u);
   EXPECT_EQ(int64_t(dev.size()), q6_k_device_bytes(1, n * 256));
@@ -696,13 +693,11 @@ TEST(Q6_K, DeviceLayoutGroupsEightBlocksAndConvertsBack) {
 TEST(KQuants, RejectBadSizesWithActionableMessages) {
   std::vector<float> w(2 * 256);
   std::vector<uint8_t> out4(2 * 144), out6(2 * 210);
-  std::string msg = shape_error([&] { quantize_q4_k(out4, std::span<const float>(w).first(64), 2, 32); });
-  EXPECT_NE(msg.find("quantize_q4_k: n_in = 32 is not a multiple of 256 (the Q4_K block size)"), std::string::npos)
+  std::string msg = shape_error([&] { out4 = quantize_matrix(Format::Q4_K, std::span<const float>(w).first(64), 2, 32); });
+  EXPECT_NE(msg.find("quantize: n_in = 32 is not a multiple of 256 (the q4_k block size)"), std::string::npos)
       << msg;
-  msg = shape_error([&] { quantize_q6_k(out6, std::span<const float>(w).first(500), 2, 256); });
-  EXPECT_NE(msg.find("w has 500 floats, expected 512"), std::string::npos) << msg;
-  msg = shape_error([&] { quantize_q6_k(std::span<uint8_t>(out6).first(300), w, 2, 256); });
-  EXPECT_NE(msg.find("out has 300 bytes, expected 420"), std::string::npos) << msg;
+  msg = shape_error([&] { out6 = quantize_matrix(Format::Q6_K, std::span<const float>(w).first(500), 2, 256); });
+  EXPECT_NE(msg.find("quantize: W has 500 floats, expected 512"), std::string::npos) << msg;
   BlockQ4_K q4;
   BlockQ6_K q6;
   msg = shape_error([&] { quantize_row_q4_k(&q4, w.data(), 300); });

@@ -31,12 +31,12 @@ Problem make_problem(int64_t T, int64_t C, int64_t V, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::uniform_int_distribution<int32_t> label(0, int32_t(V - 1));
-  Problem p{T, C, V, std::vector<float>(size_t(T * C)), std::vector<uint8_t>(size_t(V * q4_0_row_bytes(C))),
+  Problem p{T, C, V, std::vector<float>(size_t(T * C)), std::vector<uint8_t>(size_t(V * row_bytes(Format::Q4_0, C))),
             std::vector<int32_t>(size_t(T))};
   for (float& v : p.x) v = u(rng);
   std::vector<float> w(size_t(V * C));
   for (float& v : w) v = u(rng);
-  quant::quantize_q4_0(p.w, w, V, C);
+  p.w = quantize_matrix(Format::Q4_0, w, V, C);
   for (int64_t t = 0; t < T; ++t) p.labels[size_t(t)] = t % 5 == 2 ? -100 : label(rng);
   return p;
 }

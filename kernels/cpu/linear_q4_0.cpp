@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/frozen_linear.h"
+#include "kernels/formats.h"
 #include "kernels/cpu/q4_0_rows.h"
 #include "kernels/cpu/threads.h"
 #include "kernels/shapes.h"
@@ -48,7 +49,7 @@ float* tile_buffer(int64_t n) {
 // y[n_out] = W · x, threads over row ranges (a multiple of the 4-row groups the kernels share x over).
 void gemv(float* y, const uint8_t* w, const float* x, int64_t n_out, int64_t n_in) {
   const Q4_0Kernels& k = detail::q4_0_kernels();
-  const int64_t row_bytes = q4_0_row_bytes(n_in);
+  const int64_t row_bytes = q4t::row_bytes(Format::Q4_0, n_in);
   const int64_t grain = ceil_div(std::max<int64_t>(4, kMinChunkBytes / row_bytes), 4) * 4;
   parallel_for(n_out, grain, [&](int64_t r0, int64_t r1) {
     k.dot_rows(y + r0, w + r0 * row_bytes, row_bytes, x, r1 - r0, n_in / kQ4_0BlockElems);
@@ -59,7 +60,7 @@ void gemv(float* y, const uint8_t* w, const float* x, int64_t n_out, int64_t n_i
 void dx_one_token(float* dx, const uint8_t* w, const float* dy, int64_t n_in, int64_t j_start, int64_t j_end,
                   bool accumulate) {
   const Q4_0Kernels& k = detail::q4_0_kernels();
-  const int64_t row_bytes = q4_0_row_bytes(n_in);
+  const int64_t row_bytes = q4t::row_bytes(Format::Q4_0, n_in);
   const int64_t grain = std::max<int64_t>(1, kMinChunkBytes / ((j_end - j_start) * kQ4_0BlockBytes));
   parallel_for(n_in / kQ4_0BlockElems, grain, [&](int64_t b0, int64_t b1) {
     float* out = dx + b0 * kQ4_0BlockElems;
@@ -81,7 +82,7 @@ void transpose_into_panel(float* P, float* rows, int64_t n, int64_t kc) {
 // multiplied while it sits in L1.
 void gemm_panels(const Q4_0Kernels& k, float* Y, const uint8_t* w, const float* X, int64_t T, int64_t n_out,
                  int64_t n_in, int64_t r0, int64_t r1) {
-  const int64_t row_bytes = q4_0_row_bytes(n_in);
+  const int64_t row_bytes = q4t::row_bytes(Format::Q4_0, n_in);
   const int64_t packed = ceil_div(T, k.panel_tokens) * k.panel_tokens * kDepth;
   float* A = tile_buffer(packed + 2 * kDepth * kPanelCols);
   float* P = A + packed;
@@ -107,7 +108,7 @@ void gemm_panels(const Q4_0Kernels& k, float* Y, const uint8_t* w, const float* 
 // of blocks over 256 rows j: dequantised straight into [k][32] layout, no transpose.
 void dx_panels(const Q4_0Kernels& k, float* dX, const uint8_t* w, const float* dY, int64_t T, int64_t n_out,
                int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate, int64_t cb0, int64_t cb1) {
-  const int64_t row_bytes = q4_0_row_bytes(n_in);
+  const int64_t row_bytes = q4t::row_bytes(Format::Q4_0, n_in);
   const int64_t packed = ceil_div(T, k.panel_tokens) * k.panel_tokens * kDepth;
   float* A = tile_buffer(packed + kDepth * kPanelCols);
   float* P = A + packed;
@@ -128,7 +129,7 @@ void dx_panels(const Q4_0Kernels& k, float* dX, const uint8_t* w, const float* d
 // Y[:, rows] (+)= X[:, kc] · tileᵀ, the first column slice overwriting.
 void gemm_tiles(const Q4_0Kernels& k, float* Y, const uint8_t* w, const float* X, int64_t T, int64_t n_out,
                 int64_t n_in, int64_t r0, int64_t r1, int64_t tile_rows) {
-  const int64_t row_bytes = q4_0_row_bytes(n_in);
+  const int64_t row_bytes = q4t::row_bytes(Format::Q4_0, n_in);
   const int64_t kc =
       std::clamp<int64_t>(kTileFloats / tile_rows / kQ4_0BlockElems * kQ4_0BlockElems, kQ4_0BlockElems, n_in);
   float* tile = tile_buffer(tile_rows * kc);
@@ -153,7 +154,7 @@ void gemm_tiles(const Q4_0Kernels& k, float* Y, const uint8_t* w, const float* X
 // dX[:, 32*cb0 : 32*cb1] (+)= dY[:, j_start:j_end] · W[j_start:j_end, those columns] through Eigen.
 void dx_tiles(const Q4_0Kernels& k, float* dX, const uint8_t* w, const float* dY, int64_t T, int64_t n_out,
               int64_t n_in, int64_t j_start, int64_t j_end, bool accumulate, int64_t cb0, int64_t cb1) {
-  const int64_t row_bytes = q4_0_row_bytes(n_in);
+  const int64_t row_bytes = q4t::row_bytes(Format::Q4_0, n_in);
   float* tile = tile_buffer(kDxTileRows * kDxColBlocks * kQ4_0BlockElems);
   for (int64_t c0 = cb0; c0 < cb1; c0 += kDxColBlocks) {
     const int64_t nbc = std::min(kDxColBlocks, cb1 - c0), cols = nbc * kQ4_0BlockElems;

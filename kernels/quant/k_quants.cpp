@@ -340,20 +340,6 @@ void dequantize_q6_k(T* y, const BlockQ6_K* x, int64_t n) {
   }
 }
 
-template <typename Block, void (*QuantizeRow)(Block*, const float*, int64_t)>
-void quantize_matrix(const char* fn, int64_t (*row_bytes)(int64_t), void (*check)(const char*, int64_t, int64_t, int64_t),
-                     std::span<uint8_t> out, std::span<const float> w, int64_t n_out, int64_t n_in) {
-  check(fn, n_out, n_in, 1);
-  check_size(fn, "w", w.size(), size_t(n_out * n_in), "floats");
-  check_size(fn, "out", out.size(), size_t(n_out * row_bytes(n_in)));
-  // A byte span promises no alignment, so each row is built in an aligned buffer and copied out.
-  std::vector<Block> row(size_t(n_in / kQK));
-  for (int64_t r = 0; r < n_out; r++) {
-    QuantizeRow(row.data(), w.data() + r * n_in, n_in);
-    std::memcpy(out.data() + r * row_bytes(n_in), row.data(), row.size() * sizeof(Block));
-  }
-}
-
 }  // namespace
 
 void quantize_row_q2_k(BlockQ2_K* out, const float* x, int64_t n) {
@@ -560,14 +546,6 @@ void dequantize_row_q6_k(double* y, const BlockQ6_K* x, int64_t n) {
   dequantize_q6_k(y, x, n);
 }
 
-void quantize_q4_k(std::span<uint8_t> out, std::span<const float> w, int64_t n_out, int64_t n_in) {
-  quantize_matrix<BlockQ4_K, quantize_row_q4_k>("quantize_q4_k", q4_k_row_bytes, check_q4_k_linear, out, w, n_out,
-                                                n_in);
-}
-void quantize_q6_k(std::span<uint8_t> out, std::span<const float> w, int64_t n_out, int64_t n_in) {
-  quantize_matrix<BlockQ6_K, quantize_row_q6_k>("quantize_q6_k", q6_k_row_bytes, check_q6_k_linear, out, w, n_out,
-                                                n_in);
-}
 
 namespace {
 constexpr size_t kQ6_KBody = offsetof(BlockQ6_K, d);  // 208 bytes before d

@@ -117,10 +117,6 @@ void dequantize_row_q4_k(double* y, const BlockQ4_K* x, int64_t n);
 void dequantize_row_q6_k(float* y, const BlockQ6_K* x, int64_t n);
 void dequantize_row_q6_k(double* y, const BlockQ6_K* x, int64_t n);
 
-// A whole matrix W[n_out, n_in] (row-major) -> n_out * n_in/256 blocks, as bytes.
-void quantize_q4_k(std::span<uint8_t> out, std::span<const float> w, int64_t n_out, int64_t n_in);
-void quantize_q6_k(std::span<uint8_t> out, std::span<const float> w, int64_t n_out, int64_t n_in);
-
 // GGML's Q6_K blocks (bytes.size() a multiple of 210) in the grouped layout of a Vulkan device
 // (kernels/shapes.h: q6_k_device_bytes), and back (the first n_blocks blocks of a grouped buffer).
 std::vector<uint8_t> q6_k_to_device(std::span<const uint8_t> blocks);

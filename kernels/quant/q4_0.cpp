@@ -65,17 +65,5 @@ void dequantize_row_q4_0(double* y, const BlockQ4_0* x, int64_t n) {
   dequantize_row(y, x, n);
 }
 
-void quantize_q4_0(std::span<uint8_t> out, std::span<const float> w, int64_t n_out, int64_t n_in) {
-  check_q4_0_linear("quantize_q4_0", n_out, n_in, 1);
-  check_size("quantize_q4_0", "w", w.size(), size_t(n_out * n_in), "floats");
-  check_size("quantize_q4_0", "out", out.size(), size_t(n_out * q4_0_row_bytes(n_in)));
-  // A byte span promises no alignment, so each row is built in an aligned buffer and copied out.
-  const int64_t nb = n_in / kQ4_0BlockElems;
-  std::vector<BlockQ4_0> row(static_cast<size_t>(nb));
-  for (int64_t r = 0; r < n_out; r++) {
-    quantize_row_q4_0(row.data(), w.data() + r * n_in, n_in);
-    std::memcpy(out.data() + r * q4_0_row_bytes(n_in), row.data(), size_t(nb) * sizeof(BlockQ4_0));
-  }
-}
 
 }  // namespace q4t::quant

@@ -50,17 +50,5 @@ void dequantize_row_q8_0(double* y, const BlockQ8_0* x, int64_t n) {
   dequantize_row(y, x, n);
 }
 
-void quantize_q8_0(std::span<uint8_t> out, std::span<const float> w, int64_t n_out, int64_t n_in) {
-  check_q8_0_linear("quantize_q8_0", n_out, n_in, 1);
-  check_size("quantize_q8_0", "w", w.size(), size_t(n_out * n_in), "floats");
-  check_size("quantize_q8_0", "out", out.size(), size_t(n_out * q8_0_row_bytes(n_in)));
-  // A byte span promises no alignment, so each row is built in an aligned buffer and copied out.
-  const int64_t nb = n_in / kQ8_0BlockElems;
-  std::vector<BlockQ8_0> row(static_cast<size_t>(nb));
-  for (int64_t r = 0; r < n_out; r++) {
-    quantize_row_q8_0(row.data(), w.data() + r * n_in, n_in);
-    std::memcpy(out.data() + r * q8_0_row_bytes(n_in), row.data(), size_t(nb) * sizeof(BlockQ8_0));
-  }
-}
 
 }  // namespace q4t::quant

@@ -23,7 +23,5 @@ void quantize_row_q8_0(BlockQ8_0* out, const float* x, int64_t n);
 void dequantize_row_q8_0(float* y, const BlockQ8_0* x, int64_t n);
 void dequantize_row_q8_0(double* y, const BlockQ8_0* x, int64_t n);
 
-// A whole matrix W[n_out, n_in] (row-major) -> n_out * n_in/32 blocks, as bytes.
-void quantize_q8_0(std::span<uint8_t> out, std::span<const float> w, int64_t n_out, int64_t n_in);
 
 }  // namespace q4t::quant
