@@ -1,7 +1,8 @@
 #version 450
 // First pass of dx[n_in] = dy[j_start:j_end] · W[j_start:j_end, :] for one token (the transposed GEMV), W in any unit
-// format (wunit.glsl; FORMAT set by the variant), in f32: each weight as GGML dequantises it (unit_decode_f32),
-// times dy, summed in f32.
+// format (wunit.glsl; FORMAT set by the variant), in f32: the weights as GGML dequantises them times dy, summed in
+// f32 (unit_axpy_f32, which factors the scales out where the format has codes: the rounding is not that of adding
+// unit_decode_f32's products one by one).
 //
 // The row range is cut into chunks of rows_per_chunk rows (gl_WorkGroupID.y). A workgroup is 32 units of columns
 // (gl_LocalInvocationID.x: one unit, 32 columns of dx, each; so 1024 columns per workgroup, gl_WorkGroupID.x·1024 ..;
@@ -36,18 +37,19 @@ layout(push_constant) uniform Push {
 
 const uint XV = 2u * UNIT_VECS;  // vec4s per piece
 // Rows whose units an invocation loads together: fewer where a unit takes many registers.
-const uint IN_FLIGHT = UNIT_WORDS * UNIT_PARTS <= 12 ? 4u : 2u;
+const uint IN_FLIGHT = UNIT_WORDS * UNIT_PARTS <= 13 ? 8u : 4u;
 // The slots' sums go through shared memory CH vec4s (of an invocation's 8) at a time: (ROW_SLOTS - 1)·32·CH
 // vec4s of at most 16 KiB.
 const uint CH = ROW_SLOTS <= 5u ? 8u : ROW_SLOTS <= 9u ? 4u : ROW_SLOTS <= 17u ? 2u : 1u;
 shared vec4 red[(ROW_SLOTS > 1u ? ROW_SLOTS - 1u : 1u) * 32u * CH];
 
-// acc += g · the unit of row `row` (all its parts).
-void add_row(inout vec4 acc[8], WUnit w[UNIT_PARTS], float g) {
+// acc + off += g · a row's unit (all its parts; unit_axpy_f32).
+void add_row(inout vec4 acc[8], inout vec2 off, WUnit w[UNIT_PARTS], float g) {
   [[unroll]] for (uint part = 0u; part < UNIT_PARTS; ++part) {
-    vec4 f[XV];
-    unit_decode_f32(w[part], f);
-    [[unroll]] for (uint e = 0u; e < XV; ++e) acc[part * XV + e] = fma(vec4(g), f[e], acc[part * XV + e]);
+    vec4 a[XV];
+    [[unroll]] for (uint e = 0u; e < XV; ++e) a[e] = acc[part * XV + e];
+    unit_axpy_f32(w[part], g, a, off);
+    [[unroll]] for (uint e = 0u; e < XV; ++e) acc[part * XV + e] = a[e];
   }
 }
 
@@ -62,8 +64,9 @@ void main() {
   const uint j1 = min(p.j_end, j0 + p.rows_per_chunk);
   barrier();  // unit_setup's table
 
-  vec4 acc[8];
+  vec4 acc[8];  // columns 32u .. 32u + 31, but for off
   [[unroll]] for (uint e = 0u; e < 8u; ++e) acc[e] = vec4(0.0);
+  vec2 off = vec2(0.0);  // added to columns 32u .. 32u + 15 (.x) and 32u + 16 .. (.y) at the end
   uint j = j0 + slot;
   for (; j + (IN_FLIGHT - 1u) * S < j1; j += IN_FLIGHT * S) {
     WUnit w[IN_FLIGHT][UNIT_PARTS];
@@ -72,13 +75,14 @@ void main() {
       [[unroll]] for (uint part = 0u; part < UNIT_PARTS; ++part) w[i][part] = unit_fetch(j + i * S, uu, part, p.n_in);
       g[i] = dy[j + i * S];
     }
-    [[unroll]] for (uint i = 0u; i < IN_FLIGHT; ++i) add_row(acc, w[i], g[i]);
+    [[unroll]] for (uint i = 0u; i < IN_FLIGHT; ++i) add_row(acc, off, w[i], g[i]);
   }
   for (; j < j1; j += S) {
     WUnit w[UNIT_PARTS];
     [[unroll]] for (uint part = 0u; part < UNIT_PARTS; ++part) w[part] = unit_fetch(j, uu, part, p.n_in);
-    add_row(acc, w, dy[j]);
+    add_row(acc, off, w, dy[j]);
   }
+  [[unroll]] for (uint e = 0u; e < 8u; ++e) acc[e] += vec4(e < 4u ? off.x : off.y);
 
   [[unroll]] for (uint c0 = 0u; c0 < 8u; c0 += CH) {
     if (slot != 0u)

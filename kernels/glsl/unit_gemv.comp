@@ -1,14 +1,16 @@
 #version 450
 // y[n_out] = W[n_out, n_in] · x[n_in] for one token, W in any unit format (wunit.glsl; FORMAT set by the variant),
-// in f32: each weight as GGML dequantises it (unit_decode_f32), multiplied by x and summed in f32.
+// in f32: the weights as GGML dequantises them times x, summed in f32 (unit_dot_f32, which factors the scales out
+// of the sums, so the rounding is not that of summing unit_decode_f32's products one by one).
 //
 // A workgroup (number y·gridX + x, so more than 65535 row groups fit) owns NUM_ROWS consecutive rows. Its
 // invocations walk the row's pieces (a unit, or a part of one for the formats read in parts) with a stride of the
-// workgroup size, so that neighbouring invocations read neighbouring bytes. Each step an invocation issues the loads
-// of its piece in all NUM_ROWS rows first; meanwhile the workgroup stages the step's activations through shared
-// memory (read contiguously, then each invocation takes its piece's, swizzled so that neither side conflicts),
-// which it then uses for all NUM_ROWS rows. Sums: subgroupAdd, then across subgroups through shared memory;
-// nothing depends on the subgroup size. n_in is a multiple of 32 (256 for the K-quants and IQ4_XS).
+// workgroup size, so that neighbouring invocations read neighbouring bytes. An invocation keeps the loads of two
+// steps in flight: the units of its next piece in all NUM_ROWS rows are issued before the current ones are
+// decoded. It reads its piece's activations once for all NUM_ROWS rows and adds each row's Σ w·x (unit_dot_f32:
+// from the codes with the scales factored out where the format has them). Sums: subgroupAdd, then across
+// subgroups through shared memory; nothing depends on the subgroup size. n_in is a multiple of 32 (256 for the
+// K-quants and IQ4_XS).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -31,45 +33,40 @@ layout(push_constant) uniform Push { uint n_out; uint n_in; } p;
 #define UNIT_SHARED_TABLE
 #include "wunit.glsl"
 
-const uint XV = 2u * UNIT_VECS;  // vec4s of activations (and of weights) per piece
+const uint XV = 2u * UNIT_VECS;  // vec4s of activations per piece
 const uint WG = gl_WorkGroupSize.x;
-shared vec4 xs[XV * WG];  // vec4 e of the step's piece i at XV·i + (e ^ (i % XV))
 shared float partial[NUM_ROWS * MAX_SUBGROUPS];
 
 void main() {
   const uint row0 = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * NUM_ROWS;
   if (row0 >= p.n_out) return;  // whole workgroup: the barriers below stay uniform
   unit_setup();
+  barrier();  // unit_setup's table
   const uint t = gl_LocalInvocationID.x, pieces = p.n_in / 32u * UNIT_PARTS;
 
-  vec4 acc[NUM_ROWS];
-  for (uint r = 0u; r < NUM_ROWS; ++r) acc[r] = vec4(0.0);
-
-  for (uint base = 0u; base < pieces; base += WG) {
-    const uint pc = base + t;
-    const bool ok = pc < pieces;
-    const uint u = ok ? pc / UNIT_PARTS : 0u, part = pc % UNIT_PARTS;
+  float acc[NUM_ROWS];
+  [[unroll]] for (uint r = 0u; r < NUM_ROWS; ++r) acc[r] = 0.0;
+  WUnit next[NUM_ROWS];  // the units of the piece after this step's (clamped to the last piece)
+  {
+    const uint pn = min(t, pieces - 1u);
+    [[unroll]] for (uint r = 0u; r < NUM_ROWS; ++r)
+      next[r] = unit_fetch(min(row0 + r, p.n_out - 1u), pn / UNIT_PARTS, pn % UNIT_PARTS, p.n_in);
+  }
+  for (uint pc = t; pc < pieces; pc += WG) {
     WUnit w[NUM_ROWS];
-    for (uint r = 0u; r < NUM_ROWS; ++r) w[r] = unit_fetch(min(row0 + r, p.n_out - 1u), u, part, p.n_in);
-
-    barrier();  // the last step's reads of xs are done
-    [[unroll]] for (uint k = 0u; k < XV; ++k) {
-      const uint idx = k * WG + t, i = idx / XV, e = idx % XV, g = base * XV + idx;
-      xs[XV * i + (e ^ (i % XV))] = g < pieces * XV ? x4[g] : vec4(0.0);
-    }
-    barrier();
-    if (!ok) continue;
+    [[unroll]] for (uint r = 0u; r < NUM_ROWS; ++r) w[r] = next[r];
+    const uint pn = min(pc + WG, pieces - 1u);
+    [[unroll]] for (uint r = 0u; r < NUM_ROWS; ++r)
+      next[r] = unit_fetch(min(row0 + r, p.n_out - 1u), pn / UNIT_PARTS, pn % UNIT_PARTS, p.n_in);
     vec4 xv[XV];
-    [[unroll]] for (uint e = 0u; e < XV; ++e) xv[e] = xs[XV * t + (e ^ (t % XV))];
-    for (uint r = 0u; r < NUM_ROWS; ++r) {
-      vec4 f[XV];
-      unit_decode_f32(w[r], f);
-      [[unroll]] for (uint e = 0u; e < XV; ++e) acc[r] = fma(f[e], xv[e], acc[r]);
-    }
+    [[unroll]] for (uint e = 0u; e < XV; ++e) xv[e] = x4[pc * XV + e];
+    vec2 sx = vec2(0.0);  // Σ x over the piece's halves (unit_dot_f32 of the formats with codes)
+    [[unroll]] for (uint e = 0u; e < XV; ++e) sx[2u * e / XV] += (xv[e].x + xv[e].y) + (xv[e].z + xv[e].w);
+    [[unroll]] for (uint r = 0u; r < NUM_ROWS; ++r) acc[r] += unit_dot_f32(w[r], xv, sx);
   }
 
-  for (uint r = 0u; r < NUM_ROWS; ++r) {
-    const float s = subgroupAdd((acc[r].x + acc[r].y) + (acc[r].z + acc[r].w));
+  [[unroll]] for (uint r = 0u; r < NUM_ROWS; ++r) {
+    const float s = subgroupAdd(acc[r]);
     if (subgroupElect()) partial[r * MAX_SUBGROUPS + gl_SubgroupID] = s;
   }
   barrier();

@@ -3,6 +3,7 @@
 // qs[j - 16]), value d·kvalues[q] (wunit.glsl: IQ4_LEVELS, and UNIT_SHARED_TABLE). An even block starts on a
 // word, an odd one half-way into one; five words hold either.
 #define UNIT_WORDS 6
+#define UNIT_HAS_DOT
 struct WUnit {
   uint w[5];
   uint odd;
@@ -40,5 +41,24 @@ void unit_decode_f32(WUnit r, out vec4 f[2u * UNIT_VECS]) {
     const uint q = iq4_nl_word(r, e);
     f[e] = d * iq4_values(q);
     f[e + 4u] = d * iq4_values(q >> 4u);
+  }
+}
+
+// Σ w·x, and acc += g·w (wunit.glsl), with the scale applied once: d·Σ kvalues[q]·x.
+float unit_dot_f32(WUnit r, vec4 x[2u * UNIT_VECS], vec2 sx) {
+  vec4 a = vec4(0.0);
+  [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+    const uint q = iq4_nl_word(r, e);
+    a = fma(iq4_values(q), x[e], a);
+    a = fma(iq4_values(q >> 4u), x[e + 4u], a);
+  }
+  return unpackHalf2x16(r.odd != 0u ? r.w[0] >> 16u : r.w[0]).x * ((a.x + a.y) + (a.z + a.w));
+}
+void unit_axpy_f32(WUnit r, float g, inout vec4 acc[2u * UNIT_VECS], inout vec2 off) {
+  const vec4 gd = vec4(g * unpackHalf2x16(r.odd != 0u ? r.w[0] >> 16u : r.w[0]).x);
+  [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+    const uint q = iq4_nl_word(r, e);
+    acc[e] = fma(gd, iq4_values(q), acc[e]);
+    acc[e + 4u] = fma(gd, iq4_values(q >> 4u), acc[e + 4u]);
   }
 }

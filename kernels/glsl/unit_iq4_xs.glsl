@@ -4,6 +4,7 @@
 // qs[16s + l]) of GGML's table kvalues_iq4nl, weight l >= 16 entry (high nibble of qs[16s + l - 16]), value
 // (d·(ls − 32))·kvalues[q] (wunit.glsl: IQ4_LEVELS, and UNIT_SHARED_TABLE). Six word loads.
 #define UNIT_WORDS 6
+#define UNIT_HAS_DOT
 struct WUnit {
   uint w[6];  // d | scales_h << 16, scales_l, qs[16s .. 16s + 16)
   uint s;
@@ -45,5 +46,24 @@ void unit_decode_f32(WUnit r, out vec4 f[2u * UNIT_VECS]) {
   [[unroll]] for (uint e = 0u; e < 4u; ++e) {
     f[e] = dl * iq4_values(r.w[2u + e]);
     f[e + 4u] = dl * iq4_values(r.w[2u + e] >> 4u);
+  }
+}
+
+// Σ w·x, and acc += g·w (wunit.glsl), with the scale applied once: (d·(ls − 32))·Σ kvalues[q]·x.
+float unit_dot_f32(WUnit r, vec4 x[2u * UNIT_VECS], vec2 sx) {
+  vec4 a = vec4(0.0);
+  [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+    const uint q = r.w[2u + e];
+    a = fma(iq4_values(q), x[e], a);
+    a = fma(iq4_values(q >> 4u), x[e + 4u], a);
+  }
+  return iq4_xs_scale(r) * ((a.x + a.y) + (a.z + a.w));
+}
+void unit_axpy_f32(WUnit r, float g, inout vec4 acc[2u * UNIT_VECS], inout vec2 off) {
+  const vec4 gd = vec4(g * iq4_xs_scale(r));
+  [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+    const uint q = r.w[2u + e];
+    acc[e] = fma(gd, iq4_values(q), acc[e]);
+    acc[e + 4u] = fma(gd, iq4_values(q >> 4u), acc[e + 4u]);
   }
 }

@@ -4,6 +4,7 @@
 // (d·(sc & 15))·q − (dmin·(sc >> 4)) (GGML's order, f32). Ten word loads: the 8 words of qs, the word holding the
 // two scale bytes and d | dmin << 16.
 #define UNIT_WORDS 11
+#define UNIT_CODE_BITS 2
 struct WUnit {
   uint q[8];
   uint sc;  // the unit's two scale bytes in bits 0-15
@@ -57,4 +58,11 @@ void unit_decode_f32(WUnit r, out vec4 f[2u * UNIT_VECS]) {
       f[e] = w;
     }
   }
+}
+
+// The 2-bit codes of weights 4e .. 4e + 3, and (d·(sc & 15), .., −dmin·(sc >> 4), ..) of the two scale bytes.
+uint unit_codes(WUnit r, uint e) { return (r.q[e] >> r.shift) & 0x03030303u; }
+vec4 unit_affine(WUnit r) {
+  const vec2 s0 = q2_k_scales(r, 0u), s1 = q2_k_scales(r, 1u);
+  return vec4(s0.x, s1.x, -s0.y, -s1.y);
 }

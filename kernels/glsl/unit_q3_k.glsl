@@ -6,6 +6,7 @@
 // value (d·(sc − 32))·(q − 4) (GGML's order, f32). Loads: 9 words for hmask, 9 for the 32 bytes of qs (either
 // alignment), and the three 16-bit fields (the two scale pairs, d), each inside one word.
 #define UNIT_WORDS 22
+#define UNIT_CODE_BITS 3
 struct WUnit {
   uint hm[9], qs[9];
   uint lo, hi, d;  // scales[2j], [2j + 1]; scales[8 + 2(j % 2)], [+ 1]; d: each in the word that holds it
@@ -55,8 +56,9 @@ void unit_decode(WUnit r, out uvec4 h[UNIT_VECS]) {
     const f16vec2 ds = f16vec2(float16_t(s.z * s[t]));
     [[unroll]] for (uint e = 2u * t; e < 2u * t + 2u; ++e) {
       const uint a = q3_k_codes(r, 2u * e), b = q3_k_codes(r, 2u * e + 1u);
-      h[e] = uvec4(packFloat2x16(codes_minus(bytes01(a), bias) * ds), packFloat2x16(codes_minus(bytes23(a), bias) * ds),
-                   packFloat2x16(codes_minus(bytes01(b), bias) * ds), packFloat2x16(codes_minus(bytes23(b), bias) * ds));
+#define Q3_K_PAIR(v) packFloat2x16(codes_minus(v, bias) * ds)
+      h[e] = uvec4(Q3_K_PAIR(bytes01(a)), Q3_K_PAIR(bytes23(a)), Q3_K_PAIR(bytes01(b)), Q3_K_PAIR(bytes23(b)));
+#undef Q3_K_PAIR
     }
   }
 }
@@ -68,4 +70,12 @@ void unit_decode_f32(WUnit r, out vec4 f[2u * UNIT_VECS]) {
     const float dl = s.z * s[t];
     [[unroll]] for (uint e = 4u * t; e < 4u * t + 4u; ++e) f[e] = dl * bytes_minus(q3_k_codes(r, e), 4.0);
   }
+}
+
+// The codes q (0..7) of weights 4e .. 4e + 3, and (dl, dl', −4dl, −4dl') with dl = d·(sc − 32) of the two scales.
+uint unit_codes(WUnit r, uint e) { return q3_k_codes(r, e); }
+vec4 unit_affine(WUnit r) {
+  const vec3 s = q3_k_scales(r);
+  const float d0 = s.z * s.x, d1 = s.z * s.y;
+  return vec4(d0, d1, -4.0 * d0, -4.0 * d1);
 }

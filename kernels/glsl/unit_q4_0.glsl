@@ -3,6 +3,7 @@
 // even block starts on a word (d in the low half of its first word), an odd one half-way into one; five words
 // hold either.
 #define UNIT_WORDS 6
+#define UNIT_CODE_BITS 4
 struct WUnit {
   uint w[5];
   uint odd;
@@ -43,4 +44,14 @@ void unit_decode_f32(WUnit r, out vec4 f[2u * UNIT_VECS]) {
     f[e] = lo_nibbles_minus(q, 8.0) * d;
     f[e + 4u] = hi_nibbles_minus(q, 8.0) * d;
   }
+}
+
+// The codes (the nibbles) of weights 4e .. 4e + 3, and (d, d, −8d, −8d).
+uint unit_codes(WUnit r, uint e) {
+  const uint q = r.odd != 0u ? r.w[(e & 3u) + 1u] : mid_word(r.w[e & 3u], r.w[(e & 3u) + 1u]);
+  return (e < 4u ? q : q >> 4u) & 0x0F0F0F0Fu;
+}
+vec4 unit_affine(WUnit r) {
+  const float d = unpackHalf2x16(r.odd != 0u ? r.w[0] >> 16u : r.w[0]).x;
+  return vec4(d, d, -8.0 * d, -8.0 * d);
 }

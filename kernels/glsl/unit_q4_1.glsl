@@ -2,6 +2,7 @@
 // weight j < 16 is the low nibble of qs[j], weight j >= 16 the high nibble of qs[j - 16], value d·q + m (f32:
 // float(q)·d, then + m). Five words.
 #define UNIT_WORDS 5
+#define UNIT_CODE_BITS 4
 struct WUnit {
   uint w[5];  // d | m << 16, then qs
 };
@@ -45,3 +46,7 @@ void unit_decode_f32(WUnit r, out vec4 f[2u * UNIT_VECS]) {
     f[e + 4u] = wh;
   }
 }
+
+// The codes (the nibbles) of weights 4e .. 4e + 3, and (d, d, m, m).
+uint unit_codes(WUnit r, uint e) { return (e < 4u ? r.w[1u + e] : r.w[e - 3u] >> 4u) & 0x0F0F0F0Fu; }
+vec4 unit_affine(WUnit r) { return unpackHalf2x16(r.w[0]).xxyy; }

@@ -6,6 +6,7 @@
 #include "q4_k.glsl"
 
 #define UNIT_WORDS 13
+#define UNIT_CODE_BITS 4
 struct WUnit {
   uvec4 head;
   uvec4 q[2];
@@ -60,4 +61,15 @@ void unit_decode_f32(WUnit r, out vec4 f[2u * UNIT_VECS]) {
     precise const vec4 w = scaled - m1;
     f[e] = w;
   }
+}
+
+// The codes (the sub-block's nibbles) of weights 4e .. 4e + 3, and (d·sc, d·sc, −dmin·m, −dmin·m).
+uint unit_codes(WUnit r, uint e) { return (r.q[e >> 2u][e & 3u] >> (4u * (r.j & 1u))) & 0x0F0F0F0Fu; }
+vec4 unit_affine(WUnit r) {
+  const vec2 dm = unpackHalf2x16(r.head.x);
+  const uvec4 sm = q4_k_scales_mins(r.head.y, r.head.z, r.head.w);
+  const uint sh = 8u * (r.j & 3u);
+  const uint sc = ((r.j < 4u ? sm.x : sm.y) >> sh) & 0xFFu, m = ((r.j < 4u ? sm.z : sm.w) >> sh) & 0xFFu;
+  const float d1 = dm.x * float(sc), m1 = dm.y * float(m);
+  return vec4(d1, d1, -m1, -m1);
 }

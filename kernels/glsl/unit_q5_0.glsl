@@ -3,6 +3,7 @@
 // value d·(q − 16) (f32: float(q − 16)·d). An even block starts on a word, an odd one half-way into one; six
 // words hold either.
 #define UNIT_WORDS 7
+#define UNIT_CODE_BITS 5
 struct WUnit {
   uint w[6];
   uint odd;
@@ -49,4 +50,14 @@ void unit_decode_f32(WUnit r, out vec4 f[2u * UNIT_VECS]) {
     f[e] = bytes_minus(c.x, 16.0) * d;
     f[e + 4u] = bytes_minus(c.y, 16.0) * d;
   }
+}
+
+// The 5-bit codes of weights 4e .. 4e + 3, and (d, d, −16d, −16d).
+uint unit_codes(WUnit r, uint e) {
+  const uvec3 c = q5_0_codes(r, e & 3u);
+  return e < 4u ? c.x : c.y;
+}
+vec4 unit_affine(WUnit r) {
+  const float d = unpackHalf2x16(r.odd != 0u ? r.w[0] >> 16u : r.w[0]).x;
+  return vec4(d, d, -16.0 * d, -16.0 * d);
 }

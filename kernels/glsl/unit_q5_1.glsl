@@ -2,6 +2,7 @@
 // a word); weight j is the low (j < 16) or high (j >= 16) nibble of qs[j % 16] with bit j of qh (a little-endian
 // u32) above it, value d·q + m (f32: float(q)·d, then + m). Six words.
 #define UNIT_WORDS 6
+#define UNIT_CODE_BITS 5
 struct WUnit {
   uint w[6];  // d | m << 16, qh, qs
 };
@@ -56,3 +57,10 @@ void unit_decode_f32(WUnit r, out vec4 f[2u * UNIT_VECS]) {
     f[e + 4u] = wh;
   }
 }
+
+// The 5-bit codes of weights 4e .. 4e + 3, and (d, d, m, m).
+uint unit_codes(WUnit r, uint e) {
+  const uvec2 c = q5_1_codes(r, e & 3u);
+  return e < 4u ? c.x : c.y;
+}
+vec4 unit_affine(WUnit r) { return unpackHalf2x16(r.w[0]).xxyy; }

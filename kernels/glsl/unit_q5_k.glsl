@@ -6,6 +6,7 @@
 #include "q4_k.glsl"
 
 #define UNIT_WORDS 21
+#define UNIT_CODE_BITS 5
 struct WUnit {
   uvec4 head;
   uvec4 qh[2];
@@ -66,4 +67,13 @@ void unit_decode_f32(WUnit r, out vec4 f[2u * UNIT_VECS]) {
     precise const vec4 w = scaled - m1;
     f[e] = w;
   }
+}
+
+// The 5-bit codes of weights 4e .. 4e + 3 (q5_k_codes), and (d·sc, d·sc, −dmin·m, −dmin·m).
+uint unit_codes(WUnit r, uint e) { return q5_k_codes(r, e); }
+vec4 unit_affine(WUnit r) {
+  const vec2 dm = unpackHalf2x16(r.head.x);
+  const uvec2 sm = q5_k_scale_min(r);
+  const float d1 = dm.x * float(sm.x), m1 = dm.y * float(sm.y);
+  return vec4(d1, d1, -m1, -m1);
 }

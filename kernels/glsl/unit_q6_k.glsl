@@ -7,6 +7,7 @@
 #include "q6_k.glsl"
 
 #define UNIT_WORDS 19
+#define UNIT_CODE_BITS 6
 struct WUnit {
   uvec4 ql[2], qh[2];
   uint scales;  // the unit's two scale bytes in bits 0-15
@@ -57,4 +58,12 @@ void unit_decode_f32(WUnit r, out vec4 f[2u * UNIT_VECS]) {
     const float ds = r.d * float(bitfieldExtract(int(r.scales), int(8u * t), 8));
     [[unroll]] for (uint e = 4u * t; e < 4u * t + 4u; ++e) f[e] = ds * bytes_minus(q6_k_codes(r, e), 32.0);
   }
+}
+
+// The 6-bit codes of weights 4e .. 4e + 3 (q6_k_codes), and (ds, ds', −32ds, −32ds') with ds = d·scale.
+uint unit_codes(WUnit r, uint e) { return q6_k_codes(r, e); }
+vec4 unit_affine(WUnit r) {
+  const float d0 = r.d * float(bitfieldExtract(int(r.scales), 0, 8));
+  const float d1 = r.d * float(bitfieldExtract(int(r.scales), 8, 8));
+  return vec4(d0, d1, -32.0 * d0, -32.0 * d1);
 }

@@ -1,12 +1,12 @@
 // Frozen weights read 32 at a time (mixed_gemm.comp, decode_f16.comp, the unit_*.comp kernels, the loss and
-// embedding shaders): a "unit" is weights 32u .. 32u + 31 of one row of W [rows, n_in] (n_in a multiple of 32;
-// of 256 for the K-quants and IQ4_XS), decoded in order. Every format supplies the same things, in its own
+// embedding shaders): a "unit" is weights 32u .. 32u + 31 of one row of W [rows, n_in] (n_in a multiple of 32; of
+// 256 for the K-quants and IQ4_XS), decoded in order. Every format supplies the same things, in its own
 // unit_<format>.glsl:
 //   UNIT_PARTS                                    the invocations that share a unit (1, or 4 where a part is
 //                                                 16 bytes of the unit alone, as for F16 and BF16: neighbouring
 //                                                 invocations then read neighbouring bytes);
-//   UNIT_WORDS                                    about how many 32-bit registers a WUnit holds (kernels size
-//                                                 how many units they keep in flight by it);
+//   UNIT_WORDS                                    about how many 32-bit registers a WUnit holds (the kernels size
+//                                                 the units they keep in flight by it);
 //   struct WUnit                                  the raw words of one part, fetched into registers;
 //   WUnit unit_fetch(uint row, uint u, uint part, uint n_in)   issues the loads (nothing waits for them yet);
 //   void unit_decode(WUnit r, out uvec4 h[UNIT_VECS])          the part's 32 / UNIT_PARTS weights as f16, two
@@ -16,13 +16,23 @@
 //                                                 each exactly as GGML's float dequantisation (dequantize_row_*)
 //                                                 evaluates it: the same operations in the same order, each
 //                                                 rounded (never fused), e.g. Q4_K (d·sc)·q − (dmin·m).
+// Optionally, for the one-token kernels, a format whose weights are s·c + o, codes c of UNIT_CODE_BITS bits (at
+// most 7) with a scale s and an offset o per 16 weights, defines UNIT_CODE_BITS and
+//   uint unit_codes(WUnit r, uint e)                           the codes of the part's weights 4e .. 4e + 3 as bytes;
+//   vec4 unit_affine(WUnit r)                                  (s, s', o, o') of weights 0-15 and 16-31, in f32;
+// or defines UNIT_HAS_DOT and the two functions below itself. From those (or from unit_decode_f32) this file makes
+//   float unit_dot_f32(WUnit r, vec4 x[2u * UNIT_VECS], vec2 sx)              Σ w·x over the part (sx: Σ x over
+//                                                 its first and its second half), for the GEMV;
+//   void unit_axpy_f32(WUnit r, float g, inout vec4 acc[2u * UNIT_VECS], inout vec2 off)  acc += g·w, but for
+//                                                 off.x (.y), still to be added to every column of the first
+//                                                 (second) half, for the one-token dx.
 // The including shader defines FORMAT (formats.glsl) and declares the weight buffer as wq1 (uint[]) and wq4
 // (uvec4[]). It enables GL_EXT_shader_explicit_arithmetic_types_float16, or defines UNIT_F32_ONLY: then
 // unit_decode does not exist and nothing here uses an f16 type (no shaderFloat16 needed).
 // Formats that look their codes up in a table (IQ4_NL, IQ4_XS) select the entries from registers, a few
-// operations per weight. A shader that defines UNIT_SHARED_TABLE gets unit_decode_f32 reading the table from
-// shared memory instead (one load per weight); it calls unit_setup() in every invocation of workgroups of at
-// least 16, and a barrier() before its first unit_decode_f32. unit_setup() exists, as a no-op, for every format.
+// operations per weight. A shader that defines UNIT_SHARED_TABLE reads them from shared memory instead in the f32
+// functions (one load per weight); it calls unit_setup() in every invocation of workgroups of at least 16, then a
+// barrier() before the first of them. unit_setup() exists, as a no-op, for every format.
 #include "formats.glsl"
 
 // Pairs of small codes from a word of bytes b0..b3 (b0 lowest), in weight order: (b0, b1) or (b2, b3), their low
@@ -132,4 +142,53 @@ const uint UNIT_VECS = 4u / uint(UNIT_PARTS);  // uvec4s of f16 per part (f32: t
 
 #ifndef UNIT_HAS_SETUP
 void unit_setup() {}
+#endif
+
+// unit_dot_f32 and unit_axpy_f32 from the codes, where the format has them: each code c becomes f = 1 + c/2^B (B =
+// UNIT_CODE_BITS), c OR-ed into the top B bits of 1.0's mantissa (a shift and an and-or, exact), and the scales
+// and offsets are applied once per 16 weights: three operations per weight where the GGML-order decode takes five
+// or more. The sums are rounded otherwise than those of unit_decode_f32's products, but as accurately (the 1 in f
+// cancels at most about 2^B / c times the result's magnitude).
+#if defined(UNIT_CODE_BITS) && !defined(UNIT_HAS_DOT)
+vec4 codes_1p(uint c) {
+  const uint B = UNIT_CODE_BITS, mask = ((1u << B) - 1u) << (23u - B);
+  return uintBitsToFloat(uvec4(c << (23u - B), c << (15u - B), c << (7u - B), c >> (B + 1u)) & mask | 0x3F800000u);
+}
+// Σ c·x = 2^B·(Σ f·x − Σ x) over each half.
+float unit_dot_f32(WUnit r, vec4 x[2u * UNIT_VECS], vec2 sx) {
+  vec4 a = vec4(0.0), b = vec4(0.0);
+  [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+    a = fma(codes_1p(unit_codes(r, e)), x[e], a);
+    b = fma(codes_1p(unit_codes(r, e + 4u)), x[e + 4u], b);
+  }
+  const vec4 s = unit_affine(r);
+  const float scale = float(1u << UNIT_CODE_BITS);
+  const float ca = scale * (((a.x + a.y) + (a.z + a.w)) - sx.x), cb = scale * (((b.x + b.y) + (b.z + b.w)) - sx.y);
+  return (s.x * ca + s.z * sx.x) + (s.y * cb + s.w * sx.y);
+}
+// g·(s·c + o) = 2^B·g·s·f + g·(o − 2^B·s): acc += (2^B·g·s)·f, one fma per weight, and off += g·(o − 2^B·s).
+void unit_axpy_f32(WUnit r, float g, inout vec4 acc[2u * UNIT_VECS], inout vec2 off) {
+  const vec4 s = unit_affine(r);
+  const float scale = float(1u << UNIT_CODE_BITS);
+  const vec2 gs = g * (scale * s.xy);
+  off += g * (s.zw - scale * s.xy);
+  [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+    acc[e] = fma(vec4(gs.x), codes_1p(unit_codes(r, e)), acc[e]);
+    acc[e + 4u] = fma(vec4(gs.y), codes_1p(unit_codes(r, e + 4u)), acc[e + 4u]);
+  }
+}
+#elif !defined(UNIT_HAS_DOT)
+// Otherwise from unit_decode_f32: each weight as GGML evaluates it.
+void unit_axpy_f32(WUnit r, float g, inout vec4 acc[2u * UNIT_VECS], inout vec2 off) {
+  vec4 f[2u * UNIT_VECS];
+  unit_decode_f32(r, f);
+  [[unroll]] for (uint e = 0u; e < 2u * UNIT_VECS; ++e) acc[e] = fma(vec4(g), f[e], acc[e]);
+}
+float unit_dot_f32(WUnit r, vec4 x[2u * UNIT_VECS], vec2 sx) {
+  vec4 f[2u * UNIT_VECS];
+  unit_decode_f32(r, f);
+  vec4 a = vec4(0.0);
+  [[unroll]] for (uint e = 0u; e < 2u * UNIT_VECS; ++e) a = fma(f[e], x[e], a);
+  return (a.x + a.y) + (a.z + a.w);
+}
 #endif
