@@ -38,15 +38,16 @@ void dequantize_bytes_f64(double* y, const uint8_t* x, int64_t n) {
       .dequantize_row = dequantize_bytes<quant::Block, quant::dequantize_row_##fmt>, \
       .dequantize_row_f64 = dequantize_bytes_f64<quant::Block, quant::dequantize_row_##fmt>
 
-// The one-token kernels' tuning (H100, 16384 x 16384; docs/kernels.md has the measurements): GEMV workgroups of
-// 128 invocations (256 for Q8_0 and F16), 2 rows each (4 for Q4_K and F16); the dx split passes with 8 row slots
-// and the rows each invocation keeps loading (16 for Q4_0, 4 for the K-quants).
+// The one-token kernels' tuning (16384 x 16384; docs/kernels.md has the measurements): the tuned kernels' GEMV
+// workgroups of 128 invocations (256 for Q8_0 and F16), 2 rows each (4 for Q4_K and F16), dx split passes with 8
+// row slots and the rows each invocation keeps loading (16 for Q4_0, 4 for the K-quants); the unit kernels' GEMV
+// 64 invocations with 8 rows (4 for Q3_K; BF16 128 with 2), their dx 8 row slots (BF16 4), best on an H200.
 constexpr uint32_t kDxSlots = 8;
 
 const FormatTraits kTable[] = {
     {.format = Format::F16, .name = "f16", .block_elems = 1, .block_bytes = 2,
      .quantize_row = quant::f32_row_to_f16, .dequantize_row = quant::f16_row_to_f32,
-     .dequantize_row_f64 = quant::f16_row_to_f64, .cpu_rows = cpu::detail::f16_row_kernels,
+     .dequantize_row_f64 = quant::f16_row_to_f64, .cpu_rows = cpu::detail::row_kernels<Format::F16>,
      .gpu_n_in_multiple = 2,
      .gpu = {.gemv = "f16_gemv", .gemv_workgroup = 256, .gemv_rows = 4, .gemm = "f16_gemm",
              .dx_gemm = "f16_dx_gemm", .dx_split = "f16_dx_split", .dx_cols = 256, .dx_row_slots = kDxSlots}},
@@ -60,49 +61,51 @@ const FormatTraits kTable[] = {
              .coop_dx = "q4_0_dx_coop"}},
     {.format = Format::Q4_1, .name = "q4_1", .block_elems = 32, .block_bytes = 20,
      .quantize_row = Q4T_CODEC(BlockQ4_1, q4_1),
-     .llama_cpp_act_round = ActRound::Q8_0, .cpu_rows = cpu::detail::decoded_row_kernels<Format::Q4_1>},
+     .llama_cpp_act_round = ActRound::Q8_0, .cpu_rows = cpu::detail::row_kernels<Format::Q4_1>},
     {.format = Format::Q5_0, .name = "q5_0", .block_elems = 32, .block_bytes = 22,
      .quantize_row = Q4T_CODEC(BlockQ5_0, q5_0),
-     .llama_cpp_act_round = ActRound::Q8_0, .cpu_rows = cpu::detail::decoded_row_kernels<Format::Q5_0>},
+     .llama_cpp_act_round = ActRound::Q8_0, .cpu_rows = cpu::detail::row_kernels<Format::Q5_0>},
     {.format = Format::Q5_1, .name = "q5_1", .block_elems = 32, .block_bytes = 24,
      .quantize_row = Q4T_CODEC(BlockQ5_1, q5_1),
-     .llama_cpp_act_round = ActRound::Q8_0, .cpu_rows = cpu::detail::decoded_row_kernels<Format::Q5_1>},
+     .llama_cpp_act_round = ActRound::Q8_0, .cpu_rows = cpu::detail::row_kernels<Format::Q5_1>},
     {.format = Format::Q8_0, .name = "q8_0", .block_elems = 32, .block_bytes = 34,
      .quantize_row = Q4T_CODEC(BlockQ8_0, q8_0),
-     .llama_cpp_act_round = ActRound::Q8_0, .cpu_rows = cpu::detail::q8_0_row_kernels,
+     .llama_cpp_act_round = ActRound::Q8_0, .cpu_rows = cpu::detail::row_kernels<Format::Q8_0>,
      .gpu = {.gemv = "q8_0_gemv", .gemv_workgroup = 256, .gemv_rows = 2, .gemm = "q8_0_gemm",
              .dx_gemm = "q8_0_dx_gemm", .dx_split = "q8_0_dx_split", .dx_cols = 512, .dx_row_slots = kDxSlots}},
     {.format = Format::Q2_K, .name = "q2_k", .block_elems = 256, .block_bytes = 84,
      .quantize_row = Q4T_CODEC(BlockQ2_K, q2_k),
-     .llama_cpp_act_round = ActRound::Q8_K, .cpu_rows = cpu::detail::decoded_row_kernels<Format::Q2_K>},
+     .llama_cpp_act_round = ActRound::Q8_K, .cpu_rows = cpu::detail::row_kernels<Format::Q2_K>},
     {.format = Format::Q3_K, .name = "q3_k", .block_elems = 256, .block_bytes = 110,
      .quantize_row = Q4T_CODEC(BlockQ3_K, q3_k),
-     .llama_cpp_act_round = ActRound::Q8_K, .cpu_rows = cpu::detail::decoded_row_kernels<Format::Q3_K>},
+     .llama_cpp_act_round = ActRound::Q8_K, .cpu_rows = cpu::detail::row_kernels<Format::Q3_K>,
+     .gpu = {.gemv_rows = 4}},
     {.format = Format::Q4_K, .name = "q4_k", .block_elems = 256, .block_bytes = 144,
      .quantize_row = Q4T_CODEC(BlockQ4_K, q4_k),
-     .llama_cpp_act_round = ActRound::Q8_K, .cpu_rows = cpu::detail::q4_k_row_kernels,
+     .llama_cpp_act_round = ActRound::Q8_K, .cpu_rows = cpu::detail::row_kernels<Format::Q4_K>,
      .gpu = {.gemv = "q4_k_gemv", .gemv_workgroup = 128, .gemv_rows = 4, .gemv_dot = "q4_k_gemv_dot",
              .gemv_dot_layout = 1, .gemm = "q4_k_gemm", .dx_gemm = "q4_k_dx_gemm", .dx_split = "q4_k_dx_split",
              .dx_cols = 256, .dx_row_slots = kDxSlots, .dx_rows_in_flight = 4, .dx_split_f16 = "q4_k_dx_split_f16",
              .dx_split_f16_n_in = 256}},
     {.format = Format::Q5_K, .name = "q5_k", .block_elems = 256, .block_bytes = 176,
      .quantize_row = Q4T_CODEC(BlockQ5_K, q5_k),
-     .llama_cpp_act_round = ActRound::Q8_K, .cpu_rows = cpu::detail::decoded_row_kernels<Format::Q5_K>},
+     .llama_cpp_act_round = ActRound::Q8_K, .cpu_rows = cpu::detail::row_kernels<Format::Q5_K>},
     {.format = Format::Q6_K, .name = "q6_k", .block_elems = 256, .block_bytes = 210,
      .quantize_row = Q4T_CODEC(BlockQ6_K, q6_k),
-     .llama_cpp_act_round = ActRound::Q8_K, .cpu_rows = cpu::detail::q6_k_row_kernels, .grouped = true,
+     .llama_cpp_act_round = ActRound::Q8_K, .cpu_rows = cpu::detail::row_kernels<Format::Q6_K>, .grouped = true,
      .gpu = {.gemv = "q6_k_gemv", .gemv_workgroup = 128, .gemv_rows = 2, .gemv_dot = "q6_k_gemv_dot",
              .gemv_dot_layout = 2, .gemm = "q6_k_gemm", .dx_gemm = "q6_k_dx_gemm", .dx_split = "q6_k_dx_split",
              .dx_cols = 256, .dx_row_slots = kDxSlots, .dx_rows_in_flight = 4}},
     {.format = Format::IQ4_NL, .name = "iq4_nl", .block_elems = 32, .block_bytes = 18,
      .quantize_row = Q4T_CODEC(BlockIQ4_NL, iq4_nl),
-     .llama_cpp_act_round = ActRound::Q8_0, .cpu_rows = cpu::detail::decoded_row_kernels<Format::IQ4_NL>},
+     .llama_cpp_act_round = ActRound::Q8_0, .cpu_rows = cpu::detail::row_kernels<Format::IQ4_NL>},
     {.format = Format::IQ4_XS, .name = "iq4_xs", .block_elems = 256, .block_bytes = 136,
      .quantize_row = Q4T_CODEC(BlockIQ4_XS, iq4_xs),
-     .llama_cpp_act_round = ActRound::Q8_K, .cpu_rows = cpu::detail::decoded_row_kernels<Format::IQ4_XS>},
+     .llama_cpp_act_round = ActRound::Q8_K, .cpu_rows = cpu::detail::row_kernels<Format::IQ4_XS>},
     {.format = Format::BF16, .name = "bf16", .block_elems = 1, .block_bytes = 2,
      .quantize_row = quant::f32_row_to_bf16, .dequantize_row = quant::bf16_row_to_f32,
-     .dequantize_row_f64 = quant::bf16_row_to_f64, .cpu_rows = cpu::detail::decoded_row_kernels<Format::BF16>},
+     .dequantize_row_f64 = quant::bf16_row_to_f64, .cpu_rows = cpu::detail::row_kernels<Format::BF16>,
+     .gpu = {.gemv_workgroup = 128, .gemv_rows = 2, .dx_row_slots = 4}},
 };
 #undef Q4T_CODEC
 
@@ -152,12 +155,16 @@ int64_t row_bytes(Format f, int64_t n_in) {
 
 int64_t device_weight_bytes(Format f, int64_t n_rows, int64_t n_in) {
   if (format_traits(f).grouped) return q6_k_device_bytes(n_rows, n_in);
-  return n_rows * row_bytes(f, n_in);
+  // Rounded up to 16 bytes: the unit kernels read whole words, and the units of 2-byte aligned blocks (Q4_0, Q5_0,
+  // Q3_K, IQ4_NL) reach up to 2 bytes past the last block.
+  return (n_rows * row_bytes(f, n_in) + 15) / 16 * 16;
 }
 
 std::vector<uint8_t> to_device_layout(Format f, std::span<const uint8_t> bytes) {
   if (format_traits(f).grouped) return quant::q6_k_to_device(bytes);
-  return {bytes.begin(), bytes.end()};
+  std::vector<uint8_t> out(bytes.begin(), bytes.end());
+  out.resize((out.size() + 15) / 16 * 16, 0);
+  return out;
 }
 
 std::vector<uint8_t> from_device_layout(Format f, std::span<const uint8_t> device, int64_t n_blocks) {

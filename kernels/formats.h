@@ -37,15 +37,15 @@ enum class Format : uint32_t {
 // own tuned shaders names them; the others take the unit kernels (unit_*.comp over its unit_<name>.glsl).
 struct GpuKernels {
   const char* gemv = nullptr;      // one token: y = W·x; null: unit_gemv_<name>
-  uint32_t gemv_workgroup = 128;   // invocations per workgroup
-  uint32_t gemv_rows = 2;          // rows per workgroup
+  uint32_t gemv_workgroup = 64;    // invocations per workgroup
+  uint32_t gemv_rows = 8;          // rows per workgroup
   const char* gemv_dot = nullptr;  // the GEMV on 8-bit integer dot products (x_limbs.comp), if any
   uint32_t gemv_dot_layout = 0;    // its limbs' layout
   const char* gemm = nullptr;      // T > 1 in f32: W tiles decoded into shared memory; null: unit_gemm_<name>
   const char* dx_gemm = nullptr;   // the dx of T > 1; null: unit_dx_gemm_<name>
   const char* dx_split = nullptr;  // the one-token dx's first pass; null: unit_dx_split_<name>
   int64_t dx_cols = 1024;          // dx columns per workgroup of that pass
-  uint32_t dx_row_slots = 4;       // its row slots (specialization constant 0)
+  uint32_t dx_row_slots = 8;       // its row slots (specialization constant 0)
   uint32_t dx_rows_in_flight = 0;  // its rows in flight (constant 1; 0: the shader has none)
   const char* dx_split_f16 = nullptr;  // the same pass decoding through f16 pairs (devices with f16 arithmetic)
   int64_t dx_split_f16_n_in = 1;       // ... for rows of a multiple of this many weights
@@ -71,7 +71,7 @@ struct FormatTraits {
   ActRound llama_cpp_act_round = ActRound::None;
   // The CPU row loops (kernels/cpu/frozen_rows.h); null: Q4_0's own kernel set (kernels/cpu/q4_0_rows.h).
   const cpu::detail::FrozenRowKernels& (*cpu_rows)() = nullptr;
-  // The Vulkan kernels need n_in a multiple of this (whole units of 32 weights; F16 and BF16: pairs).
+  // The Vulkan kernels need n_in a multiple of this (whole units of 32 weights; F16: pairs).
   int64_t gpu_n_in_multiple = 32;
   // Whether a Vulkan device holds W in the grouped layout of kernels/shapes.h (Q6_K) rather than GGML's bytes.
   bool grouped = false;

@@ -846,10 +846,11 @@ TEST_F(VulkanKernels, ASequenceRecordedOnceGivesTheSameResultEverySubmit) {
   const auto w_host = random_weights(rng_, f, n_out, n_in);
   const auto x_host = random_floats(rng_, n_in);
   vk::LinearKernels k(*device_);
-  vk::Buffer w(*device_, w_host.size()), x(*device_, x_host.size() * 4), y(*device_, n_out * 4);
+  const auto w_dev = to_device_layout(f, w_host);
+  vk::Buffer w(*device_, w_dev.size()), x(*device_, x_host.size() * 4), y(*device_, n_out * 4);
   vk::Buffer dx(*device_, n_in * 4);
   vk::Buffer scratch(*device_, k.dx_scratch_bytes(f, 1, n_out, n_in));
-  w.upload(w_host);
+  w.upload(w_dev);
   x.upload(x_host);
   dx.fill_zero();
   vk::Sequence s(*device_);
@@ -878,10 +879,11 @@ TEST_F(VulkanKernels, AnIndependentGroupRunsBetweenOrderedCommands) {
   const auto w_host = random_weights(rng_, f, n_out, n_in);
   const auto x_host = random_floats(rng_, n_in);
   vk::LinearKernels k(*device_);
-  vk::Buffer w(*device_, w_host.size()), x0(*device_, n_in * 4), x(*device_, n_in * 4);
+  const auto w_dev = to_device_layout(f, w_host);
+  vk::Buffer w(*device_, w_dev.size()), x0(*device_, n_in * 4), x(*device_, n_in * 4);
   vk::Buffer y1(*device_, n_out * 4), y2(*device_, n_out * 4), dx(*device_, n_in * 4);
   vk::Buffer scratch(*device_, k.dx_scratch_bytes(f, 1, n_out, n_in));
-  w.upload(w_host);
+  w.upload(w_dev);
   x0.upload(x_host);
   vk::Sequence s(*device_);
   s.begin();

@@ -309,9 +309,9 @@ double time_vulkan(vk::Device& dev, double budget_s, const std::function<void(vk
 std::vector<vk::Buffer> device_weights(vk::Device& dev, const Case& c) {
   const auto& w_ggml = random_weights(c.weights, c.n_out, c.n_in);
   std::vector<uint8_t> w_grouped;
-  const bool grouped = c.weights != Weights::None && format_traits(format_of(c.weights)).grouped;
-  if (grouped) w_grouped = to_device_layout(format_of(c.weights), w_ggml);
-  const std::vector<uint8_t>& w_host = grouped ? w_grouped : w_ggml;
+  const bool frozen = c.weights != Weights::None;
+  if (frozen) w_grouped = to_device_layout(format_of(c.weights), w_ggml);
+  const std::vector<uint8_t>& w_host = frozen ? w_grouped : w_ggml;
   const size_t n_copies = std::clamp<size_t>(kRotateBytes / w_host.size() + 1, 1, 32);
   std::vector<vk::Buffer> ws;
   for (size_t i = 0; i < n_copies; ++i) {

@@ -1,166 +1,162 @@
-// The portable Q8_0, Q4_K, Q6_K and F16 loops (plain code the compiler may vectorise) and the choice between loop sets.
+// The portable build of the row loops (frozen_rows_skeleton.h over plain arrays the compiler may vectorise) and
+// the choice between loop sets.
 #include "kernels/cpu/frozen_rows.h"
 
 #include <cstring>
 
-#include "kernels/cpu/q4_0_rows.h"
 #include "kernels/quant/f16.h"
-#include "kernels/quant/k_quants.h"
-#include "kernels/shapes.h"
+
+#define Q4T_ROWS_TARGET
+#include "kernels/cpu/frozen_rows_skeleton.h"
 
 namespace q4t::cpu::detail {
 
 namespace {
 
-float half_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, sizeof h);
-  return quant::f16_to_f32(h);
-}
+// The vector layer of frozen_rows_skeleton.h as arrays: 8 floats, 32 bytes.
+struct Portable {
+  struct F {
+    float v[8];
+  };
+  struct B {
+    uint8_t v[32];
+  };
 
-// 32 per-lane partial sums (lane j takes weight j of every block), so the compiler can vectorise across
-// lanes without reassociating a single sum.
-void q8_0_dot_rows(float* y, const uint8_t* w, int64_t row_bytes, const float* x, int64_t n_rows, int64_t n) {
-  for (int64_t r = 0; r < n_rows; r++) {
-    const uint8_t* row = w + r * row_bytes;
-    float lanes[32] = {};
-    for (int64_t b = 0; b < n / kQ8_0BlockElems; b++) {
-      const uint8_t* block = row + b * kQ8_0BlockBytes;
-      const auto* qs = reinterpret_cast<const int8_t*>(block + 2);
-      const float d = half_at(block);
-      const float* xb = x + b * kQ8_0BlockElems;
-      for (int j = 0; j < 32; j++) lanes[j] += d * (float(qs[j]) * xb[j]);
-    }
-    float sum = 0.0f;
-    for (float v : lanes) sum += v;
-    y[r] = sum;
+  static F zero() { return F{}; }
+  static F load(const float* p) {
+    F r;
+    std::memcpy(r.v, p, sizeof r.v);
+    return r;
   }
-}
-
-void q8_0_axpy_rows(float* dx, const uint8_t* w, int64_t row_bytes, const float* s, int64_t n_rows, int64_t n) {
-  for (int64_t r = 0; r < n_rows; r++) {
-    for (int64_t b = 0; b < n / kQ8_0BlockElems; b++) {
-      const uint8_t* block = w + r * row_bytes + b * kQ8_0BlockBytes;
-      const auto* qs = reinterpret_cast<const int8_t*>(block + 2);
-      const float c = s[r] * half_at(block);
-      float* xb = dx + b * kQ8_0BlockElems;
-      for (int j = 0; j < 32; j++) xb[j] += c * float(qs[j]);
-    }
+  static void store(float* p, const F& a) { std::memcpy(p, a.v, sizeof a.v); }
+  static F set1(float s) {
+    F r;
+    for (float& v : r.v) v = s;
+    return r;
   }
-}
-
-void q8_0_decode(float* y, const uint8_t* w, int64_t n) {
-  for (int64_t b = 0; b < n / kQ8_0BlockElems; b++) {
-    const uint8_t* block = w + b * kQ8_0BlockBytes;
-    const auto* qs = reinterpret_cast<const int8_t*>(block + 2);
-    const float d = half_at(block);
-    for (int j = 0; j < 32; j++) y[b * kQ8_0BlockElems + j] = float(qs[j]) * d;
+  static F mul(F a, const F& b) {
+    for (int i = 0; i < 8; i++) a.v[i] *= b.v[i];
+    return a;
   }
-}
-
-// 8 lanes: lane j takes weights i with i % 8 == j.
-void f16_dot_rows(float* y, const uint8_t* w, int64_t row_bytes, const float* x, int64_t n_rows, int64_t n) {
-  for (int64_t r = 0; r < n_rows; r++) {
-    const uint8_t* row = w + r * row_bytes;
-    float lanes[8] = {};
-    for (int64_t i = 0; i < n; i++) lanes[i % 8] += half_at(row + 2 * i) * x[i];
-    float sum = 0.0f;
-    for (float v : lanes) sum += v;
-    y[r] = sum;
+  static F add(F a, const F& b) {
+    for (int i = 0; i < 8; i++) a.v[i] += b.v[i];
+    return a;
   }
-}
-
-void f16_axpy_rows(float* dx, const uint8_t* w, int64_t row_bytes, const float* s, int64_t n_rows, int64_t n) {
-  for (int64_t r = 0; r < n_rows; r++)
-    for (int64_t i = 0; i < n; i++) dx[i] += s[r] * half_at(w + r * row_bytes + 2 * i);
-}
-
-void f16_decode(float* y, const uint8_t* w, int64_t n) { quant::f16_row_to_f32(y, w, n); }
-
-// Q4_K and Q6_K: each 256-weight block decoded exactly as GGML does, then used in f32.
-void q4_k_decode(float* y, const uint8_t* w, int64_t n) {
-  quant::BlockQ4_K blk;
-  for (int64_t b = 0; b < n / kQK_KBlockElems; b++) {
-    std::memcpy(&blk, w + b * kQ4_KBlockBytes, sizeof blk);
-    quant::dequantize_row_q4_k(y + b * kQK_KBlockElems, &blk, kQK_KBlockElems);
+  static float fma1(float a, float b, float c) { return a * b + c; }
+  static F fma(const F& a, const F& b, F c) {
+    for (int i = 0; i < 8; i++) c.v[i] = fma1(a.v[i], b.v[i], c.v[i]);
+    return c;
   }
-}
-
-void q6_k_decode(float* y, const uint8_t* w, int64_t n) {
-  quant::BlockQ6_K blk;
-  for (int64_t b = 0; b < n / kQK_KBlockElems; b++) {
-    std::memcpy(&blk, w + b * kQ6_KBlockBytes, sizeof blk);
-    quant::dequantize_row_q6_k(y + b * kQK_KBlockElems, &blk, kQK_KBlockElems);
+  static float hsum(const F& a) {
+    return ((a.v[0] + a.v[4]) + (a.v[2] + a.v[6])) + ((a.v[1] + a.v[5]) + (a.v[3] + a.v[7]));
   }
-}
-
-// One block at a time through `decode`, 8 lanes per sum.
-template <void (*Decode)(float*, const uint8_t*, int64_t), int64_t kBlockBytes>
-void k_dot_rows(float* y, const uint8_t* w, int64_t row_bytes, const float* x, int64_t n_rows, int64_t n) {
-  float v[kQK_KBlockElems];
-  for (int64_t r = 0; r < n_rows; r++) {
-    float lanes[8] = {};
-    for (int64_t b = 0; b < n / kQK_KBlockElems; b++) {
-      Decode(v, w + r * row_bytes + b * kBlockBytes, kQK_KBlockElems);
-      const float* xb = x + b * kQK_KBlockElems;
-      for (int i = 0; i < kQK_KBlockElems; i++) lanes[i % 8] += v[i] * xb[i];
-    }
-    float sum = 0.0f;
-    for (float l : lanes) sum += l;
-    y[r] = sum;
+  static uint16_t u16_at(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, sizeof h);
+    return h;
   }
-}
+  static float half(const uint8_t* p) { return quant::f16_to_f32(u16_at(p)); }
+  static float bf16_one(const uint8_t* p) { return quant::bf16_to_f32(u16_at(p)); }
+  static F levels(const int8_t* q) {
+    F r;
+    for (int i = 0; i < 8; i++) r.v[i] = float(q[i]);
+    return r;
+  }
+  static F f16(const uint8_t* p) {
+    F r;
+    for (int i = 0; i < 8; i++) r.v[i] = half(p + 2 * i);
+    return r;
+  }
+  static F bf16(const uint8_t* p) {
+    F r;
+    for (int i = 0; i < 8; i++) r.v[i] = bf16_one(p + 2 * i);
+    return r;
+  }
 
-template <void (*Decode)(float*, const uint8_t*, int64_t), int64_t kBlockBytes>
-void k_axpy_rows(float* dx, const uint8_t* w, int64_t row_bytes, const float* s, int64_t n_rows, int64_t n) {
-  float v[kQK_KBlockElems];
-  for (int64_t r = 0; r < n_rows; r++)
-    for (int64_t b = 0; b < n / kQK_KBlockElems; b++) {
-      Decode(v, w + r * row_bytes + b * kBlockBytes, kQK_KBlockElems);
-      float* xb = dx + b * kQK_KBlockElems;
-      for (int i = 0; i < kQK_KBlockElems; i++) xb[i] += s[r] * v[i];
-    }
-}
+  static B load32(const uint8_t* p) {
+    B r;
+    std::memcpy(r.v, p, 32);
+    return r;
+  }
+  static B load16(const uint8_t* p) {
+    B r{};
+    std::memcpy(r.v, p, 16);
+    return r;
+  }
+  static B from_u32(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    const uint32_t w[4] = {a, b, c, d};
+    B r{};
+    std::memcpy(r.v, w, sizeof w);
+    return r;
+  }
+  static void store32(int8_t* p, const B& a) { std::memcpy(p, a.v, 32); }
+  static B nibbles(const uint8_t* p) {
+    B r;
+    for (int i = 0; i < 16; i++) r.v[i] = p[i] & 15, r.v[i + 16] = p[i] >> 4;
+    return r;
+  }
+  static B and8(B a, uint8_t m) {
+    for (uint8_t& v : a.v) v &= m;
+    return a;
+  }
+  static B sub8(B a, uint8_t m) {
+    for (uint8_t& v : a.v) v = uint8_t(v - m);
+    return a;
+  }
+  static B or_(B a, const B& b) {
+    for (int i = 0; i < 32; i++) a.v[i] |= b.v[i];
+    return a;
+  }
+  static B shr(B a, int n) {
+    for (uint8_t& v : a.v) v = uint8_t(v >> n);
+    return a;
+  }
+  static B shl(B a, int n) {
+    for (uint8_t& v : a.v) v = uint8_t(v << n);
+    return a;
+  }
+  static B lookup16(B a, const int8_t* table) {
+    for (uint8_t& v : a.v) v = uint8_t(table[v]);
+    return a;
+  }
+  static B bits(uint32_t x) {
+    B r;
+    for (int i = 0; i < 32; i++) r.v[i] = (x >> i) & 1 ? 0xFF : 0;
+    return r;
+  }
+  template <int I>
+  static F to_f(const B& a) {
+    F r;
+    for (int i = 0; i < 8; i++) r.v[i] = float(int8_t(a.v[8 * I + i]));
+    return r;
+  }
+};
 
-const FrozenRowKernels kQ4_KPortable = {"portable", kQK_KBlockElems, kQ4_KBlockBytes,
-                                        k_dot_rows<q4_k_decode, kQ4_KBlockBytes>,
-                                        k_axpy_rows<q4_k_decode, kQ4_KBlockBytes>, q4_k_decode};
-const FrozenRowKernels kQ6_KPortable = {"portable", kQK_KBlockElems, kQ6_KBlockBytes,
-                                        k_dot_rows<q6_k_decode, kQ6_KBlockBytes>,
-                                        k_axpy_rows<q6_k_decode, kQ6_KBlockBytes>, q6_k_decode};
-
-const FrozenRowKernels kQ8_0Portable = {"portable", kQ8_0BlockElems, kQ8_0BlockBytes,
-                                        q8_0_dot_rows, q8_0_axpy_rows, q8_0_decode};
-const FrozenRowKernels kF16Portable = {"portable", 1, 2, f16_dot_rows, f16_axpy_rows, f16_decode};
+template <class D>
+constexpr FrozenRowKernels kPortable = rows::kernels<Portable, D>("portable");
 
 }  // namespace
 
-const FrozenRowKernels& q8_0_row_kernels() {
+template <Format F>
+const FrozenRowKernels& row_kernels() {
 #if defined(__x86_64__) || defined(__i386__)
-  if (q4_0_kernels().isa != Isa::Portable) return kQ8_0Avx2;
+  if (q4_0_kernels().isa != Isa::Portable) return *avx2_row_kernels(F);
 #endif
-  return kQ8_0Portable;
+  return kPortable<typename rows::DecoderOf<F>::type>;
 }
 
-const FrozenRowKernels& f16_row_kernels() {
-#if defined(__x86_64__) || defined(__i386__)
-  if (q4_0_kernels().isa != Isa::Portable) return kF16Avx2;
-#endif
-  return kF16Portable;
-}
-
-const FrozenRowKernels& q4_k_row_kernels() {
-#if defined(__x86_64__) || defined(__i386__)
-  if (q4_0_kernels().isa != Isa::Portable) return kQ4_KAvx2;
-#endif
-  return kQ4_KPortable;
-}
-
-const FrozenRowKernels& q6_k_row_kernels() {
-#if defined(__x86_64__) || defined(__i386__)
-  if (q4_0_kernels().isa != Isa::Portable) return kQ6_KAvx2;
-#endif
-  return kQ6_KPortable;
-}
+template const FrozenRowKernels& row_kernels<Format::F16>();
+template const FrozenRowKernels& row_kernels<Format::BF16>();
+template const FrozenRowKernels& row_kernels<Format::Q8_0>();
+template const FrozenRowKernels& row_kernels<Format::Q4_1>();
+template const FrozenRowKernels& row_kernels<Format::Q5_0>();
+template const FrozenRowKernels& row_kernels<Format::Q5_1>();
+template const FrozenRowKernels& row_kernels<Format::IQ4_NL>();
+template const FrozenRowKernels& row_kernels<Format::Q2_K>();
+template const FrozenRowKernels& row_kernels<Format::Q3_K>();
+template const FrozenRowKernels& row_kernels<Format::Q4_K>();
+template const FrozenRowKernels& row_kernels<Format::Q5_K>();
+template const FrozenRowKernels& row_kernels<Format::Q6_K>();
+template const FrozenRowKernels& row_kernels<Format::IQ4_XS>();
 
 }  // namespace q4t::cpu::detail

@@ -16,9 +16,12 @@
 #include <utility>
 
 #include "kernels/cpu/frozen_rows.h"
+#include "kernels/formats.h"
 #include "kernels/shapes.h"
 
 #define Q4T_TARGET __attribute__((target("avx2,fma,f16c")))
+#define Q4T_ROWS_TARGET Q4T_TARGET
+#include "kernels/cpu/frozen_rows_skeleton.h"
 
 namespace q4t::cpu::detail {
 
@@ -451,6 +454,77 @@ Q4T_TARGET void q6_k_decode(float* y, const uint8_t* w, int64_t n) {
   }
 }
 
+
+// The vector layer of frozen_rows_skeleton.h on AVX2: 8 floats in a ymm register, 32 bytes in another.
+struct Avx2 {
+  using F = __m256;
+  using B = __m256i;
+
+  Q4T_TARGET static F zero() { return _mm256_setzero_ps(); }
+  Q4T_TARGET static F load(const float* p) { return _mm256_loadu_ps(p); }
+  Q4T_TARGET static void store(float* p, F a) { _mm256_storeu_ps(p, a); }
+  Q4T_TARGET static F set1(float s) { return _mm256_set1_ps(s); }
+  Q4T_TARGET static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  Q4T_TARGET static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  Q4T_TARGET static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  Q4T_TARGET static float fma1(float a, float b, float c) { return std::fma(a, b, c); }
+  Q4T_TARGET static float hsum(F a) { return detail::hsum(a); }
+  Q4T_TARGET static float half(const uint8_t* p) { return half_at(p); }
+  static float bf16_one(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, sizeof h);
+    const uint32_t b = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &b, sizeof f);
+    return f;
+  }
+  Q4T_TARGET static F levels(const int8_t* q) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+  }
+  Q4T_TARGET static F f16(const uint8_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  Q4T_TARGET static F bf16(const uint8_t* p) {
+    const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+  }
+
+  Q4T_TARGET static B load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  Q4T_TARGET static B load16(const uint8_t* p) {
+    return _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  Q4T_TARGET static B from_u32(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    return _mm256_zextsi128_si256(_mm_setr_epi32(int(a), int(b), int(c), int(d)));
+  }
+  Q4T_TARGET static void store32(int8_t* p, B a) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), a); }
+  Q4T_TARGET static B nibbles(const uint8_t* p) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(15));
+  }
+  Q4T_TARGET static B and8(B a, uint8_t m) { return _mm256_and_si256(a, _mm256_set1_epi8(char(m))); }
+  Q4T_TARGET static B sub8(B a, uint8_t m) { return _mm256_sub_epi8(a, _mm256_set1_epi8(char(m))); }
+  Q4T_TARGET static B or_(B a, B b) { return _mm256_or_si256(a, b); }
+  // 16-bit shifts: the bits they carry across bytes are what the callers' masks drop.
+  Q4T_TARGET static B shr(B a, int n) { return _mm256_srli_epi16(a, n); }
+  Q4T_TARGET static B shl(B a, int n) { return _mm256_slli_epi16(a, n); }
+  Q4T_TARGET static B lookup16(B a, const int8_t* table) {
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table))),
+                               a);
+  }
+  // GGML's bytes_from_bits_32: byte i takes the word's byte i / 8, keeps bit i % 8 and compares.
+  Q4T_TARGET static B bits(uint32_t x) {
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32(int(x)), shuf);
+    const __m256i m = _mm256_set1_epi64x(0x7FBFDFEFF7FBFDFE);
+    return _mm256_cmpeq_epi8(_mm256_or_si256(b, m), _mm256_set1_epi64x(-1));
+  }
+  template <int I>
+  Q4T_TARGET static F to_f(B a) {
+    const __m128i h = I < 2 ? _mm256_castsi256_si128(a) : _mm256_extracti128_si256(a, 1);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(I % 2 ? _mm_srli_si128(h, 8) : h));
+  }
+};
+
 }  // namespace
 
 const FrozenRowKernels kQ4_KAvx2 = {"avx2", kQK_KBlockElems, kQ4_KBlockBytes,
@@ -460,6 +534,41 @@ const FrozenRowKernels kQ6_KAvx2 = {"avx2", kQK_KBlockElems, kQ6_KBlockBytes,
 const FrozenRowKernels kQ8_0Avx2 = {"avx2", kQ8_0BlockElems, kQ8_0BlockBytes,
                                     q8_0_dot_rows, q8_0_axpy_rows, q8_0_decode};
 const FrozenRowKernels kF16Avx2 = {"avx2", 1, 2, f16_dot_rows, f16_axpy_rows, f16_decode};
+
+namespace {
+template <class D>
+constexpr FrozenRowKernels kAvx2 = rows::kernels<Avx2, D>("avx2");
+}  // namespace
+
+// TEMP: the hand-written loops, for comparison.
+const FrozenRowKernels* avx2_legacy_row_kernels(Format f) {
+  switch (f) {
+    case Format::Q4_K: return &kQ4_KAvx2;
+    case Format::Q6_K: return &kQ6_KAvx2;
+    case Format::Q8_0: return &kQ8_0Avx2;
+    case Format::F16: return &kF16Avx2;
+    default: return nullptr;
+  }
+}
+
+const FrozenRowKernels* avx2_row_kernels(Format f) {
+  switch (f) {
+    case Format::F16: return &kAvx2<rows::F16>;
+    case Format::BF16: return &kAvx2<rows::BF16>;
+    case Format::Q8_0: return &kAvx2<rows::Q8_0>;
+    case Format::Q4_1: return &kAvx2<rows::Q4_1>;
+    case Format::Q5_0: return &kAvx2<rows::Q5_0>;
+    case Format::Q5_1: return &kAvx2<rows::Q5_1>;
+    case Format::IQ4_NL: return &kAvx2<rows::IQ4_NL>;
+    case Format::Q2_K: return &kAvx2<rows::Q2_K>;
+    case Format::Q3_K: return &kAvx2<rows::Q3_K>;
+    case Format::Q4_K: return &kAvx2<rows::Q4_K>;
+    case Format::Q5_K: return &kAvx2<rows::Q5_K>;
+    case Format::Q6_K: return &kAvx2<rows::Q6_K>;
+    case Format::IQ4_XS: return &kAvx2<rows::IQ4_XS>;
+    default: return nullptr;
+  }
+}
 
 }  // namespace q4t::cpu::detail
 #endif

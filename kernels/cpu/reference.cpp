@@ -8,6 +8,8 @@
 #include "kernels/quant/q4_0.h"
 #include "kernels/quant/k_quants.h"
 #include "kernels/quant/q8_0.h"
+#include "kernels/quant/iq4.h"
+#include "kernels/quant/legacy_quants.h"
 
 namespace q4t::ref {
 
@@ -109,6 +111,25 @@ double round_to_f16(double v) {
   return std::abs(r) > 65504.0 ? std::copysign(INFINITY, v) : r;
 }
 
+namespace {
+// A weight w = code·s + o (exact in double) as a mixed decode computes it: the scale s and the offset o rounded to
+// f16 first, then code·s rounded once, then (for formats with an offset) the sum rounded once more.
+double mixed_from_exact(double w, double s, double o, bool offset) {
+  const double code = s == 0 ? 0 : (w - o) / s;
+  const double p = round_to_f16(code * round_to_f16(s));
+  return offset ? round_to_f16(p + round_to_f16(o)) : p;
+}
+
+// The (scale, offset) of every weight of a row of the formats whose mixed decode rounds a block or sub-block scale
+// to f16 before it meets the code (unit_<format>.glsl), from the format's blocks.
+template <class Block>
+std::vector<Block> row_blocks(const uint8_t* w, int64_t r, int64_t n_in, int64_t elems) {
+  std::vector<Block> b(size_t(n_in / elems));
+  std::memcpy(b.data(), w + r * int64_t(b.size() * sizeof(Block)), b.size() * sizeof(Block));
+  return b;
+}
+}  // namespace
+
 std::vector<double> mixed_row(Format f, const uint8_t* w, int64_t r, int64_t n_in) {
   std::vector<double> row(static_cast<size_t>(n_in));
   switch (f) {
@@ -144,6 +165,42 @@ std::vector<double> mixed_row(Format f, const uint8_t* w, int64_t r, int64_t n_i
               const double ds = round_to_f16(d * q.scales[8 * h + 2 * k4 + l / 16]);
               row[256 * b + 128 * size_t(h) + 32 * size_t(k4) + size_t(l)] = round_to_f16(code * ds);
             }
+      }
+      return row;
+    }
+    case Format::Q4_1:
+    case Format::Q5_1:
+    case Format::Q2_K:
+    case Format::Q3_K:
+    case Format::Q5_K:
+    case Format::IQ4_XS: {
+      row = frozen_row(f, w, r, n_in);
+      for (int64_t i = 0; i < n_in; ++i) {
+        double sc = 0, off = 0;
+        bool has_offset = true;
+        if (f == Format::Q4_1) {
+          const auto b = row_blocks<quant::BlockQ4_1>(w, r, n_in, 32)[size_t(i / 32)];
+          sc = quant::f16_to_f32(b.d), off = quant::f16_to_f32(b.m);
+        } else if (f == Format::Q5_1) {
+          const auto b = row_blocks<quant::BlockQ5_1>(w, r, n_in, 32)[size_t(i / 32)];
+          sc = quant::f16_to_f32(b.d), off = quant::f16_to_f32(b.m);
+        } else if (f == Format::Q2_K) {
+          const auto b = row_blocks<quant::BlockQ2_K>(w, r, n_in, 256)[size_t(i / 256)];
+          const uint8_t v = b.scales[(i % 256) / 16];
+          sc = double(quant::f16_to_f32(b.d)) * (v & 15), off = -double(quant::f16_to_f32(b.dmin)) * (v >> 4);
+        } else if (f == Format::Q5_K) {
+          const auto b = row_blocks<quant::BlockQ5_K>(w, r, n_in, 256)[size_t(i / 256)];
+          uint8_t scale = 0, min = 0;
+          quant::k4_scale_min(b.scales, int((i % 256) / 32), &scale, &min);
+          sc = double(quant::f16_to_f32(b.d)) * scale, off = -double(quant::f16_to_f32(b.dmin)) * min;
+        } else if (f == Format::Q3_K) {
+          const auto b = row_blocks<quant::BlockQ3_K>(w, r, n_in, 256)[size_t(i / 256)];
+          sc = double(quant::f16_to_f32(b.d)) * quant::k3_scale(b.scales, int((i % 256) / 16)), has_offset = false;
+        } else {
+          const auto b = row_blocks<quant::BlockIQ4_XS>(w, r, n_in, 256)[size_t(i / 256)];
+          sc = double(quant::f16_to_f32(b.d)) * quant::iq4_xs_scale(b, int((i % 256) / 32)), has_offset = false;
+        }
+        row[size_t(i)] = mixed_from_exact(row[size_t(i)], sc, off, has_offset);
       }
       return row;
     }

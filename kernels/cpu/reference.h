@@ -29,8 +29,9 @@ std::vector<double> gemm_tn(const float* A, const float* B, const float* C_in, i
 std::vector<double> mixed_gemm(Format f, const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in);
 std::vector<double> mixed_dx(Format f, const uint8_t* w, const float* dY, const float* dX_in, int64_t T, int64_t n_out,
                              int64_t n_in, int64_t j_start, int64_t j_end);
-// Row r of W as the mixed kernels decode it: f16 values (exact in double), with the scale products of Q4_K and Q6_K
-// rounded to f16 first, then one rounding where the scale meets the code (and for Q4_K one more after the min).
+// Row r of W as the mixed kernels decode it: f16 values (exact in double). Formats with a (sub-)block scale product
+// (the K-quants, IQ4_XS) round it to f16 first; then one rounding where the scale meets the code, and for formats
+// with an offset (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) one more after it. The others: their exact value rounded once.
 std::vector<double> mixed_row(Format f, const uint8_t* w, int64_t r, int64_t n_in);
 // Columns col0 .. col0 + K of `rows` rows (stride lda) of x as rows_to_f16.comp rounds them: each row times the
 // power of two that brings its largest |value| into [2^14, 2^15), rounded to f16, and scaled back.

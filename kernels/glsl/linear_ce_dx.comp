@@ -43,7 +43,8 @@ void load_tile_b(uint n0, uint k0) {
 }
 #else
 #define UNIT_F32_ONLY
-#define UNIT_SHARED_TABLE
+// No UNIT_SHARED_TABLE: 128-wide tiles fill the 32 KiB of shared memory every device has, so the IQ4 levels come
+// from registers here.
 #include "wunit.glsl"
 #include "unit_tiles.glsl"
 

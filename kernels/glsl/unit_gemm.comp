@@ -15,7 +15,8 @@ layout(std430, binding = 2) readonly buffer W4 { uvec4 wq4[]; };
 #include "gemm_tiled.glsl"
 #include "gemm_load_a.glsl"
 #define UNIT_F32_ONLY
-#define UNIT_SHARED_TABLE
+// No UNIT_SHARED_TABLE: 128-wide tiles fill the 32 KiB of shared memory every device has, so the IQ4 levels come
+// from registers here.
 #include "wunit.glsl"
 #include "unit_tiles.glsl"
 

@@ -152,8 +152,8 @@ class LinearKernels {
   MixedW decode_f16(Format f, Sequence& s, const Buffer& dst, size_t offset, const Buffer& w, int64_t rows, int64_t n_in,
                     int64_t w_row0);
   // Whether the mixed products of format f decode W to f16 once per product (then run the F16 GEMM) rather than tile
-  // by tile in the GEMM's main loop: for every format but F16 itself (docs/mixed-precision.md has the measurements).
-  static bool decodes_once(Format f) { return f != Format::F16; }
+  // by tile in the GEMM's main loop: for every format but the 16-bit floats (F16, BF16: a part of a unit is 8 of their weights, read as they stand) (docs/mixed-precision.md has the measurements).
+  static bool decodes_once(Format f) { return f != Format::F16 && f != Format::BF16; }
   // The scratch of a whole mixed frozen product of T tokens (the split slices, the f16 rows, and W decoded where
   // decodes_once) in either direction: forward K = n_in, N = n_out; dx K = n_rows, N = n_in.
   size_t mixed_scratch_bytes(Format f, int64_t T, int64_t N, int64_t K) const;

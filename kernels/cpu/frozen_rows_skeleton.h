@@ -1,0 +1,625 @@
+// The one loop skeleton of the CPU frozen formats (dot_rows, axpy_rows, decode; see frozen_rows.h) and the
+// small per-format block decoders it is templated on. Both are written once over a vector layer V of 8 f32
+// lanes and 32-byte vectors, and built once per instruction set: frozen_rows.cpp includes this with plain
+// arrays for V (the portable loops), frozen_rows_avx2.cpp with AVX2 intrinsics. Everything is inlined at
+// compile time: no call per block.
+//
+// A block decoder D describes kElems weights in kBytes bytes. Most formats are "level" formats: weight i of a
+// block is scale[s]·level[i] + offset[s] (offset only where kOffset), s = i / kSubElems, with integer levels
+// that fit int8. D::unpack writes a block's levels as int8 (the 32-byte layer does the bit work) and its scales
+// and offsets as floats into D::Unpacked; `slot(k)` is where weights 8k..8k+7 sit among the staged levels (a
+// decoder may stage them in whatever order its bit layout makes cheap). Every scale·level is exact in f32, so
+// scale·level + offset, fused or not, rounds once, exactly as GGML's float dequantisation
+// (kernels/quant/*.cpp): decode() equals the codecs bit for bit. F16 and BF16 are "float" formats
+// (kSubElems = 0): blocks of one weight, read 8 at a time as floats by D::lanes.
+//
+// The includer defines Q4T_ROWS_TARGET (the target attribute of its instruction set, or nothing) before
+// including; everything here is in an unnamed namespace, so each build is its own copy.
+//
+// The vector layer V provides:
+//   F: 8 floats. zero, load, store (unaligned), set1, mul, add, fma (a·b + c), hsum, fma1 (the scalar fma the
+//      lanes' fma equals), half (an f16 at a byte address), levels (8 int8 as floats), f16 / bf16 (8 of them at
+//      a byte address as floats).
+//   B: 32 bytes. load32, load16 (the upper 16 bytes zero), from_u32 (4 words, the upper 16 bytes zero), store32,
+//      nibbles (16 bytes -> their 16 low nibbles then their 16 high nibbles), and8 / or8 / sub8 (per byte, with
+//      a constant), or_, shr / shl (per byte by a constant; the bits shifted in are unspecified, so each is
+//      followed by an and8), lookup16 (bytes 0..15 -> table[byte]), bits (32 bits -> byte i = 0xFF when bit i is
+//      set, else 0), to_f<I> (bytes 8I..8I+7 as signed values, as floats).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/frozen_rows.h"
+#include "kernels/formats.h"
+#include "kernels/cpu/q4_0_rows.h"
+#include "kernels/quant/iq4.h"
+
+#ifndef Q4T_ROWS_TARGET
+#error "define Q4T_ROWS_TARGET before including frozen_rows_skeleton.h"
+#endif
+
+namespace q4t::cpu::detail {
+namespace {
+
+namespace rows {
+
+inline uint32_t u32_at(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// A block's levels (int8, staged in the decoder's order), its scales and its offsets.
+template <int64_t Elems, int Subs, bool Offset>
+struct Staged {
+  alignas(32) int8_t q[Elems];
+  alignas(32) float scale[Subs];
+  alignas(32) float offset[Offset ? Subs : 1];
+};
+
+// The 32 weights of a 16-byte nibble field (Q4_1, Q5_0, Q5_1, IQ4_NL; a sub-block of IQ4_XS): weight j < 16 is
+// the low nibble of byte j, weight j >= 16 the high nibble of byte j − 16. V::nibbles stages them in order.
+
+// Bit k of each byte of v, moved to bit `to` (k, to < 8) and masked.
+template <class V, int K, int To>
+Q4T_ROWS_TARGET inline typename V::B bit_to(typename V::B v) {
+  if constexpr (K > To) return V::and8(V::shr(v, K - To), uint8_t(1u << To));
+  else if constexpr (K < To) return V::and8(V::shl(v, To - K), uint8_t(1u << To));
+  else return V::and8(v, uint8_t(1u << To));
+}
+
+// --- 32-weight blocks ------------------------------------------------------------------------------------------
+
+// Q8_0 (34 bytes): { f16 d; i8 qs[32] }: d·q. The levels are the block's own bytes.
+struct Q8_0 {
+  static constexpr int64_t kElems = 32, kBytes = 34;
+  static constexpr int kSubElems = 32;
+  static constexpr bool kOffset = false;
+  struct Unpacked {
+    const int8_t* q;
+    float scale[1];
+  };
+  static constexpr int slot(int k) { return 8 * k; }
+  template <class V>
+  Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
+    u.q = reinterpret_cast<const int8_t*>(b + 2);
+    u.scale[0] = V::half(b);
+  }
+};
+
+// Q4_1 (20 bytes): { f16 d, m; u8 qs[16] }: d·q + m.
+struct Q4_1 {
+  static constexpr int64_t kElems = 32, kBytes = 20;
+  static constexpr int kSubElems = 32;
+  static constexpr bool kOffset = true;
+  using Unpacked = Staged<32, 1, true>;
+  static constexpr int slot(int k) { return 8 * k; }
+  template <class V>
+  Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
+    V::store32(u.q, V::nibbles(b + 4));
+    u.scale[0] = V::half(b);
+    u.offset[0] = V::half(b + 2);
+  }
+};
+
+// Q5_0 (22 bytes): { f16 d; u8 qh[4]; u8 qs[16] }: d·(q − 16), the fifth bit of weight j bit j of qh.
+struct Q5_0 {
+  static constexpr int64_t kElems = 32, kBytes = 22;
+  static constexpr int kSubElems = 32;
+  static constexpr bool kOffset = false;
+  using Unpacked = Staged<32, 1, false>;
+  static constexpr int slot(int k) { return 8 * k; }
+  template <class V>
+  Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
+    const typename V::B q = V::or_(V::nibbles(b + 6), V::and8(V::bits(u32_at(b + 2)), 16));
+    V::store32(u.q, V::sub8(q, 16));
+    u.scale[0] = V::half(b);
+  }
+};
+
+// Q5_1 (24 bytes): { f16 d, m; u8 qh[4]; u8 qs[16] }: d·q + m.
+struct Q5_1 {
+  static constexpr int64_t kElems = 32, kBytes = 24;
+  static constexpr int kSubElems = 32;
+  static constexpr bool kOffset = true;
+  using Unpacked = Staged<32, 1, true>;
+  static constexpr int slot(int k) { return 8 * k; }
+  template <class V>
+  Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
+    V::store32(u.q, V::or_(V::nibbles(b + 8), V::and8(V::bits(u32_at(b + 4)), 16)));
+    u.scale[0] = V::half(b);
+    u.offset[0] = V::half(b + 2);
+  }
+};
+
+// IQ4_NL (18 bytes): { f16 d; u8 qs[16] }: d·kIQ4Levels[q].
+struct IQ4_NL {
+  static constexpr int64_t kElems = 32, kBytes = 18;
+  static constexpr int kSubElems = 32;
+  static constexpr bool kOffset = false;
+  using Unpacked = Staged<32, 1, false>;
+  static constexpr int slot(int k) { return 8 * k; }
+  template <class V>
+  Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
+    V::store32(u.q, V::lookup16(V::nibbles(b + 2), quant::kIQ4Levels.data()));
+    u.scale[0] = V::half(b);
+  }
+};
+
+// --- 256-weight super-blocks (kernels/quant/k_quants.h, iq4.h) ---------------------------------------------------
+
+// Q2_K (84 bytes): { u8 scales[16]; u8 qs[64]; f16 d, dmin }: (d·sc)·q − dmin·m per 16 weights.
+struct Q2_K {
+  static constexpr int64_t kElems = 256, kBytes = 84;
+  static constexpr int kSubElems = 16;
+  static constexpr bool kOffset = true;
+  using Unpacked = Staged<256, 16, true>;
+  static constexpr int slot(int k) { return 8 * k; }
+  template <class V>
+  Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+      const typename V::B v = V::load32(b + 16 + 32 * h);
+      V::store32(u.q + 128 * h, V::and8(v, 3));
+      V::store32(u.q + 128 * h + 32, V::and8(V::shr(v, 2), 3));
+      V::store32(u.q + 128 * h + 64, V::and8(V::shr(v, 4), 3));
+      V::store32(u.q + 128 * h + 96, V::and8(V::shr(v, 6), 3));
+    }
+    const typename V::B s = V::load16(b);
+    const typename V::B sc = V::and8(s, 15), m = V::and8(V::shr(s, 4), 15);
+    const typename V::F d = V::set1(V::half(b + 80)), dmin = V::set1(-V::half(b + 82));
+    V::store(u.scale, V::mul(V::template to_f<0>(sc), d));
+    V::store(u.scale + 8, V::mul(V::template to_f<1>(sc), d));
+    V::store(u.offset, V::mul(V::template to_f<0>(m), dmin));
+    V::store(u.offset + 8, V::mul(V::template to_f<1>(m), dmin));
+  }
+};
+
+// Q3_K (110 bytes): { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d }: (d·sc)·(q − 4) per 16 weights.
+struct Q3_K {
+  static constexpr int64_t kElems = 256, kBytes = 110;
+  static constexpr int kSubElems = 16;
+  static constexpr bool kOffset = false;
+  using Unpacked = Staged<256, 16, false>;
+  static constexpr int slot(int k) { return 8 * k; }
+  template <class V, int H, int J>
+  Q4T_ROWS_TARGET static void level(Unpacked& u, typename V::B v, typename V::B hm) {
+    const typename V::B q = V::or_(V::and8(V::shr(v, 2 * J), 3), bit_to<V, 4 * H + J, 2>(hm));
+    V::store32(u.q + 128 * H + 32 * J, V::sub8(q, 4));
+  }
+  template <class V>
+  Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
+    const typename V::B hm = V::load32(b);
+    const typename V::B v0 = V::load32(b + 32), v1 = V::load32(b + 64);
+    level<V, 0, 0>(u, v0, hm), level<V, 0, 1>(u, v0, hm), level<V, 0, 2>(u, v0, hm), level<V, 0, 3>(u, v0, hm);
+    level<V, 1, 0>(u, v1, hm), level<V, 1, 1>(u, v1, hm), level<V, 1, 2>(u, v1, hm), level<V, 1, 3>(u, v1, hm);
+    // GGML's unpacking of the 16 six-bit scales (k3_scale for all at once): the low 4 bits are the nibbles of
+    // bytes 0-7, the top 2 bits the bit pairs of bytes 8-11.
+    const uint32_t a0 = u32_at(b + 96), a1 = u32_at(b + 100), t = u32_at(b + 104);
+    const typename V::B sc = V::sub8(
+        V::from_u32((a0 & 0x0F0F0F0F) | ((t & 0x03030303) << 4), (a1 & 0x0F0F0F0F) | (((t >> 2) & 0x03030303) << 4),
+                    ((a0 >> 4) & 0x0F0F0F0F) | (((t >> 4) & 0x03030303) << 4),
+                    ((a1 >> 4) & 0x0F0F0F0F) | (((t >> 6) & 0x03030303) << 4)),
+        32);
+    const typename V::F d = V::set1(V::half(b + 108));
+    V::store(u.scale, V::mul(V::template to_f<0>(sc), d));
+    V::store(u.scale + 8, V::mul(V::template to_f<1>(sc), d));
+  }
+};
+
+// Q4_K's and Q5_K's 8 six-bit scales and mins (k4_scale_min for all 8 at once): sub-blocks 0-3 keep 6 bits in
+// bytes 0-3 (scale) and 4-7 (min); 4-7 keep 4 bits in the nibbles of bytes 8-11 and their top 2 bits in the top
+// bits of bytes 0-7. scale = d·sc, offset = −dmin·m.
+template <class V, class U>
+Q4T_ROWS_TARGET inline void k4_scales(U& u, const uint8_t* b) {
+  const uint32_t w0 = u32_at(b + 4), w1 = u32_at(b + 8), w2 = u32_at(b + 12);
+  const typename V::B s = V::from_u32(w0 & 0x3F3F3F3F, (w2 & 0x0F0F0F0F) | (((w0 >> 6) & 0x03030303) << 4),
+                                      w1 & 0x3F3F3F3F, ((w2 >> 4) & 0x0F0F0F0F) | (((w1 >> 6) & 0x03030303) << 4));
+  V::store(u.scale, V::mul(V::template to_f<0>(s), V::set1(V::half(b))));
+  V::store(u.offset, V::mul(V::template to_f<1>(s), V::set1(-V::half(b + 2))));
+}
+
+// Q4_K (144 bytes): { f16 d, dmin; u8 scales[12]; u8 qs[128] }: (d·sc)·q − dmin·m per 32 weights.
+struct Q4_K {
+  static constexpr int64_t kElems = 256, kBytes = 144;
+  static constexpr int kSubElems = 32;
+  static constexpr bool kOffset = true;
+  using Unpacked = Staged<256, 8, true>;
+  static constexpr int slot(int k) { return 8 * k; }
+  template <class V>
+  Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+      const typename V::B v = V::load32(b + 16 + 32 * c);
+      V::store32(u.q + 64 * c, V::and8(v, 15));
+      V::store32(u.q + 64 * c + 32, V::and8(V::shr(v, 4), 15));
+    }
+    k4_scales<V>(u, b);
+  }
+};
+
+// Q5_K (176 bytes): { f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] }: Q4_K's plus a fifth bit, bit j of
+// qh[l] for weight l of sub-block j.
+struct Q5_K {
+  static constexpr int64_t kElems = 256, kBytes = 176;
+  static constexpr int kSubElems = 32;
+  static constexpr bool kOffset = true;
+  using Unpacked = Staged<256, 8, true>;
+  static constexpr int slot(int k) { return 8 * k; }
+  template <class V, int C>
+  Q4T_ROWS_TARGET static void chunk(Unpacked& u, const uint8_t* b, typename V::B qh) {
+    const typename V::B v = V::load32(b + 48 + 32 * C);
+    V::store32(u.q + 64 * C, V::or_(V::and8(v, 15), bit_to<V, 2 * C, 4>(qh)));
+    V::store32(u.q + 64 * C + 32, V::or_(V::and8(V::shr(v, 4), 15), bit_to<V, 2 * C + 1, 4>(qh)));
+  }
+  template <class V>
+  Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
+    const typename V::B qh = V::load32(b + 16);
+    chunk<V, 0>(u, b, qh), chunk<V, 1>(u, b, qh), chunk<V, 2>(u, b, qh), chunk<V, 3>(u, b, qh);
+    k4_scales<V>(u, b);
+  }
+};
+
+// Q6_K (210 bytes): { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }: (d·scale)·(q − 32) per 16 weights. Per
+// 128-weight half, weights l, l+32, l+64, l+96 take the low and high nibbles of ql[l] and ql[l+32] and bit pairs
+// 0-1, 2-3, 4-5, 6-7 of qh[l].
+struct Q6_K {
+  static constexpr int64_t kElems = 256, kBytes = 210;
+  static constexpr int kSubElems = 16;
+  static constexpr bool kOffset = false;
+  using Unpacked = Staged<256, 16, false>;
+  static constexpr int slot(int k) { return 8 * k; }
+  template <class V>
+  Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+      const typename V::B a = V::load32(b + 64 * h), c = V::load32(b + 64 * h + 32);
+      const typename V::B hb = V::load32(b + 128 + 32 * h);
+      int8_t* q = u.q + 128 * h;
+      V::store32(q, V::sub8(V::or_(V::and8(a, 15), V::and8(V::shl(hb, 4), 0x30)), 32));
+      V::store32(q + 32, V::sub8(V::or_(V::and8(c, 15), V::and8(V::shl(hb, 2), 0x30)), 32));
+      V::store32(q + 64, V::sub8(V::or_(V::and8(V::shr(a, 4), 15), V::and8(hb, 0x30)), 32));
+      V::store32(q + 96, V::sub8(V::or_(V::and8(V::shr(c, 4), 15), V::and8(V::shr(hb, 2), 0x30)), 32));
+    }
+    const typename V::B sc = V::load16(b + 192);
+    const typename V::F d = V::set1(V::half(b + 208));
+    V::store(u.scale, V::mul(V::template to_f<0>(sc), d));
+    V::store(u.scale + 8, V::mul(V::template to_f<1>(sc), d));
+  }
+};
+
+// IQ4_XS (136 bytes): { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128] }: (d·sc)·kIQ4Levels[q] per 32 weights,
+// sc = (nibble s of scales_l | bits 2s..2s+1 of scales_h << 4) − 32. Each 32 bytes of qs hold two sub-blocks,
+// staged as their low nibbles (weights 0-15 of both) then their high nibbles (weights 16-31 of both).
+struct IQ4_XS {
+  static constexpr int64_t kElems = 256, kBytes = 136;
+  static constexpr int kSubElems = 32;
+  static constexpr bool kOffset = false;
+  using Unpacked = Staged<256, 8, false>;
+  // Weights 8k..8k+7: sub-block s = k/4 (chunk s/2, half s%2), group g = k%4 (nibble g/2, bytes 8(g%2)..).
+  static constexpr int slot(int k) { return 64 * (k / 8) + 32 * (k % 4 / 2) + 16 * (k / 4 % 2) + 8 * (k % 2); }
+  template <class V>
+  Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+      const typename V::B v = V::load32(b + 8 + 32 * c);
+      V::store32(u.q + 64 * c, V::lookup16(V::and8(v, 15), quant::kIQ4Levels.data()));
+      V::store32(u.q + 64 * c + 32, V::lookup16(V::and8(V::shr(v, 4), 15), quant::kIQ4Levels.data()));
+    }
+    // Spread the 8 low nibbles and the 8 bit pairs to one byte per sub-block.
+    uint64_t lo = u32_at(b + 4);
+    lo = (lo | lo << 16) & 0x0000FFFF0000FFFFull;
+    lo = (lo | lo << 8) & 0x00FF00FF00FF00FFull;
+    lo = (lo | lo << 4) & 0x0F0F0F0F0F0F0F0Full;
+    uint64_t hi = uint64_t(b[2]) | uint64_t(b[3]) << 8;
+    hi = (hi | hi << 24) & 0x000000FF000000FFull;
+    hi = (hi | hi << 12) & 0x000F000F000F000Full;
+    hi = (hi | hi << 6) & 0x0303030303030303ull;
+    const uint64_t ls = lo | hi << 4;
+    const typename V::B sc = V::sub8(V::from_u32(uint32_t(ls), uint32_t(ls >> 32), 0, 0), 32);
+    V::store(u.scale, V::mul(V::template to_f<0>(sc), V::set1(V::half(b))));
+  }
+};
+
+// --- float formats: one weight a block, read 8 at a time -----------------------------------------------------------
+
+struct F16 {
+  static constexpr int64_t kElems = 1, kBytes = 2;
+  static constexpr int kSubElems = 0;
+  template <class V>
+  Q4T_ROWS_TARGET static typename V::F lanes(const uint8_t* p) {
+    return V::f16(p);
+  }
+  template <class V>
+  Q4T_ROWS_TARGET static float one(const uint8_t* p) {
+    return V::half(p);
+  }
+};
+
+struct BF16 {
+  static constexpr int64_t kElems = 1, kBytes = 2;
+  static constexpr int kSubElems = 0;
+  template <class V>
+  Q4T_ROWS_TARGET static typename V::F lanes(const uint8_t* p) {
+    return V::bf16(p);
+  }
+  template <class V>
+  Q4T_ROWS_TARGET static float one(const uint8_t* p) {
+    return V::bf16_one(p);
+  }
+};
+
+// --- the skeleton ------------------------------------------------------------------------------------------------
+
+constexpr int kGroupRows = 4;         // rows that share each load of x (or of dx in the backward)
+constexpr int64_t kAxpyChunk = 4096;  // dx columns kept in L1 (16 KiB) while every row passes over them
+
+template <class D>
+constexpr int kSubs = D::kSubElems ? int(D::kElems / D::kSubElems) : 0;
+template <class D>
+constexpr int kSubLanes = D::kSubElems / 8;  // 8-weight groups per scale
+
+// Weights 8k..8k+7 of an unpacked block as floats (levels, before the scale).
+template <class V, class D>
+Q4T_ROWS_TARGET inline typename V::F levels(const typename D::Unpacked& u, int k) {
+  return V::levels(u.q + D::slot(k));
+}
+
+// Calls f.template operator()<R>(r) over n_rows rows in groups of kGroupRows, then the 1..3 left over.
+template <class Group>
+Q4T_ROWS_TARGET inline void for_row_groups(int64_t n_rows, Group&& group) {
+  int64_t r = 0;
+  for (; r + kGroupRows <= n_rows; r += kGroupRows) group.template operator()<kGroupRows>(r);
+  switch (n_rows - r) {
+    case 3: group.template operator()<3>(r); break;
+    case 2: group.template operator()<2>(r); break;
+    case 1: group.template operator()<1>(r); break;
+    default: break;
+  }
+}
+
+// y[0..R) = R consecutive rows · x over nb blocks. Per scale's run of weights, Σ level·x in one register per row,
+// then times the scale into the row's accumulator; the offsets multiply xsum, the sums of x over each run
+// (computed once per call). A row's arithmetic does not depend on R.
+template <class V, class D, int R>
+Q4T_ROWS_TARGET void dot_group(float* y, const uint8_t* w, int64_t row_bytes, const float* x, const float* xsum,
+                               int64_t nb) {
+  using F = typename V::F;
+  constexpr int S = kSubs<D>, G = kSubLanes<D>;
+  F acc[R];
+  float off[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) acc[r] = V::zero(), off[r] = 0.0f;
+  for (int64_t b = 0; b < nb; b++) {
+    typename D::Unpacked u[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) D::template unpack<V>(u[r], w + r * row_bytes + b * D::kBytes);
+    const float* xb = x + b * D::kElems;
+#pragma GCC unroll 16
+    for (int s = 0; s < S; s++) {
+      F p[R];
+#pragma GCC unroll 4
+      for (int g = 0; g < G; g++) {
+        const F xk = V::load(xb + 8 * (s * G + g));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+          const F q = levels<V, D>(u[r], s * G + g);
+          p[r] = g == 0 ? V::mul(q, xk) : V::fma(q, xk, p[r]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; r++) acc[r] = V::fma(p[r], V::set1(u[r].scale[s]), acc[r]);
+    }
+    if constexpr (D::kOffset) {
+      const float* xs = xsum + b * S;
+      if constexpr (S >= 8) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+          for (int t = 0; t < S; t += 8) acc[r] = V::fma(V::load(u[r].offset + t), V::load(xs + t), acc[r]);
+      } else {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+          for (int t = 0; t < S; t++) off[r] = V::fma1(u[r].offset[t], xs[t], off[r]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) y[r] = V::hsum(acc[r]) + off[r];
+}
+
+// The float formats: 8 lanes per row, the n % 8 tail added after them.
+template <class V, class D, int R>
+Q4T_ROWS_TARGET void dot_group_float(float* y, const uint8_t* w, int64_t row_bytes, const float* x, int64_t n) {
+  using F = typename V::F;
+  F acc[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) acc[r] = V::zero();
+  const int64_t n8 = n / 8 * 8;
+  for (int64_t i = 0; i < n8; i += 8) {
+    const F xv = V::load(x + i);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) acc[r] = V::fma(D::template lanes<V>(w + r * row_bytes + 2 * i), xv, acc[r]);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; r++) {
+    float sum = V::hsum(acc[r]);
+    for (int64_t i = n8; i < n; i++) sum += D::template one<V>(w + r * row_bytes + 2 * i) * x[i];
+    y[r] = sum;
+  }
+}
+
+template <class V, class D>
+Q4T_ROWS_TARGET void dot_rows(float* y, const uint8_t* w, int64_t row_bytes, const float* x, int64_t n_rows,
+                              int64_t n) {
+  if constexpr (D::kSubElems == 0) {
+    for_row_groups(n_rows, [&]<int R>(int64_t r) Q4T_ROWS_TARGET {
+      dot_group_float<V, D, R>(y + r, w + r * row_bytes, row_bytes, x, n);
+    });
+  } else {
+    const float* xsum = nullptr;
+    if constexpr (D::kOffset) {
+      // Σ x over each scale's run of weights, for the offsets.
+      float* xs = thread_scratch(n / D::kSubElems);
+      for (int64_t j = 0; j < n / D::kSubElems; j++) {
+        const float* xj = x + j * D::kSubElems;
+        typename V::F v = V::load(xj);
+#pragma GCC unroll 4
+        for (int g = 1; g < kSubLanes<D>; g++) v = V::add(v, V::load(xj + 8 * g));
+        xs[j] = V::hsum(v);
+      }
+      xsum = xs;
+    }
+    for_row_groups(n_rows, [&]<int R>(int64_t r) Q4T_ROWS_TARGET {
+      dot_group<V, D, R>(y + r, w + r * row_bytes, row_bytes, x, xsum, n / D::kElems);
+    });
+  }
+}
+
+// dx[nb blocks] += Σ over R rows of s[r]·W[r, :]: per scale's run, the levels times s[r]·scale of each row, then
+// the rows' Σ s[r]·offset added once.
+template <class V, class D, int R>
+Q4T_ROWS_TARGET void axpy_group(float* dx, const uint8_t* w, int64_t row_bytes, const float* s, int64_t nb) {
+  using F = typename V::F;
+  constexpr int S = kSubs<D>, G = kSubLanes<D>;
+  for (int64_t b = 0; b < nb; b++) {
+    typename D::Unpacked u[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) D::template unpack<V>(u[r], w + r * row_bytes + b * D::kBytes);
+    alignas(32) float c[R][S];
+    alignas(32) float e[S];
+    if constexpr (S >= 8) {
+#pragma GCC unroll 4
+      for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int t = 0; t < S; t += 8) V::store(c[r] + t, V::mul(V::load(u[r].scale + t), V::set1(s[r])));
+      if constexpr (D::kOffset) {
+#pragma GCC unroll 2
+        for (int t = 0; t < S; t += 8) {
+          F v = V::mul(V::load(u[0].offset + t), V::set1(s[0]));
+#pragma GCC unroll 4
+          for (int r = 1; r < R; r++) v = V::fma(V::load(u[r].offset + t), V::set1(s[r]), v);
+          V::store(e + t, v);
+        }
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int r = 0; r < R; r++)
+        for (int t = 0; t < S; t++) c[r][t] = u[r].scale[t] * s[r];
+      if constexpr (D::kOffset) {
+        for (int t = 0; t < S; t++) {
+          float v = u[0].offset[t] * s[0];
+#pragma GCC unroll 4
+          for (int r = 1; r < R; r++) v = V::fma1(u[r].offset[t], s[r], v);
+          e[t] = v;
+        }
+      }
+    }
+    float* xb = dx + b * D::kElems;
+#pragma GCC unroll 16
+    for (int t = 0; t < S; t++) {
+#pragma GCC unroll 4
+      for (int g = 0; g < G; g++) {
+        const int k = t * G + g;
+        F a = V::load(xb + 8 * k);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) a = V::fma(levels<V, D>(u[r], k), V::set1(c[r][t]), a);
+        if constexpr (D::kOffset) a = V::add(a, V::set1(e[t]));
+        V::store(xb + 8 * k, a);
+      }
+    }
+  }
+}
+
+// The float formats; the tail in the same order and with the same rounding as the lanes, so a column's result
+// does not depend on whether a thread's range puts it in a vector or in the tail.
+template <class V, class D, int R>
+Q4T_ROWS_TARGET void axpy_group_float(float* dx, const uint8_t* w, int64_t row_bytes, const float* s, int64_t n) {
+  using F = typename V::F;
+  const int64_t n8 = n / 8 * 8;
+  for (int64_t i = 0; i < n8; i += 8) {
+    F a = V::load(dx + i);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) a = V::fma(D::template lanes<V>(w + r * row_bytes + 2 * i), V::set1(s[r]), a);
+    V::store(dx + i, a);
+  }
+  for (int64_t i = n8; i < n; i++)
+    for (int r = 0; r < R; r++) dx[i] = V::fma1(D::template one<V>(w + r * row_bytes + 2 * i), s[r], dx[i]);
+}
+
+// Column chunks outside, rows inside: a chunk of dx stays in L1 while every row passes over it.
+template <class V, class D>
+Q4T_ROWS_TARGET void axpy_rows(float* dx, const uint8_t* w, int64_t row_bytes, const float* s, int64_t n_rows,
+                               int64_t n) {
+  for (int64_t c0 = 0; c0 < n; c0 += kAxpyChunk) {
+    const int64_t nc = std::min(kAxpyChunk, n - c0);
+    const uint8_t* wc = w + c0 / D::kElems * D::kBytes;
+    for_row_groups(n_rows, [&]<int R>(int64_t r) Q4T_ROWS_TARGET {
+      if constexpr (D::kSubElems == 0)
+        axpy_group_float<V, D, R>(dx + c0, wc + r * row_bytes, row_bytes, s + r, nc);
+      else
+        axpy_group<V, D, R>(dx + c0, wc + r * row_bytes, row_bytes, s + r, nc / D::kElems);
+    });
+  }
+}
+
+// y[0:n) = the weights at w as floats: scale·level (+ offset), one rounding, as the codec.
+template <class V, class D>
+Q4T_ROWS_TARGET void decode(float* y, const uint8_t* w, int64_t n) {
+  if constexpr (D::kSubElems == 0) {
+    const int64_t n8 = n / 8 * 8;
+    for (int64_t i = 0; i < n8; i += 8) V::store(y + i, D::template lanes<V>(w + 2 * i));
+    for (int64_t i = n8; i < n; i++) y[i] = D::template one<V>(w + 2 * i);
+  } else {
+    constexpr int S = kSubs<D>, G = kSubLanes<D>;
+    for (int64_t b = 0; b < n / D::kElems; b++, w += D::kBytes, y += D::kElems) {
+      typename D::Unpacked u;
+      D::template unpack<V>(u, w);
+#pragma GCC unroll 16
+      for (int t = 0; t < S; t++) {
+        const typename V::F sc = V::set1(u.scale[t]);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+          const int k = t * G + g;
+          if constexpr (D::kOffset)
+            V::store(y + 8 * k, V::fma(levels<V, D>(u, k), sc, V::set1(u.offset[t])));
+          else
+            V::store(y + 8 * k, V::mul(levels<V, D>(u, k), sc));
+        }
+      }
+    }
+  }
+}
+
+// The decoder of each format.
+template <Format F>
+struct DecoderOf;
+#define Q4T_DECODER(fmt) \
+  template <>            \
+  struct DecoderOf<Format::fmt> { using type = fmt; };
+Q4T_DECODER(F16)
+Q4T_DECODER(BF16)
+Q4T_DECODER(Q8_0)
+Q4T_DECODER(Q4_1)
+Q4T_DECODER(Q5_0)
+Q4T_DECODER(Q5_1)
+Q4T_DECODER(IQ4_NL)
+Q4T_DECODER(Q2_K)
+Q4T_DECODER(Q3_K)
+Q4T_DECODER(Q4_K)
+Q4T_DECODER(Q5_K)
+Q4T_DECODER(Q6_K)
+Q4T_DECODER(IQ4_XS)
+#undef Q4T_DECODER
+
+// The kernel set of decoder D in this build.
+template <class V, class D>
+constexpr FrozenRowKernels kernels(const char* name) {
+  return {name, D::kElems, D::kBytes, dot_rows<V, D>, axpy_rows<V, D>, decode<V, D>};
+}
+
+}  // namespace rows
+
+}  // namespace
+}  // namespace q4t::cpu::detail
