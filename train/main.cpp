@@ -133,8 +133,11 @@ int main(int argc, char** argv) {
   logits->add_option("--adapter", logits_opt.adapter, "GGUF LoRA adapter to apply");
   logits->add_option("--adapter-scale", logits_opt.adapter_scale, "scale of the adapter")->capture_default_str();
   logits->add_flag("--llama-cpp-numerics", logits_opt.llama_cpp_numerics,
-                   "round the input of each Q4_0 matrix to Q8_0 blocks as llama.cpp's CPU matmuls do, to reproduce "
-                   "its logits exactly (the default keeps f32 activations, as training does)");
+                   "round the input of each quantized matrix to 8-bit blocks as llama.cpp's CPU matmuls do (Q8_0 or Q8_K, "
+                   "by the format's vec_dot_type; F16 and BF16 inputs are not rounded): the logits then agree with "
+                   "llama.cpp's to about 1e-6 of their largest, until an activation lies within float rounding of an "
+                   "8-bit step, which the two may then round to neighbouring steps (the default keeps f32 "
+                   "activations, as training does)");
   logits->add_option("--out", logits_opt.out, "write {\"logits\": [[...], ...]} here instead of stdout");
 
   q4t::TokenizeOptions tok_opt;
