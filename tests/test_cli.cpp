@@ -300,15 +300,47 @@ TEST(Cli, InfoListsTheKeysAndTensorsAndWhichTypesAreSupported) {
   w.set("general.architecture", q4t::gguf::Value::str("llama"));
   w.add_tensor("blk.0.ffn_down.weight", {256, 2}, q4t::gguf::GgmlType::Q4_K, std::vector<uint8_t>(2 * 144));
   w.add_tensor("blk.0.ffn_up.weight", {256, 2}, q4t::gguf::GgmlType::Q5_K, std::vector<uint8_t>(2 * 176));
+  w.add_tensor("blk.0.ffn_gate.weight", {256, 2}, q4t::gguf::GgmlType::IQ2_XXS, std::vector<uint8_t>(2 * 66));
   w.write(path.string());
   r = run("info " + path.string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("blk.0.ffn_down.weight  [256, 2]  q4_K            288 bytes  supported\n"), std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("blk.0.ffn_up.weight    [256, 2]  q5_K            352 bytes  not supported by q4tune (q5_K)"),
+  EXPECT_NE(r.out.find("blk.0.ffn_up.weight    [256, 2]  q5_K            352 bytes  supported\n"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("blk.0.ffn_gate.weight  [256, 2]  iq2_xxs         132 bytes  not supported by q4tune (iq2_xxs)"),
             std::string::npos)
       << r.out;
   std::filesystem::remove(path);
+}
+
+// A model with a matrix in a type the format table lacks: one error naming the tensor and its type, while `info`
+// still lists the file.
+TEST(Cli, AMatrixInATypeTheTableLacksIsOneErrorNamingTheTensorAndItsType) {
+  const auto dir = std::filesystem::temp_directory_path() / ("q4t-cli-iq2-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string base = (dir / "base.gguf").string(), bad = (dir / "bad.gguf").string();
+  ASSERT_EQ(run("init-model --type q4_k_m --dim 256 --ff 512 --layers 1 --heads 4 --kv-heads 2 --out " + base).code, 0);
+  const auto f = q4t::gguf::File::open(base);
+  q4t::gguf::Writer w;
+  for (const auto& [key, value] : f->metadata())
+    if (key != "general.alignment") w.set(key, value);
+  for (const auto& t : f->tensors()) {
+    if (t.name == "blk.0.ffn_up.weight")
+      w.add_tensor(t.name, t.ne, q4t::gguf::GgmlType::IQ2_XXS, std::vector<uint8_t>(size_t(t.ne[1] * t.ne[0] / 256 * 66)));
+    else
+      w.add_tensor(t.name, t.ne, t.type, std::vector<uint8_t>(t.data, t.data + t.bytes));
+  }
+  w.write(bad);
+  CmdResult r = run("logits " + bad + " --device cpu --ids 1,2,3");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("tensor 'blk.0.ffn_up.weight' has type iq2_xxs, which q4tune cannot use here"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  r = run("info " + bad);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("not supported by q4tune (iq2_xxs)"), std::string::npos) << r.out;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -67,3 +67,13 @@ void unit_axpy_f32(WUnit r, float g, inout vec4 acc[2u * UNIT_VECS], inout vec2 
     acc[e + 4u] = fma(gd, iq4_values(q >> 4u), acc[e + 4u]);
   }
 }
+
+// For the integer-dot GEMV (unit_gemv_dot.comp): the levels of weights 4e .. 4e + 3 as int8 bytes, qs[16s + 4k ..
+// + 4) (the nibbles of weights 4k .. and 16 + 4k ..), and (dl, dl, 0, 0).
+#define UNIT_SIGNED_CODES
+uint unit_nibbles(WUnit r, uint k) { return r.w[2u + k]; }
+uint unit_codes(WUnit r, uint e) { return iq4_levels4(r.w[2u + (e & 3u)] >> (e < 4u ? 0u : 4u)) ^ 0x80808080u; }
+vec4 unit_affine(WUnit r) {
+  const float dl = iq4_xs_scale(r);
+  return vec4(dl, dl, 0.0, 0.0);
+}

@@ -2,8 +2,9 @@
 // Activations x[n_in] as integer limbs at one scale per group (int_dot.glsl has the layouts), for the
 // integer-dot GEMVs: LAYOUT 0 for q4_0_gemv_dot.comp (groups of 32, x's order, Σ x per 32), 1 for
 // q4_k_gemv_dot.comp (groups of 256 reordered into slots, Σ x per 16), 2 for q6_k_gemv_dot.comp (groups of
-// 256 in unit order; its sums go unused). A workgroup covers 256 activations, each invocation 4 of them (one
-// word of each plane); n_in is a multiple of 32 (of 256 for layouts 1 and 2).
+// 256 in unit order; its sums go unused), 3 for unit_gemv_dot.comp (groups of 32, x's order, Σ x per 16). A
+// workgroup covers 256 activations, each invocation 4 of them (one word of each plane); n_in is a multiple of 32
+// (of 256 for layouts 1 and 2).
 
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const uint LAYOUT = 0;
@@ -12,8 +13,8 @@ layout(std430, binding = 0) writeonly buffer Limbs { uint limbs[]; };
 layout(std430, binding = 1) readonly buffer X { vec4 x4[]; };
 layout(push_constant) uniform Push { uint n_in; } p;
 
-const uint GROUP = LAYOUT == 0u ? 8u : 64u;  // invocations per scale group
-const uint PIECE = LAYOUT == 1u ? 4u : 8u;   // invocations per Σ x
+const uint GROUP = LAYOUT == 0u || LAYOUT == 3u ? 8u : 64u;  // invocations per scale group
+const uint PIECE = LAYOUT == 1u || LAYOUT == 3u ? 4u : 8u;   // invocations per Σ x
 const float LIMB_MAX = 8388607.0;        // 2^23 - 1
 
 shared float group_max[64];
@@ -38,7 +39,7 @@ void main() {
   const uvec4 b0 = A & 255u, b1 = (A >> 8u) & 255u, b2 = (A >> 16u) & 255u;  // two's complement bytes
 
   uint word = e / 4u;  // within a plane
-  uint piece = e / 32u;
+  uint piece = LAYOUT == 3u ? e / 16u : e / 32u;
   if (LAYOUT == 1u) {
     const uint o = 4u * t, c = o / 64u, r = o % 64u;
     const uint slot = r < 32u ? 2u * c + r / 16u : 8u + 2u * c + (r - 32u) / 16u;

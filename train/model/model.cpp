@@ -58,7 +58,7 @@ void Model::load_tensor(const gguf::File& f, const std::string& name, const std:
   const bool ok = matrix ? matrix_dtype(t->type, be_.real(), &dt) : t->type == gguf::GgmlType::F32;
   if (!ok)
     throw gguf::FormatError(f.path() + ": tensor '" + name + "' has type " + gguf::type_name(t->type) +
-                            ", which q4tune cannot use here (supported: " + (matrix ? "f32, f16, q8_0, q4_0, q4_K, q6_K" : "f32") + ")");
+                            ", which q4tune cannot use here (supported: f32" + (matrix ? ", " + format_list() : std::string()) + ")");
   // Shape as a row-major matrix [n_out, n_in] (ne reversed); vectors stay [n].
   const ag::Shape shape = ne.size() == 2 ? ag::Shape{ne[1], ne[0]} : ag::Shape{ne[0]};
   if (ag::is_frozen_storage(dt)) {
