@@ -69,8 +69,12 @@ struct FormatTraits {
   void (*dequantize_row)(float* y, const uint8_t* x, int64_t n);
   void (*dequantize_row_f64)(double* y, const uint8_t* x, int64_t n);
   ActRound llama_cpp_act_round = ActRound::None;
-  // The CPU row loops (kernels/cpu/frozen_rows.h); null: Q4_0's own kernel set (kernels/cpu/q4_0_rows.h).
+  // The CPU row loops (kernels/cpu/frozen_rows.h) that the shared driver (frozen_linear.cpp) tiles and threads; or
+  // a driver of the format's own (Q4_0: its kernel sets of kernels/cpu/q4_0_rows.h), Y = X·Wᵀ and dX (+)= dY·W.
   const cpu::detail::FrozenRowKernels& (*cpu_rows)() = nullptr;
+  void (*cpu_gemm)(float* Y, const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in) = nullptr;
+  void (*cpu_dx)(float* dX, const uint8_t* w, const float* dY, int64_t T, int64_t n_out, int64_t n_in,
+                 int64_t j_start, int64_t j_end, bool accumulate) = nullptr;
   // The Vulkan kernels need n_in a multiple of this (whole units of 32 weights; F16: pairs).
   int64_t gpu_n_in_multiple = 32;
   // Whether a Vulkan device holds W in the grouped layout of kernels/shapes.h (Q6_K) rather than GGML's bytes.

@@ -5,7 +5,8 @@
 // starts at a block boundary and is a whole number of blocks.
 //
 // Every format runs the same loop skeleton over a small block decoder of its own (frozen_rows_skeleton.h), built
-// once per instruction set: portable (frozen_rows.cpp) and AVX2 (frozen_rows_avx2.cpp).
+// once per instruction set: portable (frozen_rows.cpp), AVX2 (frozen_rows_avx2.cpp) and AVX-512
+// (frozen_rows_avx512.cpp).
 #pragma once
 #include <cstdint>
 
@@ -32,13 +33,14 @@ struct FrozenRowKernels {
 inline int64_t byte_offset(const FrozenRowKernels& k, int64_t col) { return col / k.block_elems * k.block_bytes; }
 
 // The loops of format F (any format but Q4_0) matching the Q4_0 kernel set in use (q4_0_kernels().isa), so
-// use_q4_0_kernels switches these too and the tests cover each set. The AVX-512 set shares the AVX2 loops.
+// use_q4_0_kernels switches these too and the tests cover each set.
 template <Format F>
 const FrozenRowKernels& row_kernels();
 
 #if defined(__x86_64__) || defined(__i386__)
-// The AVX2 loops of format f (frozen_rows_avx2.cpp); null for Q4_0.
+// The AVX2 and AVX-512 loops of format f (frozen_rows_avx2.cpp, frozen_rows_avx512.cpp); null for Q4_0.
 const FrozenRowKernels* avx2_row_kernels(Format f);
+const FrozenRowKernels* avx512_row_kernels(Format f);
 #endif
 
 }  // namespace q4t::cpu::detail

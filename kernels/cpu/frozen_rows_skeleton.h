@@ -1,38 +1,49 @@
-// The one loop skeleton of the CPU frozen formats (dot_rows, axpy_rows, decode; see frozen_rows.h) and the
-// small per-format block decoders it is templated on. Both are written once over a vector layer V of 8 f32
-// lanes and 32-byte vectors, and built once per instruction set: frozen_rows.cpp includes this with plain
-// arrays for V (the portable loops), frozen_rows_avx2.cpp with AVX2 intrinsics. Everything is inlined at
-// compile time: no call per block.
+// The one loop skeleton of the CPU frozen formats (dot_rows, axpy_rows, decode; see frozen_rows.h) and the small
+// per-format block decoders it is templated on. Both are written once over a vector layer V and built once per
+// instruction set: frozen_rows.cpp includes this with plain arrays for V (the portable loops), the x86 files with
+// intrinsics (frozen_rows_avx2.cpp: 8 lanes; frozen_rows_avx512.cpp: 16). Everything is inlined at compile time:
+// no call per block.
 //
 // A block decoder D describes kElems weights in kBytes bytes. Most formats are "level" formats: weight i of a
-// block is scale[s]·level[i] + offset[s] (offset only where kOffset), s = i / kSubElems, with integer levels
-// that fit int8. D::unpack writes a block's levels as int8 (the 32-byte layer does the bit work) and its scales
-// and offsets as floats into D::Unpacked; `slot(k)` is where weights 8k..8k+7 sit among the staged levels (a
-// decoder may stage them in whatever order its bit layout makes cheap). Every scale·level is exact in f32, so
-// scale·level + offset, fused or not, rounds once, exactly as GGML's float dequantisation
-// (kernels/quant/*.cpp): decode() equals the codecs bit for bit. F16 and BF16 are "float" formats
-// (kSubElems = 0): blocks of one weight, read 8 at a time as floats by D::lanes.
+// block is scale[s]·level[i] + offset[s] (offset only where kOffset), s = i / kSubElems, with small integer
+// levels (IQ4: one of 16 fixed int8 values). D::unpack writes a block's scales and offsets as floats into
+// D::Unpacked. The levels come one vector at a time either straight from the block's bytes, D::group(b, k) for
+// weights L·k .. L·k + L − 1 (L = V::kLanes): one widening shared by the groups of the same bytes, then a shift
+// and a conversion or a table lookup per vector; or, where that takes more work per vector (a fifth or third bit
+// from elsewhere in the block; a 16-entry table without AVX-512), staged by unpack as int8 in 32-byte steps,
+// D::slot(j) telling where weights 16j..16j+15 sit. Every scale·level is exact in f32, so scale·level + offset,
+// fused or not, rounds once, exactly as GGML's float dequantisation (kernels/quant/*.cpp): decode() equals the
+// codecs bit for bit. F16 and BF16 are "float" formats (kSubElems = 0): blocks of one weight, read a vector at a
+// time by D::lanes.
 //
 // The includer defines Q4T_ROWS_TARGET (the target attribute of its instruction set, or nothing) before
 // including; everything here is in an unnamed namespace, so each build is its own copy.
 //
 // The vector layer V provides:
-//   F: 8 floats. zero, load, store (unaligned), set1, mul, add, fma (a·b + c), hsum, fma1 (the scalar fma the
-//      lanes' fma equals), half (an f16 at a byte address), levels (8 int8 as floats), f16 / bf16 (8 of them at
-//      a byte address as floats).
+//   F: kLanes floats (8 or 16). zero, load, store (unaligned), loadn<N> / storen<N> (the first N <= kLanes
+//      lanes, N a multiple of 8; the other lanes load as 0), set1, mul, add, fma (a·b + c), hsum; fma1 (the
+//      scalar a·b + c, rounded as the lanes' fma); levels (kLanes int8 as floats); f16, bf16 (kLanes of them at
+//      a byte address, as floats).
+//   I: kLanes int32. u8 (kLanes bytes, zero-extended), srl (logical shift right), low<N> (the low N <= 4 bits
+//      as floats). kLookup: whether V also has these, one instruction each: sll, select<M>(a, b) (the bits of a
+//      where M has ones, of b elsewhere), bits_at(x, i, to) (lane t: the word x rotated so that its bit i + t
+//      lands on bit `to`), lut8 / lut16 / lut32 (t[lane & 7] / t[lane & 15] of a 16-float table, t[lane & 31]
+//      of a 32-float one).
+//   scalars: half, bf16_one (one f16 / bf16 at a byte address, as a float).
 //   B: 32 bytes. load32, load16 (the upper 16 bytes zero), from_u32 (4 words, the upper 16 bytes zero), store32,
-//      nibbles (16 bytes -> their 16 low nibbles then their 16 high nibbles), and8 / or8 / sub8 (per byte, with
-//      a constant), or_, shr / shl (per byte by a constant; the bits shifted in are unspecified, so each is
-//      followed by an and8), lookup16 (bytes 0..15 -> table[byte]), bits (32 bits -> byte i = 0xFF when bit i is
-//      set, else 0), to_f<I> (bytes 8I..8I+7 as signed values, as floats).
+//      nibbles (16 bytes -> their 16 low nibbles then their 16 high nibbles), and8 / sub8 (per byte, with a
+//      constant), or_, shr / shl (per byte by a constant; the bits shifted in are unspecified, so each is
+//      followed by an and8), lookup16 (bytes 0..15 -> table[byte]), bits (32 bits -> byte i = 0xFF when bit i
+//      is set, else 0); scales<I>(out, v, m): out[0..8) = m · (bytes 8I..8I+7 of v as int8), exact products.
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/frozen_rows.h"
-#include "kernels/formats.h"
 #include "kernels/cpu/q4_0_rows.h"
+#include "kernels/formats.h"
 #include "kernels/quant/iq4.h"
 
 #ifndef Q4T_ROWS_TARGET
@@ -50,16 +61,30 @@ inline uint32_t u32_at(const uint8_t* p) {
   return v;
 }
 
-// A block's levels (int8, staged in the decoder's order), its scales and its offsets.
-template <int64_t Elems, int Subs, bool Offset>
-struct Staged {
-  alignas(32) int8_t q[Elems];
-  alignas(32) float scale[Subs];
-  alignas(32) float offset[Offset ? Subs : 1];
-};
+// Level tables for the lookups of V::kLookup: GGML's kvalues_iq4nl (kernels/quant/iq4.h); Q3_K's 3-bit q − 4 (bit
+// 3 does not matter); the 5-bit q of Q5_1 and Q5_K, and Q5_0's q − 16.
+alignas(64) inline constexpr float kIQ4Table[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                    1,    13,   25,  38,  53,  69,  89,  113};
+alignas(64) inline constexpr float kThreeBits[16] = {-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3};
+alignas(64) inline constexpr float kFiveBits[32] = {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
+                                                    16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
+alignas(64) inline constexpr float kFiveBitsSigned[32] = {-16, -15, -14, -13, -12, -11, -10, -9, -8, -7, -6,
+                                                          -5,  -4,  -3,  -2,  -1,  0,   1,   2,   3,  4,  5,
+                                                          6,   7,   8,   9,   10,  11,  12,  13,  14, 15};
 
-// The 32 weights of a 16-byte nibble field (Q4_1, Q5_0, Q5_1, IQ4_NL; a sub-block of IQ4_XS): weight j < 16 is
-// the low nibble of byte j, weight j >= 16 the high nibble of byte j − 16. V::nibbles stages them in order.
+// Lanes shifted so that bit `from` lands on bit `to` (the other bits are whatever the shift brings).
+template <class V>
+Q4T_ROWS_TARGET inline typename V::I move_bit(typename V::I v, int from, int to) {
+  return from > to ? V::srl(v, from - to) : from < to ? V::sll(v, to - from) : v;
+}
+
+// A block's scales and offsets, and its staged levels (int8, in the decoder's order) where it stages them.
+template <int Subs, bool Offset, int64_t Staged = 0>
+struct Unpacked {
+  alignas(64) float scale[Subs];
+  alignas(64) float offset[Offset ? Subs : 1];
+  alignas(64) int8_t q[Staged ? Staged : 1];
+};
 
 // Bit k of each byte of v, moved to bit `to` (k, to < 8) and masked.
 template <class V, int K, int To>
@@ -70,21 +95,22 @@ Q4T_ROWS_TARGET inline typename V::B bit_to(typename V::B v) {
 }
 
 // --- 32-weight blocks ------------------------------------------------------------------------------------------
+// Weight j < 16 of a 16-byte nibble field is the low nibble of byte j, weight j >= 16 the high nibble of byte
+// j − 16 (Q4_1, Q5_0, Q5_1, IQ4_NL; each 32-weight sub-block of IQ4_XS).
 
-// Q8_0 (34 bytes): { f16 d; i8 qs[32] }: d·q. The levels are the block's own bytes.
+// Q8_0 (34 bytes): { f16 d; i8 qs[32] }: d·q.
 struct Q8_0 {
   static constexpr int64_t kElems = 32, kBytes = 34;
   static constexpr int kSubElems = 32;
   static constexpr bool kOffset = false;
-  struct Unpacked {
-    const int8_t* q;
-    float scale[1];
-  };
-  static constexpr int slot(int k) { return 8 * k; }
+  using Unpacked = rows::Unpacked<1, false>;
   template <class V>
   Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
-    u.q = reinterpret_cast<const int8_t*>(b + 2);
     u.scale[0] = V::half(b);
+  }
+  template <class V>
+  Q4T_ROWS_TARGET static typename V::F group(const uint8_t* b, int k) {
+    return V::levels(reinterpret_cast<const int8_t*>(b + 2 + V::kLanes * k));
   }
 };
 
@@ -93,96 +119,123 @@ struct Q4_1 {
   static constexpr int64_t kElems = 32, kBytes = 20;
   static constexpr int kSubElems = 32;
   static constexpr bool kOffset = true;
-  using Unpacked = Staged<32, 1, true>;
-  static constexpr int slot(int k) { return 8 * k; }
+  using Unpacked = rows::Unpacked<1, true>;
   template <class V>
   Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
-    V::store32(u.q, V::nibbles(b + 4));
     u.scale[0] = V::half(b);
     u.offset[0] = V::half(b + 2);
   }
+  template <class V>
+  Q4T_ROWS_TARGET static typename V::F group(const uint8_t* b, int k) {
+    const int i = V::kLanes * k;
+    const typename V::I v = V::u8(b + 4 + i % 16);
+    return V::template low<4>(i < 16 ? v : V::srl(v, 4));
+  }
 };
 
-// Q5_0 (22 bytes): { f16 d; u8 qh[4]; u8 qs[16] }: d·(q − 16), the fifth bit of weight j bit j of qh.
+// Q5_0 (22 bytes): { f16 d; u8 qh[4]; u8 qs[16] }: d·(q − 16), the fifth bit of weight j bit j of qh. With
+// V::kLookup, each vector's q is its nibbles with the fifth bits selected in, looked up; else staged.
 struct Q5_0 {
   static constexpr int64_t kElems = 32, kBytes = 22;
   static constexpr int kSubElems = 32;
   static constexpr bool kOffset = false;
-  using Unpacked = Staged<32, 1, false>;
-  static constexpr int slot(int k) { return 8 * k; }
+  using Unpacked = rows::Unpacked<1, false, 32>;
+  static constexpr int slot(int j) { return 16 * j; }
   template <class V>
   Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
-    const typename V::B q = V::or_(V::nibbles(b + 6), V::and8(V::bits(u32_at(b + 2)), 16));
-    V::store32(u.q, V::sub8(q, 16));
+    if constexpr (!V::kLookup) {
+      const typename V::B q = V::or_(V::nibbles(b + 6), V::and8(V::bits(u32_at(b + 2)), 16));
+      V::store32(u.q, V::sub8(q, 16));
+    }
     u.scale[0] = V::half(b);
+  }
+  template <class V>
+    requires V::kLookup
+  Q4T_ROWS_TARGET static typename V::F group(const uint8_t* b, int k) {
+    const int i = V::kLanes * k;
+    const typename V::I v = V::u8(b + 6 + i % 16);
+    return V::lut32(V::template select<15>(i < 16 ? v : V::srl(v, 4), V::bits_at(u32_at(b + 2), i, 4)),
+                    kFiveBitsSigned);
   }
 };
 
-// Q5_1 (24 bytes): { f16 d, m; u8 qh[4]; u8 qs[16] }: d·q + m.
+// Q5_1 (24 bytes): { f16 d, m; u8 qh[4]; u8 qs[16] }: d·q + m, q as Q5_0's.
 struct Q5_1 {
   static constexpr int64_t kElems = 32, kBytes = 24;
   static constexpr int kSubElems = 32;
   static constexpr bool kOffset = true;
-  using Unpacked = Staged<32, 1, true>;
-  static constexpr int slot(int k) { return 8 * k; }
+  using Unpacked = rows::Unpacked<1, true, 32>;
+  static constexpr int slot(int j) { return 16 * j; }
   template <class V>
   Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
-    V::store32(u.q, V::or_(V::nibbles(b + 8), V::and8(V::bits(u32_at(b + 4)), 16)));
+    if constexpr (!V::kLookup) V::store32(u.q, V::or_(V::nibbles(b + 8), V::and8(V::bits(u32_at(b + 4)), 16)));
     u.scale[0] = V::half(b);
     u.offset[0] = V::half(b + 2);
   }
+  template <class V>
+    requires V::kLookup
+  Q4T_ROWS_TARGET static typename V::F group(const uint8_t* b, int k) {
+    const int i = V::kLanes * k;
+    const typename V::I v = V::u8(b + 8 + i % 16);
+    return V::lut32(V::template select<15>(i < 16 ? v : V::srl(v, 4), V::bits_at(u32_at(b + 4), i, 4)), kFiveBits);
+  }
 };
 
-// IQ4_NL (18 bytes): { f16 d; u8 qs[16] }: d·kIQ4Levels[q].
+// IQ4_NL (18 bytes): { f16 d; u8 qs[16] }: d·kIQ4Levels[q]. Looked up per vector where V has a one-instruction
+// 16-entry lookup, else staged (a byte shuffle per 32 weights).
 struct IQ4_NL {
   static constexpr int64_t kElems = 32, kBytes = 18;
   static constexpr int kSubElems = 32;
   static constexpr bool kOffset = false;
-  using Unpacked = Staged<32, 1, false>;
-  static constexpr int slot(int k) { return 8 * k; }
+  using Unpacked = rows::Unpacked<1, false, 32>;
+  static constexpr int slot(int j) { return 16 * j; }
   template <class V>
   Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
-    V::store32(u.q, V::lookup16(V::nibbles(b + 2), quant::kIQ4Levels.data()));
+    if constexpr (!V::kLookup) V::store32(u.q, V::lookup16(V::nibbles(b + 2), quant::kIQ4Levels.data()));
     u.scale[0] = V::half(b);
+  }
+  template <class V>
+    requires V::kLookup
+  Q4T_ROWS_TARGET static typename V::F group(const uint8_t* b, int k) {
+    const int i = V::kLanes * k;
+    const typename V::I v = V::u8(b + 2 + i % 16);
+    return V::lut16(i < 16 ? v : V::srl(v, 4), kIQ4Table);
   }
 };
 
 // --- 256-weight super-blocks (kernels/quant/k_quants.h, iq4.h) ---------------------------------------------------
 
-// Q2_K (84 bytes): { u8 scales[16]; u8 qs[64]; f16 d, dmin }: (d·sc)·q − dmin·m per 16 weights.
+// Q2_K (84 bytes): { u8 scales[16]; u8 qs[64]; f16 d, dmin }: (d·sc)·q − dmin·m per 16 weights; weight
+// 128h + 32j + l in bits 2j..2j+1 of qs[32h + l].
 struct Q2_K {
   static constexpr int64_t kElems = 256, kBytes = 84;
   static constexpr int kSubElems = 16;
   static constexpr bool kOffset = true;
-  using Unpacked = Staged<256, 16, true>;
-  static constexpr int slot(int k) { return 8 * k; }
+  using Unpacked = rows::Unpacked<16, true>;
   template <class V>
   Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) {
-      const typename V::B v = V::load32(b + 16 + 32 * h);
-      V::store32(u.q + 128 * h, V::and8(v, 3));
-      V::store32(u.q + 128 * h + 32, V::and8(V::shr(v, 2), 3));
-      V::store32(u.q + 128 * h + 64, V::and8(V::shr(v, 4), 3));
-      V::store32(u.q + 128 * h + 96, V::and8(V::shr(v, 6), 3));
-    }
     const typename V::B s = V::load16(b);
     const typename V::B sc = V::and8(s, 15), m = V::and8(V::shr(s, 4), 15);
-    const typename V::F d = V::set1(V::half(b + 80)), dmin = V::set1(-V::half(b + 82));
-    V::store(u.scale, V::mul(V::template to_f<0>(sc), d));
-    V::store(u.scale + 8, V::mul(V::template to_f<1>(sc), d));
-    V::store(u.offset, V::mul(V::template to_f<0>(m), dmin));
-    V::store(u.offset + 8, V::mul(V::template to_f<1>(m), dmin));
+    const float d = V::half(b + 80), dmin = -V::half(b + 82);
+    V::template scales<0>(u.scale, sc, d), V::template scales<1>(u.scale + 8, sc, d);
+    V::template scales<0>(u.offset, m, dmin), V::template scales<1>(u.offset + 8, m, dmin);
+  }
+  template <class V>
+  Q4T_ROWS_TARGET static typename V::F group(const uint8_t* b, int k) {
+    const int i = V::kLanes * k, h = i / 128, j = i % 128 / 32, l = i % 32;
+    return V::template low<2>(V::srl(V::u8(b + 16 + 32 * h + l), 2 * j));
   }
 };
 
-// Q3_K (110 bytes): { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d }: (d·sc)·(q − 4) per 16 weights.
+// Q3_K (110 bytes): { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d }: (d·sc)·(q − 4) per 16 weights; the low 2
+// bits of q as Q2_K's, the third bit of weight i bit i/32 of hmask[i % 32]. With V::kLookup, each vector's q is
+// its 2-bit field with the third bit selected in, looked up; else staged.
 struct Q3_K {
   static constexpr int64_t kElems = 256, kBytes = 110;
   static constexpr int kSubElems = 16;
   static constexpr bool kOffset = false;
-  using Unpacked = Staged<256, 16, false>;
-  static constexpr int slot(int k) { return 8 * k; }
+  using Unpacked = rows::Unpacked<16, false, 256>;
+  static constexpr int slot(int j) { return 16 * j; }
   template <class V, int H, int J>
   Q4T_ROWS_TARGET static void level(Unpacked& u, typename V::B v, typename V::B hm) {
     const typename V::B q = V::or_(V::and8(V::shr(v, 2 * J), 3), bit_to<V, 4 * H + J, 2>(hm));
@@ -190,10 +243,12 @@ struct Q3_K {
   }
   template <class V>
   Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
-    const typename V::B hm = V::load32(b);
-    const typename V::B v0 = V::load32(b + 32), v1 = V::load32(b + 64);
-    level<V, 0, 0>(u, v0, hm), level<V, 0, 1>(u, v0, hm), level<V, 0, 2>(u, v0, hm), level<V, 0, 3>(u, v0, hm);
-    level<V, 1, 0>(u, v1, hm), level<V, 1, 1>(u, v1, hm), level<V, 1, 2>(u, v1, hm), level<V, 1, 3>(u, v1, hm);
+    if constexpr (!V::kLookup) {
+      const typename V::B hm = V::load32(b);
+      const typename V::B v0 = V::load32(b + 32), v1 = V::load32(b + 64);
+      level<V, 0, 0>(u, v0, hm), level<V, 0, 1>(u, v0, hm), level<V, 0, 2>(u, v0, hm), level<V, 0, 3>(u, v0, hm);
+      level<V, 1, 0>(u, v1, hm), level<V, 1, 1>(u, v1, hm), level<V, 1, 2>(u, v1, hm), level<V, 1, 3>(u, v1, hm);
+    }
     // GGML's unpacking of the 16 six-bit scales (k3_scale for all at once): the low 4 bits are the nibbles of
     // bytes 0-7, the top 2 bits the bit pairs of bytes 8-11.
     const uint32_t a0 = u32_at(b + 96), a1 = u32_at(b + 100), t = u32_at(b + 104);
@@ -202,9 +257,15 @@ struct Q3_K {
                     ((a0 >> 4) & 0x0F0F0F0F) | (((t >> 4) & 0x03030303) << 4),
                     ((a1 >> 4) & 0x0F0F0F0F) | (((t >> 6) & 0x03030303) << 4)),
         32);
-    const typename V::F d = V::set1(V::half(b + 108));
-    V::store(u.scale, V::mul(V::template to_f<0>(sc), d));
-    V::store(u.scale + 8, V::mul(V::template to_f<1>(sc), d));
+    const float d = V::half(b + 108);
+    V::template scales<0>(u.scale, sc, d), V::template scales<1>(u.scale + 8, sc, d);
+  }
+  template <class V>
+    requires V::kLookup
+  Q4T_ROWS_TARGET static typename V::F group(const uint8_t* b, int k) {
+    const int i = V::kLanes * k, h = i / 128, j = i % 128 / 32, l = i % 32;
+    const typename V::I q = V::srl(V::u8(b + 32 + 32 * h + l), 2 * j);
+    return V::lut8(V::template select<3>(q, move_bit<V>(V::u8(b + l), 4 * h + j, 2)), kThreeBits);
   }
 };
 
@@ -216,37 +277,38 @@ Q4T_ROWS_TARGET inline void k4_scales(U& u, const uint8_t* b) {
   const uint32_t w0 = u32_at(b + 4), w1 = u32_at(b + 8), w2 = u32_at(b + 12);
   const typename V::B s = V::from_u32(w0 & 0x3F3F3F3F, (w2 & 0x0F0F0F0F) | (((w0 >> 6) & 0x03030303) << 4),
                                       w1 & 0x3F3F3F3F, ((w2 >> 4) & 0x0F0F0F0F) | (((w1 >> 6) & 0x03030303) << 4));
-  V::store(u.scale, V::mul(V::template to_f<0>(s), V::set1(V::half(b))));
-  V::store(u.offset, V::mul(V::template to_f<1>(s), V::set1(-V::half(b + 2))));
+  V::template scales<0>(u.scale, s, V::half(b));
+  V::template scales<1>(u.offset, s, -V::half(b + 2));
 }
 
-// Q4_K (144 bytes): { f16 d, dmin; u8 scales[12]; u8 qs[128] }: (d·sc)·q − dmin·m per 32 weights.
+// Q4_K (144 bytes): { f16 d, dmin; u8 scales[12]; u8 qs[128] }: (d·sc)·q − dmin·m per 32 weights; the 64-weight
+// chunk c keeps sub-block 2c in the low nibbles of qs[32c..32c+32) and sub-block 2c+1 in the high nibbles.
 struct Q4_K {
   static constexpr int64_t kElems = 256, kBytes = 144;
   static constexpr int kSubElems = 32;
   static constexpr bool kOffset = true;
-  using Unpacked = Staged<256, 8, true>;
-  static constexpr int slot(int k) { return 8 * k; }
+  using Unpacked = rows::Unpacked<8, true>;
   template <class V>
   Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-      const typename V::B v = V::load32(b + 16 + 32 * c);
-      V::store32(u.q + 64 * c, V::and8(v, 15));
-      V::store32(u.q + 64 * c + 32, V::and8(V::shr(v, 4), 15));
-    }
     k4_scales<V>(u, b);
+  }
+  template <class V>
+  Q4T_ROWS_TARGET static typename V::F group(const uint8_t* b, int k) {
+    const int i = V::kLanes * k, j = i / 32;
+    const typename V::I v = V::u8(b + 16 + 32 * (j / 2) + i % 32);
+    return V::template low<4>(j % 2 ? V::srl(v, 4) : v);
   }
 };
 
 // Q5_K (176 bytes): { f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] }: Q4_K's plus a fifth bit, bit j of
-// qh[l] for weight l of sub-block j.
+// qh[l] for weight l of sub-block j. With V::kLookup, each vector's q is its nibbles with the fifth bits selected
+// in, looked up; else staged.
 struct Q5_K {
   static constexpr int64_t kElems = 256, kBytes = 176;
   static constexpr int kSubElems = 32;
   static constexpr bool kOffset = true;
-  using Unpacked = Staged<256, 8, true>;
-  static constexpr int slot(int k) { return 8 * k; }
+  using Unpacked = rows::Unpacked<8, true, 256>;
+  static constexpr int slot(int j) { return 16 * j; }
   template <class V, int C>
   Q4T_ROWS_TARGET static void chunk(Unpacked& u, const uint8_t* b, typename V::B qh) {
     const typename V::B v = V::load32(b + 48 + 32 * C);
@@ -255,21 +317,31 @@ struct Q5_K {
   }
   template <class V>
   Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
-    const typename V::B qh = V::load32(b + 16);
-    chunk<V, 0>(u, b, qh), chunk<V, 1>(u, b, qh), chunk<V, 2>(u, b, qh), chunk<V, 3>(u, b, qh);
+    if constexpr (!V::kLookup) {
+      const typename V::B qh = V::load32(b + 16);
+      chunk<V, 0>(u, b, qh), chunk<V, 1>(u, b, qh), chunk<V, 2>(u, b, qh), chunk<V, 3>(u, b, qh);
+    }
     k4_scales<V>(u, b);
+  }
+  template <class V>
+    requires V::kLookup
+  Q4T_ROWS_TARGET static typename V::F group(const uint8_t* b, int k) {
+    const int i = V::kLanes * k, j = i / 32, l = i % 32;
+    const typename V::I v = V::u8(b + 48 + 32 * (j / 2) + l);
+    return V::lut32(V::template select<15>(j % 2 ? V::srl(v, 4) : v, move_bit<V>(V::u8(b + 16 + l), j, 4)),
+                    kFiveBits);
   }
 };
 
 // Q6_K (210 bytes): { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }: (d·scale)·(q − 32) per 16 weights. Per
 // 128-weight half, weights l, l+32, l+64, l+96 take the low and high nibbles of ql[l] and ql[l+32] and bit pairs
-// 0-1, 2-3, 4-5, 6-7 of qh[l].
+// 0-1, 2-3, 4-5, 6-7 of qh[l]. Staged.
 struct Q6_K {
   static constexpr int64_t kElems = 256, kBytes = 210;
   static constexpr int kSubElems = 16;
   static constexpr bool kOffset = false;
-  using Unpacked = Staged<256, 16, false>;
-  static constexpr int slot(int k) { return 8 * k; }
+  using Unpacked = rows::Unpacked<16, false, 256>;
+  static constexpr int slot(int j) { return 16 * j; }
   template <class V>
   Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
 #pragma GCC unroll 2
@@ -283,31 +355,33 @@ struct Q6_K {
       V::store32(q + 96, V::sub8(V::or_(V::and8(V::shr(c, 4), 15), V::and8(V::shr(hb, 2), 0x30)), 32));
     }
     const typename V::B sc = V::load16(b + 192);
-    const typename V::F d = V::set1(V::half(b + 208));
-    V::store(u.scale, V::mul(V::template to_f<0>(sc), d));
-    V::store(u.scale + 8, V::mul(V::template to_f<1>(sc), d));
+    const float d = V::half(b + 208);
+    V::template scales<0>(u.scale, sc, d), V::template scales<1>(u.scale + 8, sc, d);
   }
 };
 
 // IQ4_XS (136 bytes): { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128] }: (d·sc)·kIQ4Levels[q] per 32 weights,
-// sc = (nibble s of scales_l | bits 2s..2s+1 of scales_h << 4) − 32. Each 32 bytes of qs hold two sub-blocks,
-// staged as their low nibbles (weights 0-15 of both) then their high nibbles (weights 16-31 of both).
+// sc = (nibble s of scales_l | bits 2s..2s+1 of scales_h << 4) − 32, q packed into qs[16s..16s+16) as IQ4_NL's.
+// Looked up per vector as IQ4_NL; staged, each 32 bytes of qs (two sub-blocks) as their low nibbles then their
+// high nibbles.
 struct IQ4_XS {
   static constexpr int64_t kElems = 256, kBytes = 136;
   static constexpr int kSubElems = 32;
   static constexpr bool kOffset = false;
-  using Unpacked = Staged<256, 8, false>;
-  // Weights 8k..8k+7: sub-block s = k/4 (chunk s/2, half s%2), group g = k%4 (nibble g/2, bytes 8(g%2)..).
-  static constexpr int slot(int k) { return 64 * (k / 8) + 32 * (k % 4 / 2) + 16 * (k / 4 % 2) + 8 * (k % 2); }
+  using Unpacked = rows::Unpacked<8, false, 256>;
+  // Weights 16j..16j+15: nibble j % 2 of sub-block j / 2 (chunk j / 4, second in its chunk when j / 2 is odd).
+  static constexpr int slot(int j) { return 64 * (j / 4) + 32 * (j % 2) + 16 * (j / 2 % 2); }
   template <class V>
   Q4T_ROWS_TARGET static void unpack(Unpacked& u, const uint8_t* b) {
+    if constexpr (!V::kLookup) {
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-      const typename V::B v = V::load32(b + 8 + 32 * c);
-      V::store32(u.q + 64 * c, V::lookup16(V::and8(v, 15), quant::kIQ4Levels.data()));
-      V::store32(u.q + 64 * c + 32, V::lookup16(V::and8(V::shr(v, 4), 15), quant::kIQ4Levels.data()));
+      for (int c = 0; c < 4; c++) {
+        const typename V::B v = V::load32(b + 8 + 32 * c);
+        V::store32(u.q + 64 * c, V::lookup16(V::and8(v, 15), quant::kIQ4Levels.data()));
+        V::store32(u.q + 64 * c + 32, V::lookup16(V::and8(V::shr(v, 4), 15), quant::kIQ4Levels.data()));
+      }
     }
-    // Spread the 8 low nibbles and the 8 bit pairs to one byte per sub-block.
+    // The 8 low nibbles and the 8 bit pairs spread to one byte per sub-block.
     uint64_t lo = u32_at(b + 4);
     lo = (lo | lo << 16) & 0x0000FFFF0000FFFFull;
     lo = (lo | lo << 8) & 0x00FF00FF00FF00FFull;
@@ -318,11 +392,18 @@ struct IQ4_XS {
     hi = (hi | hi << 6) & 0x0303030303030303ull;
     const uint64_t ls = lo | hi << 4;
     const typename V::B sc = V::sub8(V::from_u32(uint32_t(ls), uint32_t(ls >> 32), 0, 0), 32);
-    V::store(u.scale, V::mul(V::template to_f<0>(sc), V::set1(V::half(b))));
+    V::template scales<0>(u.scale, sc, V::half(b));
+  }
+  template <class V>
+    requires V::kLookup
+  Q4T_ROWS_TARGET static typename V::F group(const uint8_t* b, int k) {
+    const int i = V::kLanes * k, l = i % 32;
+    const typename V::I v = V::u8(b + 8 + 16 * (i / 32) + l % 16);
+    return V::lut16(l < 16 ? v : V::srl(v, 4), kIQ4Table);
   }
 };
 
-// --- float formats: one weight a block, read 8 at a time -----------------------------------------------------------
+// --- float formats: one weight a block, read a vector at a time ------------------------------------------------
 
 struct F16 {
   static constexpr int64_t kElems = 1, kBytes = 2;
@@ -356,17 +437,25 @@ constexpr int kGroupRows = 4;         // rows that share each load of x (or of d
 constexpr int64_t kAxpyChunk = 4096;  // dx columns kept in L1 (16 KiB) while every row passes over them
 
 template <class D>
-constexpr int kSubs = D::kSubElems ? int(D::kElems / D::kSubElems) : 0;
-template <class D>
-constexpr int kSubLanes = D::kSubElems / 8;  // 8-weight groups per scale
+constexpr int kSubs = D::kSubElems ? int(D::kElems / D::kSubElems) : 0;  // scales per block
 
-// Weights 8k..8k+7 of an unpacked block as floats (levels, before the scale).
+// Between unpacking and use, the scales and staged levels are read back from memory (a broadcast, or a load
+// and a widening) rather than picked out of the registers that wrote them (several shuffles each).
+inline void unpacked() { asm volatile("" ::: "memory"); }
+
+// Weights L·k .. L·k + L − 1 of block b (L = V::kLanes) as floats: levels, before the scale. A decoder with a
+// group() reads them from the block's bytes; the others stage them (u.q, D::slot).
 template <class V, class D>
-Q4T_ROWS_TARGET inline typename V::F levels(const typename D::Unpacked& u, int k) {
-  return V::levels(u.q + D::slot(k));
+Q4T_ROWS_TARGET inline typename V::F levels(const typename D::Unpacked& u, const uint8_t* b, int k) {
+  if constexpr (requires { D::template group<V>(b, 0); }) {
+    return D::template group<V>(b, k);
+  } else {
+    const int i = V::kLanes * k;
+    return V::levels(u.q + D::slot(i / 16) + i % 16);
+  }
 }
 
-// Calls f.template operator()<R>(r) over n_rows rows in groups of kGroupRows, then the 1..3 left over.
+// Calls group.template operator()<R>(r) over n_rows rows in groups of kGroupRows, then the 1..3 left over.
 template <class Group>
 Q4T_ROWS_TARGET inline void for_row_groups(int64_t n_rows, Group&& group) {
   int64_t r = 0;
@@ -386,7 +475,7 @@ template <class V, class D, int R>
 Q4T_ROWS_TARGET void dot_group(float* y, const uint8_t* w, int64_t row_bytes, const float* x, const float* xsum,
                                int64_t nb) {
   using F = typename V::F;
-  constexpr int S = kSubs<D>, G = kSubLanes<D>;
+  constexpr int S = kSubs<D>, G = D::kSubElems / V::kLanes, P = S < V::kLanes ? S : V::kLanes;
   F acc[R];
   float off[R];
 #pragma GCC unroll 4
@@ -395,18 +484,20 @@ Q4T_ROWS_TARGET void dot_group(float* y, const uint8_t* w, int64_t row_bytes, co
     typename D::Unpacked u[R];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) D::template unpack<V>(u[r], w + r * row_bytes + b * D::kBytes);
+    unpacked();
     const float* xb = x + b * D::kElems;
 #pragma GCC unroll 16
     for (int s = 0; s < S; s++) {
       F p[R];
+      const F x0 = V::load(xb + V::kLanes * s * G);
 #pragma GCC unroll 4
-      for (int g = 0; g < G; g++) {
-        const F xk = V::load(xb + 8 * (s * G + g));
+      for (int r = 0; r < R; r++) p[r] = V::mul(levels<V, D>(u[r], w + r * row_bytes + b * D::kBytes, s * G), x0);
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-          const F q = levels<V, D>(u[r], s * G + g);
-          p[r] = g == 0 ? V::mul(q, xk) : V::fma(q, xk, p[r]);
-        }
+      for (int g = 1; g < G; g++) {
+        const F xk = V::load(xb + V::kLanes * (s * G + g));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+          p[r] = V::fma(levels<V, D>(u[r], w + r * row_bytes + b * D::kBytes, s * G + g), xk, p[r]);
       }
 #pragma GCC unroll 4
       for (int r = 0; r < R; r++) acc[r] = V::fma(p[r], V::set1(u[r].scale[s]), acc[r]);
@@ -417,7 +508,8 @@ Q4T_ROWS_TARGET void dot_group(float* y, const uint8_t* w, int64_t row_bytes, co
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
 #pragma GCC unroll 2
-          for (int t = 0; t < S; t += 8) acc[r] = V::fma(V::load(u[r].offset + t), V::load(xs + t), acc[r]);
+          for (int t = 0; t < S; t += P)
+            acc[r] = V::fma(V::template loadn<P>(u[r].offset + t), V::template loadn<P>(xs + t), acc[r]);
       } else {
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
@@ -429,15 +521,16 @@ Q4T_ROWS_TARGET void dot_group(float* y, const uint8_t* w, int64_t row_bytes, co
   for (int r = 0; r < R; r++) y[r] = V::hsum(acc[r]) + off[r];
 }
 
-// The float formats: 8 lanes per row, the n % 8 tail added after them.
+// The float formats: L lanes per row, the n % L tail added after them.
 template <class V, class D, int R>
 Q4T_ROWS_TARGET void dot_group_float(float* y, const uint8_t* w, int64_t row_bytes, const float* x, int64_t n) {
   using F = typename V::F;
+  constexpr int L = V::kLanes;
   F acc[R];
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++) acc[r] = V::zero();
-  const int64_t n8 = n / 8 * 8;
-  for (int64_t i = 0; i < n8; i += 8) {
+  const int64_t nl = n / L * L;
+  for (int64_t i = 0; i < nl; i += L) {
     const F xv = V::load(x + i);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) acc[r] = V::fma(D::template lanes<V>(w + r * row_bytes + 2 * i), xv, acc[r]);
@@ -445,7 +538,7 @@ Q4T_ROWS_TARGET void dot_group_float(float* y, const uint8_t* w, int64_t row_byt
 #pragma GCC unroll 4
   for (int r = 0; r < R; r++) {
     float sum = V::hsum(acc[r]);
-    for (int64_t i = n8; i < n; i++) sum += D::template one<V>(w + r * row_bytes + 2 * i) * x[i];
+    for (int64_t i = nl; i < n; i++) sum += D::template one<V>(w + r * row_bytes + 2 * i) * x[i];
     y[r] = sum;
   }
 }
@@ -466,7 +559,7 @@ Q4T_ROWS_TARGET void dot_rows(float* y, const uint8_t* w, int64_t row_bytes, con
         const float* xj = x + j * D::kSubElems;
         typename V::F v = V::load(xj);
 #pragma GCC unroll 4
-        for (int g = 1; g < kSubLanes<D>; g++) v = V::add(v, V::load(xj + 8 * g));
+        for (int g = 1; g < D::kSubElems / V::kLanes; g++) v = V::add(v, V::load(xj + V::kLanes * g));
         xs[j] = V::hsum(v);
       }
       xsum = xs;
@@ -480,27 +573,30 @@ Q4T_ROWS_TARGET void dot_rows(float* y, const uint8_t* w, int64_t row_bytes, con
 // dx[nb blocks] += Σ over R rows of s[r]·W[r, :]: per scale's run, the levels times s[r]·scale of each row, then
 // the rows' Σ s[r]·offset added once.
 template <class V, class D, int R>
-Q4T_ROWS_TARGET void axpy_group(float* dx, const uint8_t* w, int64_t row_bytes, const float* s, int64_t nb) {
+Q4T_ROWS_TARGET void axpy_group(float* __restrict dx, const uint8_t* __restrict w, int64_t row_bytes,
+                                const float* __restrict s, int64_t nb) {
   using F = typename V::F;
-  constexpr int S = kSubs<D>, G = kSubLanes<D>;
+  constexpr int S = kSubs<D>, G = D::kSubElems / V::kLanes, P = S < V::kLanes ? S : V::kLanes;
   for (int64_t b = 0; b < nb; b++) {
     typename D::Unpacked u[R];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) D::template unpack<V>(u[r], w + r * row_bytes + b * D::kBytes);
-    alignas(32) float c[R][S];
-    alignas(32) float e[S];
+    unpacked();
+    alignas(64) float c[R][S];  // s[r]·scale
+    alignas(64) float e[S];     // Σ s[r]·offset
     if constexpr (S >= 8) {
 #pragma GCC unroll 4
       for (int r = 0; r < R; r++)
 #pragma GCC unroll 2
-        for (int t = 0; t < S; t += 8) V::store(c[r] + t, V::mul(V::load(u[r].scale + t), V::set1(s[r])));
+        for (int t = 0; t < S; t += P)
+          V::template storen<P>(c[r] + t, V::mul(V::template loadn<P>(u[r].scale + t), V::set1(s[r])));
       if constexpr (D::kOffset) {
 #pragma GCC unroll 2
-        for (int t = 0; t < S; t += 8) {
-          F v = V::mul(V::load(u[0].offset + t), V::set1(s[0]));
+        for (int t = 0; t < S; t += P) {
+          F v = V::mul(V::template loadn<P>(u[0].offset + t), V::set1(s[0]));
 #pragma GCC unroll 4
-          for (int r = 1; r < R; r++) v = V::fma(V::load(u[r].offset + t), V::set1(s[r]), v);
-          V::store(e + t, v);
+          for (int r = 1; r < R; r++) v = V::fma(V::template loadn<P>(u[r].offset + t), V::set1(s[r]), v);
+          V::template storen<P>(e + t, v);
         }
       }
     } else {
@@ -522,11 +618,12 @@ Q4T_ROWS_TARGET void axpy_group(float* dx, const uint8_t* w, int64_t row_bytes, 
 #pragma GCC unroll 4
       for (int g = 0; g < G; g++) {
         const int k = t * G + g;
-        F a = V::load(xb + 8 * k);
+        F a = V::load(xb + V::kLanes * k);
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) a = V::fma(levels<V, D>(u[r], k), V::set1(c[r][t]), a);
+        for (int r = 0; r < R; r++)
+          a = V::fma(levels<V, D>(u[r], w + r * row_bytes + b * D::kBytes, k), V::set1(c[r][t]), a);
         if constexpr (D::kOffset) a = V::add(a, V::set1(e[t]));
-        V::store(xb + 8 * k, a);
+        V::store(xb + V::kLanes * k, a);
       }
     }
   }
@@ -537,14 +634,15 @@ Q4T_ROWS_TARGET void axpy_group(float* dx, const uint8_t* w, int64_t row_bytes, 
 template <class V, class D, int R>
 Q4T_ROWS_TARGET void axpy_group_float(float* dx, const uint8_t* w, int64_t row_bytes, const float* s, int64_t n) {
   using F = typename V::F;
-  const int64_t n8 = n / 8 * 8;
-  for (int64_t i = 0; i < n8; i += 8) {
+  constexpr int L = V::kLanes;
+  const int64_t nl = n / L * L;
+  for (int64_t i = 0; i < nl; i += L) {
     F a = V::load(dx + i);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) a = V::fma(D::template lanes<V>(w + r * row_bytes + 2 * i), V::set1(s[r]), a);
     V::store(dx + i, a);
   }
-  for (int64_t i = n8; i < n; i++)
+  for (int64_t i = nl; i < n; i++)
     for (int r = 0; r < R; r++) dx[i] = V::fma1(D::template one<V>(w + r * row_bytes + 2 * i), s[r], dx[i]);
 }
 
@@ -567,15 +665,17 @@ Q4T_ROWS_TARGET void axpy_rows(float* dx, const uint8_t* w, int64_t row_bytes, c
 // y[0:n) = the weights at w as floats: scale·level (+ offset), one rounding, as the codec.
 template <class V, class D>
 Q4T_ROWS_TARGET void decode(float* y, const uint8_t* w, int64_t n) {
+  constexpr int L = V::kLanes;
   if constexpr (D::kSubElems == 0) {
-    const int64_t n8 = n / 8 * 8;
-    for (int64_t i = 0; i < n8; i += 8) V::store(y + i, D::template lanes<V>(w + 2 * i));
-    for (int64_t i = n8; i < n; i++) y[i] = D::template one<V>(w + 2 * i);
+    const int64_t nl = n / L * L;
+    for (int64_t i = 0; i < nl; i += L) V::store(y + i, D::template lanes<V>(w + 2 * i));
+    for (int64_t i = nl; i < n; i++) y[i] = D::template one<V>(w + 2 * i);
   } else {
-    constexpr int S = kSubs<D>, G = kSubLanes<D>;
+    constexpr int S = kSubs<D>, G = D::kSubElems / L;
     for (int64_t b = 0; b < n / D::kElems; b++, w += D::kBytes, y += D::kElems) {
       typename D::Unpacked u;
       D::template unpack<V>(u, w);
+      unpacked();
 #pragma GCC unroll 16
       for (int t = 0; t < S; t++) {
         const typename V::F sc = V::set1(u.scale[t]);
@@ -583,9 +683,9 @@ Q4T_ROWS_TARGET void decode(float* y, const uint8_t* w, int64_t n) {
         for (int g = 0; g < G; g++) {
           const int k = t * G + g;
           if constexpr (D::kOffset)
-            V::store(y + 8 * k, V::fma(levels<V, D>(u, k), sc, V::set1(u.offset[t])));
+            V::store(y + L * k, V::fma(levels<V, D>(u, w, k), sc, V::set1(u.offset[t])));
           else
-            V::store(y + 8 * k, V::mul(levels<V, D>(u, k), sc));
+            V::store(y + L * k, V::mul(levels<V, D>(u, w, k), sc));
         }
       }
     }

@@ -22,7 +22,7 @@ void frozen_gemm(Format f, std::span<float> Y, std::span<const uint8_t> w, std::
   check_size(k.c_str(), T == 1 ? "y" : "Y", Y.size(), size_t(T * n_out), "floats");
   check_size(k.c_str(), T == 1 ? "x" : "X", X.size(), size_t(T * n_in), "floats");
   const FormatTraits& t = format_traits(f);
-  if (!t.cpu_rows) return detail::q4_0_gemm(Y.data(), w.data(), X.data(), T, n_out, n_in);
+  if (t.cpu_gemm) return t.cpu_gemm(Y.data(), w.data(), X.data(), T, n_out, n_in);
   detail::frozen_gemm(t.cpu_rows(), Y.data(), w.data(), X.data(), T, n_out, n_in);
 }
 
@@ -34,8 +34,7 @@ void frozen_dx(Format f, std::span<float> dX, std::span<const uint8_t> w, std::s
   check_size(k.c_str(), "dX", dX.size(), size_t(T * n_in), "floats");
   check_size(k.c_str(), "dY", dY.size(), size_t(T * n_out), "floats");
   const FormatTraits& t = format_traits(f);
-  if (!t.cpu_rows)
-    return detail::q4_0_dx(dX.data(), w.data(), dY.data(), T, n_out, n_in, j_start, j_end, accumulate);
+  if (t.cpu_dx) return t.cpu_dx(dX.data(), w.data(), dY.data(), T, n_out, n_in, j_start, j_end, accumulate);
   detail::frozen_dx(t.cpu_rows(), dX.data(), w.data(), dY.data(), T, n_out, n_in, j_start, j_end, accumulate);
 }
 
