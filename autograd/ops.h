@@ -31,9 +31,19 @@ Var rms_norm(Var x, Var w, double eps);
 
 enum class RopeMode : int64_t {
   Norm = 0,  // rotate adjacent pairs (x[2i], x[2i+1]): llama.cpp's "norm" mode (llama)
-  Neox = 1,  // rotate halves (x[i], x[i + D/2]): "neox" mode (qwen2)
+  Neox = 1,  // rotate halves (x[i], x[i + D/2]): "neox" mode (qwen2, qwen3, gemma, phi3)
 };
-// Rotary position embedding of x [T, H*D]: token t sits at position pos_offset + t; theta_i = pos * base^(-2i/D).
+// The rotation of each pair of a head: pair i of a token at position pos turns by theta_i = pos * freq[i], and
+// both cos and sin are multiplied by mscale. Plain RoPE is freq[i] = base^(-2i/D), mscale 1; llama 3's
+// per-pair factors, linear and YaRN scaling, and LongRoPE are other tables (train/model/config.cpp builds them).
+struct RopeFreqs {
+  std::vector<double> freq;  // [D/2]
+  double mscale = 1;
+  static RopeFreqs plain(int64_t head_dim, double base);
+};
+// Rotary position embedding of x [T, H*D]: token t sits at position pos_offset + t.
+Var rope(Var x, int64_t n_head, int64_t head_dim, RopeMode mode, const RopeFreqs& freqs, int64_t pos_offset = 0);
+// The same with plain frequencies of the given base.
 Var rope(Var x, int64_t n_head, int64_t head_dim, RopeMode mode, double freq_base, int64_t pos_offset = 0);
 // Causal self-attention with grouped-query heads: q [T, H*D], k and v [T, Hkv*D] (H a multiple of Hkv; query
 // head h reads kv head h / (H/Hkv)); softmax(q·kᵀ / sqrt(D)) in f32 with the row max subtracted. Out [T, H*D].
@@ -77,7 +87,8 @@ struct OpRegistration {
 // host rewrites it before each forward and one recorded graph serves every step. S = cache rows (max context).
 // The CPU throws std::out_of_range at forward time for positions outside [0, S); Vulkan drops such rows.
 
-// rope() with token t at position start + t (the same rotation and arithmetic); differentiable in x.
+// rope() with token t at position start + t (the same op, reading its positions from start); differentiable in x.
+Var rope_at(Var x, Var start, int64_t n_head, int64_t head_dim, RopeMode mode, const RopeFreqs& freqs);
 Var rope_at(Var x, Var start, int64_t n_head, int64_t head_dim, RopeMode mode, double freq_base);
 // The cache [S, C] with rows start .. start+T-1 replaced by x [T, C]. The output is the cache itself (same
 // storage, written in place). Inference only: no input may depend on a parameter.

@@ -78,10 +78,10 @@ TEST_P(ModelGradients, LoraGradientsOfEveryTargetMatchFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(Archs, ModelGradients,
                          ::testing::Values(std::pair{std::string("llama"), false}, std::pair{std::string("llama"), true},
-                                           std::pair{std::string("qwen2"), false}));
+                                           std::pair{std::string("qwen2"), false}, std::pair{std::string("qwen3"), true}));
 
 TEST(ModelPacking, PackedExamplesGetTheLogitsTheyGetAlone) {
-  for (const char* arch : {"llama", "qwen2"}) {
+  for (const char* arch : {"llama", "qwen2", "qwen3"}) {
     auto be = ag::Backend::cpu(ag::DType::F64);
     auto m = Model::load(tiny_model(arch, "q4_0", false), *be);
     const std::vector<int32_t> a = {1, 70, 200, 3}, b = {1, 9, 120, 250, 33};
@@ -146,6 +146,39 @@ TEST(ModelFiles, EveryMalformedFileIsOneClearErrorFromTheLoader) {
       EXPECT_NE(std::string(e.what()).find(c.path), std::string::npos) << c.name << ": " << e.what();
     }
   }
+}
+
+// A copy of a valid model with one key set (or a tensor added): the loader's one error must name `expect`.
+void expect_refused(const std::string& name, const std::string& key, gguf::Value v, const std::string& extra_tensor,
+                    const std::vector<std::string>& expect, const std::string& arch = "llama") {
+  const auto f = gguf::File::open(tiny_model(arch, "f32", false));
+  gguf::Writer w;
+  for (const auto& [k, value] : f->metadata()) w.set(k, value);
+  if (!key.empty()) w.set(key, v);
+  for (const gguf::TensorInfo& t : f->tensors())
+    w.add_tensor(t.name, t.ne, t.type, std::vector<uint8_t>(t.data, t.data + t.bytes));
+  if (!extra_tensor.empty()) w.add_tensor(extra_tensor, {8}, gguf::GgmlType::F32, std::vector<uint8_t>(32, 0));
+  const std::string path = temp_dir() + "/refused_" + name + ".gguf";
+  w.write(path);
+  auto be = ag::Backend::cpu();
+  try {
+    Model::load(path, *be);
+    ADD_FAILURE() << name << ": loaded";
+  } catch (const gguf::FormatError& e) {
+    for (const std::string& s : expect) EXPECT_NE(std::string(e.what()).find(s), std::string::npos) << name << ": " << e.what();
+  }
+}
+
+TEST(ModelFiles, AnUnsupportedArchitectureKeyOrTensorIsOneErrorNamingIt) {
+  expect_refused("arch", "general.architecture", gguf::Value::str("gemma4"), "",
+                 {"general.architecture", "'gemma4' is not supported", "supported: llama, qwen2, qwen3"});
+  expect_refused("scaling", "llama.rope.scaling.type", gguf::Value::str("longrope"), "",
+                 {"llama.rope.scaling.type", "'longrope'", "supported: none, linear, yarn"});
+  expect_refused("value_length", "llama.attention.value_length", gguf::Value::u32(8), "",
+                 {"llama.attention.value_length", "differs from attention.key_length"});
+  expect_refused("tensor", "", {}, "blk.0.attn_post_norm.weight", {"blk.0.attn_post_norm.weight", "not supported"});
+  expect_refused("rope_freqs_qwen2", "", {}, "rope_freqs.weight", {"rope_freqs.weight", "'qwen2'"}, "qwen2");
+  expect_refused("rope_freqs_zero", "", {}, "rope_freqs.weight", {"rope_freqs.weight", "not positive"});
 }
 
 TEST(ModelFiles, EveryWeightTypeLoadsAndStaysInItsStoredType) {

@@ -25,11 +25,14 @@ int run_info(const std::string& path, std::ostream& out);
 struct InitModelOptions {
   std::string arch = "llama", type = "q4_0", out;
   int64_t dim = 64, layers = 2, heads = 4, kv_heads = 2, ff = 128, ctx = 256;
+  int64_t head_dim = 0;  // 0: dim / heads
   bool tied = false;
+  bool rope_freqs = false;     // llama: a rope_freqs.weight of llama 3.1's factors (factor 8 over an original --ctx)
+  std::string rope_scaling;    // "", or "linear:F" / "yarn:F" (original context --ctx)
   uint32_t seed = 42;
   double rope_base = 10000.0;
 };
-// Writes a small random-initialised llama or qwen2 GGUF with a byte-level vocabulary.
+// Writes a small random-initialised GGUF of one of the supported architectures with a byte-level vocabulary.
 int run_init_model(const InitModelOptions& o, std::ostream& out);
 // Converts the 2-D F32/F16 weights of a GGUF to `type` (q4_0, q4_k_m, q8_0) as llama-quantize picks the type of
 // each matrix; everything else is copied. Every type is chosen before anything is written.

@@ -102,9 +102,9 @@ int main(int argc, char** argv) {
 
   q4t::InitModelOptions init_opt;
   auto* init_model = app.add_subcommand("init-model",
-                                        "Write a small random-initialised llama or qwen2 GGUF (byte-level vocabulary)");
+                                        "Write a small random-initialised GGUF of a supported architecture (byte-level vocabulary)");
   init_model->add_option("--out", init_opt.out, "output GGUF file")->required();
-  init_model->add_option("--arch", init_opt.arch, "llama or qwen2")->capture_default_str();
+  init_model->add_option("--arch", init_opt.arch, "llama, qwen2 or qwen3")->capture_default_str();
   init_model->add_option("--type", init_opt.type, "weight types: f32 or a format (every matrix: " + q4t::format_list() + "), or a mix as llama-quantize writes it (q2_k, q3_k_m, q4_k_m, q5_k_s, q5_k_m: the output matrix Q6_K, attn_v/ffn_down/attn_output as llama-quantize picks them; rows that are not whole super-blocks fall back as it does)")->capture_default_str();
   init_model->add_option("--dim", init_opt.dim, "embedding length")->capture_default_str();
   init_model->add_option("--layers", init_opt.layers, "number of transformer blocks")->capture_default_str();
@@ -112,7 +112,10 @@ int main(int argc, char** argv) {
   init_model->add_option("--kv-heads", init_opt.kv_heads, "key/value heads (grouped-query attention)")->capture_default_str();
   init_model->add_option("--ff", init_opt.ff, "feed-forward length")->capture_default_str();
   init_model->add_option("--ctx", init_opt.ctx, "context length")->capture_default_str();
+  init_model->add_option("--head-dim", init_opt.head_dim, "head size (attention.key_length; default dim / heads)");
   init_model->add_option("--rope-base", init_opt.rope_base, "RoPE frequency base")->capture_default_str();
+  init_model->add_flag("--rope-freqs", init_opt.rope_freqs, "llama: add a rope_freqs.weight of llama 3.1's per-pair factors (factor 8, original context --ctx)");
+  init_model->add_option("--rope-scaling", init_opt.rope_scaling, "RoPE context scaling linear:FACTOR or yarn:FACTOR (original context --ctx)");
   init_model->add_flag("--tied", init_opt.tied, "no output.weight: token_embd is the output matrix");
   init_model->add_option("--seed", init_opt.seed, "random seed")->capture_default_str();
 

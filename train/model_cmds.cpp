@@ -1,5 +1,6 @@
 // q4tune init-model, quantize and logits: making small models, converting F32/F16 GGUFs to Q4_0 or Q4_K_M, and running
 // the forward on given token ids (for users debugging a model or an adapter, and for the interop tests).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -182,14 +183,53 @@ int64_t layer_of(const std::string& name) {
 
 }  // namespace
 
+// Llama 3.1's per-pair RoPE factors (its converter's formula): factor 8 for the pairs whose wavelength exceeds the
+// original context, 1 for those below a quarter of it, and a smooth blend between.
+std::vector<float> llama3_rope_factors(int64_t head_dim, double base, int64_t n_ctx_orig) {
+  const double factor = 8, low_freq_factor = 1, high_freq_factor = 4;
+  const double low_wavelen = double(n_ctx_orig) / low_freq_factor, high_wavelen = double(n_ctx_orig) / high_freq_factor;
+  std::vector<float> f;
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    const double wavelen = 2 * M_PI * std::pow(base, 2.0 * double(i) / double(head_dim));
+    if (wavelen < high_wavelen) {
+      f.push_back(1.0f);
+    } else if (wavelen > low_wavelen) {
+      f.push_back(float(factor));
+    } else {
+      const double smooth = (double(n_ctx_orig) / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+      f.push_back(float(1.0 / ((1 - smooth) / factor + smooth)));
+    }
+  }
+  return f;
+}
+
 int run_init_model(const InitModelOptions& o, std::ostream& out) {
-  if (o.arch != "llama" && o.arch != "qwen2") throw std::invalid_argument("--arch: '" + o.arch + "' is not llama or qwen2");
-  if (o.dim <= 0 || o.layers <= 0 || o.heads <= 0 || o.kv_heads <= 0 || o.ff <= 0 || o.ctx <= 0)
+  const std::vector<std::string>& archs = model::supported_architectures();
+  if (std::find(archs.begin(), archs.end(), o.arch) == archs.end()) {
+    std::string names;
+    for (const std::string& a : archs) names += (names.empty() ? "" : ", ") + a;
+    throw std::invalid_argument("--arch: '" + o.arch + "' is not supported (supported: " + names + ")");
+  }
+  if (o.dim <= 0 || o.layers <= 0 || o.heads <= 0 || o.kv_heads <= 0 || o.ff <= 0 || o.ctx <= 0 || o.head_dim < 0)
     throw std::invalid_argument("init-model: --dim, --layers, --heads, --kv-heads, --ff and --ctx must be positive");
-  if (o.dim % o.heads != 0 || o.heads % o.kv_heads != 0 || (o.dim / o.heads) % 2 != 0)
-    throw std::invalid_argument("init-model: --heads must divide --dim into an even head size, and --kv-heads must divide --heads");
+  if ((o.head_dim == 0 && o.dim % o.heads != 0) || o.heads % o.kv_heads != 0)
+    throw std::invalid_argument("init-model: --heads must divide --dim (or give --head-dim), and --kv-heads must divide --heads");
+  const int64_t D = o.head_dim > 0 ? o.head_dim : o.dim / o.heads;
+  if (D % 2 != 0) throw std::invalid_argument("init-model: the head size " + std::to_string(D) + " must be even");
+  if (o.rope_freqs && o.arch != "llama") throw std::invalid_argument("--rope-freqs: only llama models carry rope_freqs.weight");
+  std::string scaling_type;
+  double scaling_factor = 1;
+  if (!o.rope_scaling.empty()) {
+    const size_t colon = o.rope_scaling.find(':');
+    scaling_type = o.rope_scaling.substr(0, colon);
+    char* end = nullptr;
+    const std::string factor = colon == std::string::npos ? "" : o.rope_scaling.substr(colon + 1);
+    scaling_factor = std::strtod(factor.c_str(), &end);
+    if ((scaling_type != "linear" && scaling_type != "yarn") || factor.empty() || *end != '\0' || !(scaling_factor > 0))
+      throw std::invalid_argument("--rope-scaling: '" + o.rope_scaling + "' is not linear:FACTOR or yarn:FACTOR");
+  }
   const Recipe recipe = parse_recipe("--type", o.type, true);
-  const int64_t C = o.dim, H = o.heads, Hkv = o.kv_heads, D = C / H, F = o.ff, V = 260;  // write_byte_vocab's tokens
+  const int64_t C = o.dim, H = o.heads, Hkv = o.kv_heads, F = o.ff, V = 260;  // write_byte_vocab's tokens
   std::mt19937 rng(o.seed);
   auto uniform = [&](int64_t n, double a) {
     std::uniform_real_distribution<float> u(float(-a), float(a));
@@ -205,10 +245,10 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
     add_matrix(w, name, uniform(n_out * n_in, std::sqrt(3.0 / double(n_in))), n_out, n_in,
                type_of(name, n_in, name == "output.weight"));
   };
-  auto norm = [&](const std::string& name, gguf::Writer& w) {
-    std::vector<float> v = uniform(C, 0.2);
+  auto norm = [&](const std::string& name, gguf::Writer& w, int64_t n) {
+    std::vector<float> v = uniform(n, 0.2);
     for (float& x : v) x += 1.0f;
-    w.add_tensor(name, {C}, GgmlType::F32, as_bytes(v));
+    w.add_tensor(name, {n}, GgmlType::F32, as_bytes(v));
   };
 
   gguf::Writer w;
@@ -225,12 +265,22 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
   w.set(a + "rope.dimension_count", Value::u32(uint32_t(D)));
   w.set(a + "rope.freq_base", Value::f32(float(o.rope_base)));
   w.set(a + "attention.layer_norm_rms_epsilon", Value::f32(1e-5f));
+  if (o.head_dim > 0 || o.arch == "qwen3") {
+    w.set(a + "attention.key_length", Value::u32(uint32_t(D)));
+    w.set(a + "attention.value_length", Value::u32(uint32_t(D)));
+  }
+  if (!scaling_type.empty()) {
+    w.set(a + "rope.scaling.type", Value::str(scaling_type));
+    w.set(a + "rope.scaling.factor", Value::f32(float(scaling_factor)));
+    w.set(a + "rope.scaling.original_context_length", Value::u32(uint32_t(o.ctx)));
+  }
   write_byte_vocab(w);
+  if (o.rope_freqs) w.add_tensor("rope_freqs.weight", {D / 2}, GgmlType::F32, as_bytes(llama3_rope_factors(D, o.rope_base, o.ctx)));
 
   add_matrix(w, "token_embd.weight", uniform(V * C, 1.0), V, C, type_of("token_embd.weight", C, o.tied));
   for (int64_t l = 0; l < o.layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
-    norm(b + "attn_norm.weight", w);
+    norm(b + "attn_norm.weight", w, C);
     matrix(b + "attn_q.weight", H * D, C, w);
     matrix(b + "attn_k.weight", Hkv * D, C, w);
     matrix(b + "attn_v.weight", Hkv * D, C, w);
@@ -240,16 +290,20 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
       w.add_tensor(b + "attn_k.bias", {Hkv * D}, GgmlType::F32, as_bytes(uniform(Hkv * D, 0.1)));
       w.add_tensor(b + "attn_v.bias", {Hkv * D}, GgmlType::F32, as_bytes(uniform(Hkv * D, 0.1)));
     }
-    norm(b + "ffn_norm.weight", w);
+    if (o.arch == "qwen3") {
+      norm(b + "attn_q_norm.weight", w, D);
+      norm(b + "attn_k_norm.weight", w, D);
+    }
+    norm(b + "ffn_norm.weight", w, C);
     matrix(b + "ffn_gate.weight", F, C, w);
     matrix(b + "ffn_up.weight", F, C, w);
     matrix(b + "ffn_down.weight", C, F, w);
   }
-  norm("output_norm.weight", w);
+  norm("output_norm.weight", w, C);
   if (!o.tied) matrix("output.weight", V, C, w);
   w.write(o.out);
   out << "wrote " << o.out << ": " << o.arch << ", dim " << C << ", " << o.layers << " layers, " << H << " heads ("
-      << Hkv << " kv), ff " << F << ", vocab " << V << ", " << o.type << (o.tied ? ", tied output" : "") << "\n";
+      << Hkv << " kv) of " << D << ", ff " << F << ", vocab " << V << ", " << o.type << (o.tied ? ", tied output" : "") << "\n";
   return 0;
 }
 

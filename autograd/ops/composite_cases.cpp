@@ -1,5 +1,5 @@
-// Gradient-check cases for compositions: the LoRA linear and one llama-style transformer block, every linear
-// a frozen Q4_0 weight with a LoRA adapter.
+// Gradient-check cases for compositions: the LoRA linear, one llama-style transformer block (every linear a frozen
+// Q4_0 weight with a LoRA adapter), and the per-head q/k norm.
 #include "autograd/gradcheck.h"
 #include "autograd/lora.h"
 #include "autograd/ops.h"
@@ -41,7 +41,21 @@ Var transformer_block_case(Graph& g, std::mt19937& r) {
   return add(x2, down(swiglu(gate(h2), up(h2))));
 }
 
+// qwen3's and gemma3's per-head q/k norm, then scaled RoPE: x [T, H*D] as [T*H, D] rows, RMSNorm with a [D] weight,
+// back to [T, H*D], rotated by a table with per-pair factors and mscale != 1.
+Var qk_norm_case(Graph& g, std::mt19937& r) {
+  const int64_t T = 4, H = 3, D = 8;
+  Var x = random_param(g, r, {T, H * D}, "q");
+  Var w = random_param(g, r, {D}, "q_norm", 0.5, 1.5);
+  Var n = reshape(rms_norm(reshape(x, {T * H, D}), w, 1e-6), {T, H * D});
+  RopeFreqs f = RopeFreqs::plain(D, 1e6);
+  f.freq[3] /= 8.0;
+  f.mscale = 1.2;
+  return rope(n, H, D, RopeMode::Neox, f, 5);
+}
+
 void add_cases(std::vector<GradcheckCase>& out) {
+  out.push_back({"q/k norm per head, then scaled rope (qwen3)", qk_norm_case});
   out.push_back({"lora_linear (q4_0, dropout 0.25)", lora_case});
   out.push_back({"transformer_block (llama, q4_0 + LoRA on all 7 targets)", transformer_block_case});
 }

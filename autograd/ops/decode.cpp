@@ -1,10 +1,10 @@
-// The ops of decoding with a KV cache: rope_at, kv_cache_write and cached_attention.
+// The ops of decoding with a KV cache: kv_cache_write and cached_attention (rope_at, the rope of a decode step,
+// is ops rope reading its first position from start; norm_rope_act.cpp).
 //   T new tokens, S cache rows (the maximum context), H query heads, Hkv key/value heads, D head dim, C = Hkv*D.
 // A decode graph is recorded once and run at every step, so the one value that changes per step, the cache
 // position of the first new token, is not a push constant but start [1] (i32), a tensor the host rewrites
 // before each forward. Token t of a step sits at position start + t and is stored in cache row start + t.
 //
-// rope_at is rope with that position (the same rotation, in the same arithmetic, as ops rope; differentiable).
 // kv_cache_write and cached_attention are inference only: their shape rules refuse inputs that need a gradient.
 // Positions past the cache are an error on the CPU (std::out_of_range at forward time); a shader cannot throw,
 // so on Vulkan writes past row S-1 are dropped and a query reads rows 0 .. min(start + t, S - 1).
@@ -45,72 +45,6 @@ int64_t start_of(const OpContext& c, int k, int64_t rows, int64_t cache_rows, co
                             (cache_rows > 0 ? " do not fit the cache's " + std::to_string(cache_rows) + " rows"
                                             : " (a position must be non-negative)"));
   return start;
-}
-
-// --- rope_at: rope of x [T, H*D] with token t at position start + t ------------------------------------------
-// params: i[0] = H, i[1] = D, i[2] = mode (RopeMode); f[0] = freq_base. Inputs: x, start.
-
-struct RopeAtPush {
-  uint32_t n_pairs, n_head, head_dim, mode;
-  float log2_base, sin_sign;
-  uint32_t accumulate;
-};
-
-Shape rope_at_shape(const Graph& g, const Node& n) {
-  const Tensor& x = g.node(n.inputs[0]).value;
-  const int64_t H = n.params.i[0], D = n.params.i[1];
-  const std::string dims = "n_head " + std::to_string(H) + ", head_dim " + std::to_string(D);
-  if (!is_real(x.dtype())) throw GraphError(std::string("rope_at: x is ") + dtype_name(x.dtype()) + ", not real");
-  if (H <= 0 || D <= 0 || D % 2 != 0)
-    throw GraphError("rope_at: " + dims + ": both must be positive and head_dim even (it rotates pairs)");
-  if (x.shape().size() != 2 || x.cols() != H * D)
-    throw GraphError("rope_at: x " + shape_str(x.shape()) + " must be [T, n_head * head_dim] = [T, " +
-                     std::to_string(H * D) + "] for " + dims);
-  if (!(n.params.f[0] > 0)) throw GraphError("rope_at: freq_base " + std::to_string(n.params.f[0]) + " must be positive");
-  check_start("rope_at", g.node(n.inputs[1]).value);
-  return x.shape();
-}
-
-// out = R(sign * theta) in, or out += it; theta, sin and cos in double, as rope's CPU path computes them.
-template <class Real>
-void rope_at_cpu(const Tensor& out, const Tensor& in, int64_t start, const OpParams& p, double sign, bool accumulate) {
-  const int64_t H = p.i[0], D = p.i[1], rows = in.rows();
-  const bool norm = RopeMode(p.i[2]) == RopeMode::Norm;
-  const Real* x = in.data<Real>();
-  Real* y = out.data<Real>();
-  for (int64_t t = 0; t < rows; ++t) {
-    const double pos = double(start + t);
-    for (int64_t i = 0; i < D / 2; ++i) {
-      const double theta = pos * std::pow(p.f[0], -2.0 * double(i) / double(D));
-      const Real cs = Real(std::cos(theta)), sn = Real(sign * std::sin(theta));
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t ia = (t * H + h) * D + (norm ? 2 * i : i), ib = ia + (norm ? 1 : D / 2);
-        const Real a = x[ia], b = x[ib];
-        const Real ya = a * cs - b * sn, yb = a * sn + b * cs;
-        y[ia] = accumulate ? y[ia] + ya : ya;
-        y[ib] = accumulate ? y[ib] + yb : yb;
-      }
-    }
-  }
-}
-
-// The forward is sign +1; the backward sign -1 with accumulate (the transpose of a rotation is its inverse).
-void rope_at_run(OpContext& c, const Tensor& out, const Tensor& in, double sign, bool accumulate) {
-  const OpParams& p = c.node.params;
-  if (c.be.is_cpu()) {
-    const int64_t start = start_of(c, 1, in.rows(), 0, "rope_at");
-    if (c.be.real() == DType::F64) return rope_at_cpu<double>(out, in, start, p, sign, accumulate);
-    return rope_at_cpu<float>(out, in, start, p, sign, accumulate);
-  }
-  const RopeAtPush push{uint32_t(in.numel() / 2), uint32_t(p.i[0]), uint32_t(p.i[1]), uint32_t(p.i[2]),
-                        float(std::log2(p.f[0])), float(sign), accumulate ? 1u : 0u};
-  c.seq->dispatch(c.be.pipeline("rope_at", 3, sizeof(push)), {&out.buffer(), &in.buffer(), &c.in(1).buffer()}, push,
-                  groups_for(in.numel() / 2, 256));
-}
-
-void rope_at_forward(OpContext& c) { rope_at_run(c, c.node.value, c.in(0), 1.0, false); }
-void rope_at_backward(OpContext& c) {
-  if (c.needs_grad(0)) rope_at_run(c, c.in_grad(0), c.node.grad, -1.0, true);
 }
 
 // --- kv_cache_write: cache [S, C] with rows start .. start+T-1 set to x [T, C] -------------------------------
@@ -232,22 +166,12 @@ void cached_attention_forward(OpContext& c) {
                   push, groups_for(H * T * 64, 64));  // one workgroup of 64 per row (h, t)
 }
 
-const OpDef kRopeAtOp{"rope_at", rope_at_shape, nullptr, rope_at_forward, rope_at_backward};
 const OpDef kKvCacheWriteOp{"kv_cache_write", kv_cache_write_shape, kv_cache_write_prepare, kv_cache_write_forward,
                             nullptr};
 const OpDef kCachedAttentionOp{"cached_attention", cached_attention_shape, nullptr, cached_attention_forward,
                                nullptr};
 
-// --- cases: rope_at is gradient-checked; the two inference-only ops compare their forward across backends ------
-
-GradcheckCase rope_at_case(RopeMode mode, int64_t H, int64_t D, int64_t T, int32_t start) {
-  return {std::string("rope_at ") + (mode == RopeMode::Norm ? "norm" : "neox") + " H=" + std::to_string(H) +
-              " D=" + std::to_string(D) + " T=" + std::to_string(T) + " start=" + std::to_string(start),
-          [=](Graph& g, std::mt19937& r) {
-            Var x = random_param(g, r, {T, H * D}, "x");
-            return rope_at(x, ids_constant(g, {start}, "start"), H, D, mode, 10000.0);
-          }};
-}
+// --- cases: the two inference-only ops compare their forward across backends ------
 
 GradcheckCase forward_only(GradcheckCase c) {
   c.forward_only = true;
@@ -278,9 +202,6 @@ GradcheckCase cached_attention_case(int64_t T, int64_t S, int32_t start, int64_t
 }
 
 void add_cases(std::vector<GradcheckCase>& out) {
-  out.push_back(rope_at_case(RopeMode::Norm, 3, 8, 5, 7));
-  out.push_back(rope_at_case(RopeMode::Neox, 3, 8, 5, 0));
-  out.push_back(rope_at_case(RopeMode::Neox, 2, 64, 1, 100));
   out.push_back(kv_cache_write_case(9, 12, 3, 4));
   out.push_back(kv_cache_write_case(9, 12, 1, 8));
   out.push_back(cached_attention_case(1, 16, 9, 4, 2, 8));
@@ -290,18 +211,9 @@ void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back(cached_attention_case(3, 70, 66, 4, 2, 72, " (more dims than a workgroup's lanes)"));
 }
 
-const OpRegistration kRegistration({&kRopeAtOp, &kKvCacheWriteOp, &kCachedAttentionOp}, add_cases);
+const OpRegistration kRegistration({&kKvCacheWriteOp, &kCachedAttentionOp}, add_cases);
 
 }  // namespace
-
-Var rope_at(Var x, Var start, int64_t n_head, int64_t head_dim, RopeMode mode, double freq_base) {
-  if (mode != RopeMode::Norm && mode != RopeMode::Neox)
-    throw GraphError("rope_at: unknown mode " + std::to_string(int64_t(mode)));
-  OpParams p;
-  p.i = {n_head, head_dim, int64_t(mode), 0, 0, 0};
-  p.f[0] = freq_base;
-  return x.g->add(kRopeAtOp, {x, start}, p);
-}
 
 Var kv_cache_write(Var cache, Var x, Var start) { return cache.g->add(kKvCacheWriteOp, {cache, x, start}); }
 

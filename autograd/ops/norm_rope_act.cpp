@@ -1,8 +1,11 @@
 // rms_norm, rope, silu, swiglu and dropout: the row-wise and elementwise ops of a llama block.
 // Shapes: x [T, C] with T rows (tokens) of C channels; rope's x is [T, H*D] (H heads of head dim D).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
+#include <stdexcept>
 
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
@@ -129,49 +132,62 @@ void rms_norm_backward(OpContext& c) {
   c.be.real() == DType::F64 ? rms_norm_backward_cpu<double>(c) : rms_norm_backward_cpu<float>(c);
 }
 
-// --- rope: rotate pairs of each head of x [T, H*D] by theta = (pos_offset + t) * base^(-2i/D) -------------
-// params: i[0] = H, i[1] = D, i[2] = mode (RopeMode), i[3] = pos_offset; f[0] = freq_base.
+// --- rope: rotate pairs of each head of x [T, H*D] by theta_i = pos * freq[i], cos and sin times mscale ------
+// Inputs: x, freqs [D/2] (a constant), and for rope_at start [1] i32. Token t sits at pos = pos_offset + t, or
+// start[0] + t. params: i[0] = H, i[1] = D, i[2] = mode (RopeMode), i[3] = pos_offset; f[0] = mscale.
 
 struct RopePush {
-  uint32_t n_pairs, n_head, head_dim, mode, pos_offset;
-  float log2_base, sin_sign;
+  uint32_t n_pairs, n_head, head_dim, mode, pos_offset, has_start;
+  float mscale, sin_sign;
   uint32_t accumulate;
 };
 
+bool rope_has_start(const Node& n) { return n.inputs.size() == 3; }
+
 Shape rope_shape(const Graph& g, const Node& n) {
+  const char* op = rope_has_start(n) ? "rope_at" : "rope";
   const Tensor& x = g.node(n.inputs[0]).value;
+  const Tensor& freqs = g.node(n.inputs[1]).value;
   const int64_t H = n.params.i[0], D = n.params.i[1];
   const std::string dims = "n_head " + std::to_string(H) + ", head_dim " + std::to_string(D);
+  if (!is_real(x.dtype())) throw GraphError(std::string(op) + ": x is " + dtype_name(x.dtype()) + ", not real");
   if (H <= 0 || D <= 0 || D % 2 != 0)
-    throw GraphError("rope: " + dims + ": both must be positive and head_dim even (it rotates pairs)");
+    throw GraphError(std::string(op) + ": " + dims + ": both must be positive and head_dim even (it rotates pairs)");
   if (x.shape().size() != 2 || x.cols() != H * D)
-    throw GraphError("rope: x " + shape_str(x.shape()) + " must be [T, n_head * head_dim] = [T, " +
+    throw GraphError(std::string(op) + ": x " + shape_str(x.shape()) + " must be [T, n_head * head_dim] = [T, " +
                      std::to_string(H * D) + "] for " + dims);
-  if (!(n.params.f[0] > 0) || n.params.i[3] < 0)
-    throw GraphError("rope: freq_base " + std::to_string(n.params.f[0]) + " must be positive and pos_offset " +
-                     std::to_string(n.params.i[3]) + " non-negative");
+  if (!is_real(freqs.dtype()) || freqs.shape() != Shape{D / 2})
+    throw GraphError(std::string(op) + ": freqs " + shape_str(freqs.shape()) + " must be real [head_dim / 2] = [" +
+                     std::to_string(D / 2) + "]");
+  if (n.params.i[3] < 0)
+    throw GraphError(std::string(op) + ": pos_offset " + std::to_string(n.params.i[3]) + " must be non-negative");
+  if (rope_has_start(n)) {
+    const Tensor& start = g.node(n.inputs[2]).value;
+    if (start.dtype() != DType::I32 || start.shape() != Shape{1})
+      throw GraphError("rope_at: start must be an i32 tensor [1] (the position of the first new token), not " +
+                       std::string(dtype_name(start.dtype())) + " " + shape_str(start.shape()));
+  }
   return x.shape();
 }
 
-// Offsets within a head of the two elements that pair i rotates.
-int64_t rope_first(RopeMode mode, int64_t i) { return mode == RopeMode::Norm ? 2 * i : i; }
-int64_t rope_second(RopeMode mode, int64_t i, int64_t D) { return mode == RopeMode::Norm ? 2 * i + 1 : i + D / 2; }
-
-// out = R(sign * theta) in, or out += it. The forward is sign +1; the backward is sign -1 with accumulate: the
-// transpose of a rotation is its inverse. theta, sin and cos are computed in double for both T.
+// out = mscale R(sign * theta) in, or out += it. The forward is sign +1; the backward is sign -1 with
+// accumulate: the transpose of a scaled rotation is the same scale times its inverse. theta, sin and cos are
+// computed in double for both T.
 template <class T>
-void rope_cpu(const Tensor& out, const Tensor& in, const OpParams& p, double sign, bool accumulate) {
+void rope_cpu(const Tensor& out, const Tensor& in, const Tensor& freqs, int64_t first_pos, const OpParams& p,
+              double sign, bool accumulate) {
   const int64_t H = p.i[0], D = p.i[1], rows = in.rows();
-  const auto mode = RopeMode(p.i[2]);
+  const bool norm = RopeMode(p.i[2]) == RopeMode::Norm;
   const T* x = in.data<T>();
+  const T* f = freqs.data<T>();
   T* y = out.data<T>();
   for (int64_t t = 0; t < rows; ++t) {
-    const double pos = double(p.i[3] + t);
+    const double pos = double(first_pos + t);
     for (int64_t i = 0; i < D / 2; ++i) {
-      const double theta = pos * std::pow(p.f[0], -2.0 * double(i) / double(D));
-      const T cs = T(std::cos(theta)), sn = T(sign * std::sin(theta));
+      const double theta = pos * double(f[i]);
+      const T cs = T(p.f[0] * std::cos(theta)), sn = T(p.f[0] * sign * std::sin(theta));
       for (int64_t h = 0; h < H; ++h) {
-        const int64_t ia = (t * H + h) * D + rope_first(mode, i), ib = (t * H + h) * D + rope_second(mode, i, D);
+        const int64_t ia = (t * H + h) * D + (norm ? 2 * i : i), ib = ia + (norm ? 1 : D / 2);
         const T a = x[ia], b = x[ib];
         const T ya = a * cs - b * sn, yb = a * sn + b * cs;
         y[ia] = accumulate ? y[ia] + ya : ya;
@@ -181,23 +197,30 @@ void rope_cpu(const Tensor& out, const Tensor& in, const OpParams& p, double sig
   }
 }
 
-void rope_vk(OpContext& c, const Tensor& out, const Tensor& in, float sign, bool accumulate) {
+void rope_run(OpContext& c, const Tensor& out, const Tensor& in, double sign, bool accumulate) {
   const OpParams& p = c.node.params;
+  const bool has_start = rope_has_start(c.node);
+  if (c.be.is_cpu()) {
+    int64_t first = p.i[3];
+    if (has_start) {
+      first = c.in(2).data<int32_t>()[0];
+      if (first < 0)
+        throw std::out_of_range("rope_at: tokens at positions " + std::to_string(first) + " .. " +
+                                std::to_string(first + in.rows() - 1) + " (a position must be non-negative)");
+    }
+    if (c.be.real() == DType::F64) return rope_cpu<double>(out, in, c.in(1), first, p, sign, accumulate);
+    return rope_cpu<float>(out, in, c.in(1), first, p, sign, accumulate);
+  }
   const RopePush push{uint32_t(in.numel() / 2), uint32_t(p.i[0]), uint32_t(p.i[1]), uint32_t(p.i[2]),
-                      uint32_t(p.i[3]), float(std::log2(p.f[0])), sign, accumulate ? 1u : 0u};
-  const auto& pl = c.be.pipeline("rope_rotate", 2, sizeof(push));
-  c.seq->dispatch(pl, {&out.buffer(), &in.buffer()}, push, groups_for(in.numel() / 2, 256));
+                      uint32_t(p.i[3]), has_start ? 1u : 0u, float(p.f[0]), float(sign), accumulate ? 1u : 0u};
+  const auto& pl = c.be.pipeline("rope_rotate", 4, sizeof(push));
+  const vk::Buffer& start = has_start ? c.in(2).buffer() : c.in(1).buffer();  // unread without a start
+  c.seq->dispatch(pl, {&out.buffer(), &in.buffer(), &c.in(1).buffer(), &start}, push, groups_for(in.numel() / 2, 256));
 }
 
-void rope_forward(OpContext& c) {
-  if (!c.be.is_cpu()) return rope_vk(c, c.node.value, c.in(0), 1.0f, false);
-  c.be.real() == DType::F64 ? rope_cpu<double>(c.node.value, c.in(0), c.node.params, 1.0, false)
-                            : rope_cpu<float>(c.node.value, c.in(0), c.node.params, 1.0, false);
-}
+void rope_forward(OpContext& c) { rope_run(c, c.node.value, c.in(0), 1.0, false); }
 void rope_backward(OpContext& c) {
-  if (!c.be.is_cpu()) return rope_vk(c, c.in_grad(0), c.node.grad, -1.0f, true);
-  c.be.real() == DType::F64 ? rope_cpu<double>(c.in_grad(0), c.node.grad, c.node.params, -1.0, true)
-                            : rope_cpu<float>(c.in_grad(0), c.node.grad, c.node.params, -1.0, true);
+  if (c.needs_grad(0)) rope_run(c, c.in_grad(0), c.node.grad, -1.0, true);
 }
 
 // --- silu(x) = x * sigmoid(x); swiglu(gate, up) = silu(gate) * up --------------------------------------------
@@ -346,7 +369,8 @@ void dropout_forward(OpContext& c) { dropout_run(c, c.node.value, c.in(0), false
 void dropout_backward(OpContext& c) { dropout_run(c, c.in_grad(0), c.node.grad, true); }
 
 const OpDef kRmsNormOp{"rms_norm", rms_norm_shape, rms_norm_prepare, rms_norm_forward, rms_norm_backward, 0b11u};
-const OpDef kRopeOp{"rope", rope_shape, nullptr, rope_forward, rope_backward, 0u};  // rotates dy back: no values
+// The backward rotates dy back: it reads the frequencies and the start, no values.
+const OpDef kRopeOp{"rope", rope_shape, nullptr, rope_forward, rope_backward, 0b110u};
 const OpDef kSiluOp{"silu", silu_shape, nullptr, silu_forward, silu_backward, 0b1u};
 const OpDef kSwigluOp{"swiglu", swiglu_shape, nullptr, swiglu_forward, swiglu_backward, 0b11u};
 const OpDef kDropoutOp{"dropout", dropout_shape, nullptr, dropout_forward, dropout_backward};
@@ -362,11 +386,36 @@ GradcheckCase rms_norm_case(int64_t T, int64_t C, bool train_weight) {
           }};
 }
 
+const char* mode_name(RopeMode mode) { return mode == RopeMode::Norm ? "norm" : "neox"; }
+
 GradcheckCase rope_case(RopeMode mode, int64_t H, int64_t D, int64_t T, int64_t pos_offset) {
-  return {std::string("rope ") + (mode == RopeMode::Norm ? "norm" : "neox") + " H=" + std::to_string(H) +
-              " D=" + std::to_string(D) + " T=" + std::to_string(T) + " pos_offset=" + std::to_string(pos_offset),
+  return {std::string("rope ") + mode_name(mode) + " H=" + std::to_string(H) + " D=" + std::to_string(D) + " T=" +
+              std::to_string(T) + " pos_offset=" + std::to_string(pos_offset),
           [=](Graph& g, std::mt19937& r) {
             return rope(random_param(g, r, {T, H * D}, "x"), H, D, mode, 10000.0, pos_offset);
+          }};
+}
+
+// Scaled RoPE: a table unlike any base's (per-pair factors, a YaRN-like blend) and mscale != 1.
+GradcheckCase scaled_rope_case(RopeMode mode, int64_t H, int64_t D, int64_t T, int64_t pos, bool at) {
+  return {std::string(at ? "rope_at " : "rope ") + mode_name(mode) + " scaled H=" + std::to_string(H) + " D=" +
+              std::to_string(D) + " T=" + std::to_string(T) + " pos=" + std::to_string(pos),
+          [=](Graph& g, std::mt19937& r) {
+            RopeFreqs f = RopeFreqs::plain(D, 500000.0);
+            for (size_t i = 0; i < f.freq.size(); ++i) f.freq[i] /= 1.0 + 0.75 * double(i % 3);
+            f.mscale = 1.1386;
+            Var x = random_param(g, r, {T, H * D}, "x");
+            if (at) return rope_at(x, ids_constant(g, {int32_t(pos)}, "start"), H, D, mode, f);
+            return rope(x, H, D, mode, f, pos);
+          }};
+}
+
+GradcheckCase rope_at_case(RopeMode mode, int64_t H, int64_t D, int64_t T, int32_t start) {
+  return {std::string("rope_at ") + mode_name(mode) + " H=" + std::to_string(H) + " D=" + std::to_string(D) +
+              " T=" + std::to_string(T) + " start=" + std::to_string(start),
+          [=](Graph& g, std::mt19937& r) {
+            Var x = random_param(g, r, {T, H * D}, "x");
+            return rope_at(x, ids_constant(g, {start}, "start"), H, D, mode, 10000.0);
           }};
 }
 
@@ -389,6 +438,12 @@ void add_cases(std::vector<GradcheckCase>& out) {
   for (RopeMode mode : {RopeMode::Norm, RopeMode::Neox})
     for (int64_t pos : {0, 7}) out.push_back(rope_case(mode, 3, 8, 5, pos));
   out.push_back(rope_case(RopeMode::Neox, 2, 64, 3, 100));
+  out.push_back(scaled_rope_case(RopeMode::Norm, 2, 8, 4, 3, false));
+  out.push_back(scaled_rope_case(RopeMode::Neox, 3, 12, 3, 11, false));
+  out.push_back(scaled_rope_case(RopeMode::Neox, 2, 8, 2, 5, true));
+  out.push_back(rope_at_case(RopeMode::Norm, 3, 8, 5, 7));
+  out.push_back(rope_at_case(RopeMode::Neox, 3, 8, 5, 0));
+  out.push_back(rope_at_case(RopeMode::Neox, 2, 64, 1, 100));
   // x in [-4, 4] reaches both saturated ends of the sigmoid.
   out.push_back({"silu 5x33", [](Graph& g, std::mt19937& r) { return silu(random_param(g, r, {5, 33}, "x", -4, 4)); }});
   out.push_back({"swiglu 5x7", [](Graph& g, std::mt19937& r) {
@@ -413,14 +468,46 @@ Var rms_norm(Var x, Var w, double eps) {
   return x.g->add(kRmsNormOp, {x, w}, p);
 }
 
-Var rope(Var x, int64_t n_head, int64_t head_dim, RopeMode mode, double freq_base, int64_t pos_offset) {
-  check_real("rope", x);
+RopeFreqs RopeFreqs::plain(int64_t head_dim, double base) {
+  RopeFreqs f;
+  f.freq.resize(size_t(std::max<int64_t>(head_dim / 2, 0)));
+  for (size_t i = 0; i < f.freq.size(); ++i) f.freq[i] = std::pow(base, -2.0 * double(i) / double(head_dim));
+  return f;
+}
+
+namespace {
+Var rope_node(const char* op, Var x, Var start, int64_t n_head, int64_t head_dim, RopeMode mode, const RopeFreqs& f,
+              int64_t pos_offset) {
+  check_real(op, x);
   if (mode != RopeMode::Norm && mode != RopeMode::Neox)
-    throw GraphError("rope: unknown mode " + std::to_string(int64_t(mode)));
+    throw GraphError(std::string(op) + ": unknown mode " + std::to_string(int64_t(mode)));
+  if (!(f.mscale > 0) || !std::isfinite(f.mscale))
+    throw GraphError(std::string(op) + ": mscale " + std::to_string(f.mscale) + " must be positive");
+  for (double v : f.freq)
+    if (!std::isfinite(v)) throw GraphError(std::string(op) + ": the frequencies must be finite");
   OpParams p;
   p.i = {n_head, head_dim, int64_t(mode), pos_offset, 0, 0};
-  p.f[0] = freq_base;
-  return x.g->add(kRopeOp, {x}, p);
+  p.f[0] = f.mscale;
+  Var freqs = x.g->constant(x.g->backend().from_host(std::span<const double>(f.freq), {int64_t(f.freq.size())}),
+                            std::string(op) + ".freqs");
+  if (!start.g) return x.g->add(kRopeOp, {x, freqs}, p);
+  return x.g->add(kRopeOp, {x, freqs, start}, p);
+}
+}  // namespace
+
+Var rope(Var x, int64_t n_head, int64_t head_dim, RopeMode mode, const RopeFreqs& f, int64_t pos_offset) {
+  return rope_node("rope", x, {}, n_head, head_dim, mode, f, pos_offset);
+}
+Var rope(Var x, int64_t n_head, int64_t head_dim, RopeMode mode, double freq_base, int64_t pos_offset) {
+  if (!(freq_base > 0)) throw GraphError("rope: freq_base " + std::to_string(freq_base) + " must be positive");
+  return rope(x, n_head, head_dim, mode, RopeFreqs::plain(head_dim, freq_base), pos_offset);
+}
+Var rope_at(Var x, Var start, int64_t n_head, int64_t head_dim, RopeMode mode, const RopeFreqs& f) {
+  return rope_node("rope_at", x, start, n_head, head_dim, mode, f, 0);
+}
+Var rope_at(Var x, Var start, int64_t n_head, int64_t head_dim, RopeMode mode, double freq_base) {
+  if (!(freq_base > 0)) throw GraphError("rope_at: freq_base " + std::to_string(freq_base) + " must be positive");
+  return rope_at(x, start, n_head, head_dim, mode, RopeFreqs::plain(head_dim, freq_base));
 }
 
 Var silu(Var x) {

@@ -1,15 +1,18 @@
 #version 450
 // Rotary position embedding of x [T, H*D], one invocation per rotated pair (T*H*D/2 of them). Token t sits at
-// pos = pos_offset + t; pair i of each head turns by theta = pos * base^(-2i/D). mode 0 ("norm") pairs
-// (2i, 2i+1), mode 1 ("neox") pairs (i, i + D/2): (a, b) -> (a cos - b sin, a sin + b cos).
-// Forward: sin_sign = 1, out = R(theta) in. Backward: sin_sign = -1, accumulate = 1, out += R(-theta) dy (the
-// transpose of a rotation is its inverse).
+// pos = pos_offset + t, or start[0] + t when has_start (a decode step's position, rewritten by the host before
+// each run). Pair i of each head turns by theta = pos * freq[i]; mode 0 ("norm") pairs (2i, 2i+1), mode 1
+// ("neox") pairs (i, i + D/2): (a, b) -> mscale (a cos - b sin, a sin + b cos).
+// Forward: sin_sign = 1, out = mscale R(theta) in. Backward: sin_sign = -1, accumulate = 1,
+// out += mscale R(-theta) dy (the transpose of a scaled rotation).
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) buffer Out { float o[]; };
 layout(std430, binding = 1) readonly buffer In { float x[]; };
+layout(std430, binding = 2) readonly buffer Freqs { float freq[]; };
+layout(std430, binding = 3) readonly buffer Start { int start[]; };
 layout(push_constant) uniform Push {
-  uint n_pairs; uint n_head; uint head_dim; uint mode; uint pos_offset;
-  float log2_base; float sin_sign; uint accumulate;
+  uint n_pairs; uint n_head; uint head_dim; uint mode; uint pos_offset; uint has_start;
+  float mscale; float sin_sign; uint accumulate;
 } p;
 
 // 2π in two parts: TWO_PI_HI has 8 significant bits, so k * TWO_PI_HI is exact for |k| < 2^16 and theta keeps
@@ -23,10 +26,11 @@ void main() {
   const uint half_d = p.head_dim / 2u, per_token = p.n_head * half_d;
   const uint t = g / per_token, h = (g % per_token) / half_d, i = g % half_d;
 
-  const float theta = float(p.pos_offset + t) * exp2(-float(2u * i) / float(p.head_dim) * p.log2_base);
+  const uint first = p.has_start != 0u ? uint(max(start[0], 0)) : p.pos_offset;
+  const float theta = float(first + t) * freq[i];
   const float k = round(theta * 0.15915494309189535);
   precise const float r = (theta - k * TWO_PI_HI) - k * TWO_PI_LO;
-  const float c = cos(r), s = p.sin_sign * sin(r);
+  const float c = p.mscale * cos(r), s = p.mscale * p.sin_sign * sin(r);
 
   const uint head = (t * p.n_head + h) * p.head_dim;
   const uint ia = head + (p.mode == 0u ? 2u * i : i);

@@ -4,7 +4,7 @@
   python3 peft_check.py --model M.gguf --peft DIR --ids-file ids.json --logits q4tune.json
                         [--base-logits q4tune_base.json] [--out result.json]
 
-Builds a LlamaForCausalLM (or Qwen2ForCausalLM) from the GGUF's weights, dequantised here (f32, f16, q8_0,
+Builds a LlamaForCausalLM (or Qwen2ForCausalLM, Qwen3ForCausalLM) from the GGUF's weights, dequantised here (f32, f16, q8_0,
 q4_0; a small reader of its own, no gguf package), with llama's q/k weight rows un-permuted back to HF order
 (llama.cpp's converter permuted them for RoPE on adjacent pairs; qwen2 is not permuted). With --base-logits,
 first checks the bare model against q4tune without an adapter. Then loads DIR with peft.PeftModel and prints
@@ -125,6 +125,10 @@ def build_model(path):
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, attention_bias=False))
     elif arch == "qwen2":
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, use_sliding_window=False))
+    elif arch == "qwen3":
+        head_dim = a("attention.key_length", n_embd // n_head)
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=head_dim, attention_bias=False,
+                                                                       use_sliding_window=False))
     else:
         raise ValueError(f"architecture {arch} is not supported")
     sd = {"model.embed_tokens.weight": t["token_embd.weight"], "model.norm.weight": t["output_norm.weight"]}
@@ -132,7 +136,8 @@ def build_model(path):
         sd["lm_head.weight"] = t["output.weight"]
     names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
              "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+             "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
     for name, w in t.items():
         parts = name.split(".")  # blk.N.attn_q.weight
         if parts[0] != "blk":

@@ -4,7 +4,7 @@
 // --adapter` gives: max_v |Δ| <= 1e-3 · max_v |llama.cpp| at every position. One variant uses alpha = scale·r, the
 // other an unrelated alpha (its ratio folded into B).
 // PEFT: export_peft's folder loaded by PyTorch + peft (peft_check.py) must reproduce q4tune's logits, for a q4_0
-// llama (q/k rows un-permuted) and an f32 qwen2; skipped where python3 lacks torch, transformers or peft.
+// llama (q/k rows un-permuted), an f32 qwen2 and a q4_0 qwen3; skipped where python3 lacks torch, transformers or peft.
 // Needs node >= 20 and npm (and the npm registry the first time); ctest label "interop".
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -221,7 +221,8 @@ TEST_P(PeftLoadsOurExport, AfterQ4tuneTrain) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, PeftLoadsOurExport,
-                         ::testing::Values(std::pair{"llama", "q4_0"}, std::pair{"qwen2", "f32"}),
+                         ::testing::Values(std::pair{"llama", "q4_0"}, std::pair{"qwen2", "f32"},
+                                           std::pair{"qwen3", "q4_0"}),
                          [](const auto& i) { return std::string(i.param.first) + "_" + i.param.second; });
 
 }  // namespace

@@ -1,6 +1,6 @@
 // q4tune's model forward against llama.cpp itself, the reference implementation of GGUF models, run through
 // npm's node-llama-cpp CPU prebuilt (install_node_llama.sh installs it, llama_ref.mjs drives it).
-// For each architecture (llama, qwen2) x output (tied, untied) x weight type (q4_0, f32, and the mixes
+// For each architecture (llama, qwen2, qwen3; RoPE scaling variants) x output (tied, untied) x weight type (q4_0, f32, and the mixes
 // llama-quantize writes: Q4_K_M, and Q4_0 with a Q6_K output matrix): q4tune init-model (and q4tune quantize)
 // writes a random model, and the logits at every position of a random id sequence, from q4tune on the CPU and
 // on Vulkan, must agree with llama.cpp's: max_v |q4tune - llama.cpp| <= 1e-3 * max_v |llama.cpp| per position.
@@ -254,7 +254,12 @@ struct Variant {
   // the output matrix as Q6_K as llama-quantize does.
   const char* type;
   uint32_t seed;  // of init-model, the ids and the adapter
-  std::string name() const { return std::string(arch) + (tied ? "_tied_" : "_untied_") + type; }
+  const char* extra = "";  // more init-model options (the architecture's own, RoPE scaling)
+  const char* tag = "";    // names them in the test's name
+  bool train = true;       // also run AdapterTrainedByQ4tuneTrainMatchesLlamaCpp
+  std::string name() const {
+    return std::string(arch) + (tied ? "_tied_" : "_untied_") + type + (*tag ? std::string("_") + tag : "");
+  }
 };
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name(); }
 
@@ -298,7 +303,7 @@ class LlamaCppAgreement : public ::testing::TestWithParam<Variant> {
     const std::string shape = k_quants ? " --dim 256 --ff 512 --layers 4 --heads 4 --kv-heads 2" : "";
     const fs::path written = quantize ? dir_ / "m-f32.gguf" : model;
     CmdResult r = run(std::string(Q4TUNE_BIN) + " init-model --arch " + v.arch + " --type " +
-                      (quantize ? "f32" : type) + shape + (v.tied ? " --tied" : "") + " --seed " +
+                      (quantize ? "f32" : type) + shape + " " + v.extra + (v.tied ? " --tied" : "") + " --seed " +
                       std::to_string(seed) + " --out " + quoted(written));
     EXPECT_EQ(r.code, 0) << r.out;
     if (quantize) {
@@ -410,6 +415,7 @@ TEST_P(LlamaCppAgreement, LogitsWithALoraAdapterMatchLlamaCpp) {
 // An adapter trained by `q4tune train` (30 steps on the demo data, so B is far from its zero start), exported
 // as adapter.gguf, applied by llama.cpp: the same logits as q4tune's forward with it.
 TEST_P(LlamaCppAgreement, AdapterTrainedByQ4tuneTrainMatchesLlamaCpp) {
+  if (!GetParam().train) GTEST_SKIP() << "trained once per architecture and weight type, not for every RoPE variant";
   const uint32_t seed = GetParam().seed + 200;
   const fs::path model = init_model(seed);
   ASSERT_FALSE(HasFailure());
@@ -445,7 +451,15 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, LlamaCppAgreement,
                                            Variant{"llama", false, "q5_k_m", 14}, Variant{"qwen2", true, "q5_k_s", 15},
                                            Variant{"llama", true, "q3_k_m", 16}, Variant{"qwen2", false, "q2_k", 17},
                                            Variant{"llama", false, "iq4_xs", 18}, Variant{"qwen2", false, "q4_1", 19},
-                                           Variant{"llama", true, "q5_0", 20}, Variant{"qwen2", false, "bf16", 21}),
+                                           Variant{"llama", true, "q5_0", 20}, Variant{"qwen2", false, "bf16", 21},
+                                           // qwen3 (q/k norms, a head size other than dim / heads), and RoPE
+                                           // scaling: llama 3.1's rope_freqs.weight, linear and YaRN.
+                                           Variant{"qwen3", false, "q4_0", 22, "--head-dim 24", "hd24"},
+                                           Variant{"qwen3", true, "q4_k_m", 23},
+                                           Variant{"qwen3", false, "f32", 24, "--rope-scaling yarn:8", "yarn8", false},
+                                           Variant{"llama", false, "f32", 25, "--rope-freqs", "ropefreqs", false},
+                                           Variant{"llama", true, "q4_0", 26, "--rope-scaling yarn:4", "yarn4", false},
+                                           Variant{"qwen2", false, "f32", 27, "--rope-scaling linear:4", "linear4", false}),
                          [](const ::testing::TestParamInfo<Variant>& info) { return info.param.name(); });
 
 }  // namespace

@@ -1,6 +1,14 @@
 #include "train/model/config.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace q4t::model {
+
+const std::vector<std::string>& supported_architectures() {
+  static const std::vector<std::string> a = {"llama", "qwen2", "qwen3"};
+  return a;
+}
 
 namespace {
 [[noreturn]] void bad(const gguf::File& f, const std::string& key, const std::string& why) {
@@ -12,13 +20,87 @@ int64_t positive(const gguf::File& f, const std::string& key) {
   if (v == 0 || v > (uint64_t(1) << 31)) bad(f, key, "value " + std::to_string(v) + " is out of range");
   return int64_t(v);
 }
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+RopeScaling read_rope_scaling(const gguf::File& f, const std::string& a, int64_t n_ctx) {
+  RopeScaling s;
+  const std::string type_key = a + "rope.scaling.type";
+  std::string type = "linear";  // llama.cpp's default when the key is absent: linear with factor 1 = none
+  if (f.find(type_key)) type = f.get_string(type_key);
+  double factor = f.get_float_or(a + "rope.scaling.factor", 0.0);
+  if (factor == 0.0) factor = f.get_float_or(a + "rope.scale_linear", 0.0);
+  if (factor == 0.0) factor = 1.0;
+  if (!(factor > 0) || !std::isfinite(factor)) bad(f, a + "rope.scaling.factor", "must be positive");
+  if (type == "none") {
+    s.type = RopeScaling::Type::None;
+    factor = 1.0;
+  } else if (type == "linear") {
+    s.type = factor == 1.0 ? RopeScaling::Type::None : RopeScaling::Type::Linear;
+  } else if (type == "yarn") {
+    s.type = RopeScaling::Type::Yarn;
+  } else {
+    bad(f, type_key, "'" + type + "' is not supported (supported: none, linear, yarn)");
+  }
+  s.factor = factor;
+  s.n_ctx_orig = int64_t(f.get_uint_or(a + "rope.scaling.original_context_length", uint64_t(n_ctx)));
+  if (s.n_ctx_orig <= 0) bad(f, a + "rope.scaling.original_context_length", "must be positive");
+  s.attn_factor = f.get_float_or(a + "rope.scaling.attn_factor", 1.0);
+  if (!(s.attn_factor > 0) || !std::isfinite(s.attn_factor)) bad(f, a + "rope.scaling.attn_factor", "must be positive");
+  s.yarn_log_mul = f.get_float_or(a + "rope.scaling.yarn_log_multiplier", 0.0);
+  if (!std::isfinite(s.yarn_log_mul)) bad(f, a + "rope.scaling.yarn_log_multiplier", "must be finite");
+  return s;
+}
+
 }  // namespace
+
+// llama.cpp's rotation (ggml's rope with freq_factors and YaRN, llama_context's attention factor): pair i turns by
+// pos * base^(-2i/D) / factor_i, times freq_scale = 1/scaling factor; YaRN blends that with the unscaled angle by
+// a ramp over the pairs between its two correction dims and multiplies cos and sin by its attention factor.
+ag::RopeFreqs ModelConfig::rope_freqs(int64_t) const {
+  const int64_t D = head_dim;
+  ag::RopeFreqs r = ag::RopeFreqs::plain(D, rope_base);
+  for (size_t i = 0; i < rope_factors.size() && i < r.freq.size(); ++i) r.freq[i] /= rope_factors[i];
+  const RopeScaling& s = rope_scaling;
+  const double freq_scale = s.type == RopeScaling::Type::None ? 1.0 : 1.0 / s.factor;
+  r.mscale = s.attn_factor;
+  if (s.type != RopeScaling::Type::Yarn) {
+    for (double& w : r.freq) w *= freq_scale;
+    return r;
+  }
+  // The correction dims, in f32 as ggml computes them.
+  const auto corr_dim = [&](float n_rot) {
+    return float(D) * std::log(float(s.n_ctx_orig) / (n_rot * 2.0f * float(M_PI))) / (2.0f * std::log(float(rope_base)));
+  };
+  const float low = std::max(0.0f, std::floor(corr_dim(32.0f))), high = std::min(float(D - 1), std::ceil(corr_dim(1.0f)));
+  for (size_t i = 0; i < r.freq.size(); ++i) {
+    const float y = (float(i) - low) / std::max(0.001f, high - low);
+    const double mix = 1.0 - std::min(1.0f, std::max(0.0f, y));
+    r.freq[i] *= freq_scale * (1.0 - mix) + mix;
+  }
+  const double f = s.factor;
+  const auto mscale_of = [&](double m) { return f <= 1.0 ? 1.0 : 0.1 * m * std::log(f) + 1.0; };
+  const double attn = s.yarn_log_mul != 0.0 ? mscale_of(1.0) / mscale_of(s.yarn_log_mul) : mscale_of(1.0);
+  // llama.cpp divides its attention factor by the 1 + 0.1 ln(factor) that ggml's YaRN multiplies back.
+  r.mscale = attn / (1.0 + 0.1 * std::log(f)) * s.attn_factor * (1.0 + 0.1 * std::log(1.0 / freq_scale));
+  return r;
+}
+
+std::vector<std::string> ModelConfig::config_tensors() const {
+  if (!rope_factors.empty()) return {"rope_freqs.weight"};
+  return {};
+}
 
 ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   ModelConfig c;
   c.arch = f.get_string("general.architecture");
-  if (c.arch != "llama" && c.arch != "qwen2")
-    bad(f, "general.architecture", "'" + c.arch + "' is not supported (supported: llama, qwen2)");
+  const auto& archs = supported_architectures();
+  if (std::find(archs.begin(), archs.end(), c.arch) == archs.end())
+    bad(f, "general.architecture", "'" + c.arch + "' is not supported (supported: " + joined(archs) + ")");
   const std::string a = c.arch + ".";
   c.n_embd = positive(f, a + "embedding_length");
   c.n_layer = positive(f, a + "block_count");
@@ -28,19 +110,40 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.n_ctx = int64_t(f.get_uint_or(a + "context_length", 2048));
   c.rope_base = f.get_float_or(a + "rope.freq_base", 10000.0);
   c.rms_eps = f.get_float(a + "attention.layer_norm_rms_epsilon");
-  if (c.n_embd % c.n_head != 0) bad(f, a + "attention.head_count", "does not divide the embedding length");
   if (c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0)
     bad(f, a + "attention.head_count_kv", "must divide attention.head_count (" + std::to_string(c.n_head) + ")");
-  c.head_dim = c.n_embd / c.n_head;
+  if (!f.find(a + "attention.key_length") && c.n_embd % c.n_head != 0)
+    bad(f, a + "attention.head_count", "does not divide the embedding length");
+  c.head_dim = int64_t(f.get_uint_or(a + "attention.key_length", uint64_t(c.n_embd / c.n_head)));
+  const int64_t head_v = int64_t(f.get_uint_or(a + "attention.value_length", uint64_t(c.head_dim)));
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0) bad(f, a + "attention.key_length", "must be positive and even");
+  if (head_v != c.head_dim)
+    bad(f, a + "attention.value_length", std::to_string(head_v) + " differs from attention.key_length " +
+                                             std::to_string(c.head_dim) + " (not supported)");
   const int64_t n_rot = int64_t(f.get_uint_or(a + "rope.dimension_count", uint64_t(c.head_dim)));
   if (n_rot != c.head_dim)
     bad(f, a + "rope.dimension_count", std::to_string(n_rot) + " differs from the head size " +
                                            std::to_string(c.head_dim) + " (partial rotary is not supported)");
   if (!(c.rms_eps > 0 && c.rms_eps < 1)) bad(f, a + "attention.layer_norm_rms_epsilon", "must be in (0, 1)");
   if (!(c.rope_base > 0)) bad(f, a + "rope.freq_base", "must be positive");
-  c.rope_mode = c.arch == "qwen2" ? ag::RopeMode::Neox : ag::RopeMode::Norm;
+  c.rope_scaling = read_rope_scaling(f, a, c.n_ctx);
+  c.rope_mode = c.arch == "llama" ? ag::RopeMode::Norm : ag::RopeMode::Neox;
   c.qkv_bias = c.arch == "qwen2";
+  c.qk_norm = c.arch == "qwen3";
   c.tied = f.tensor("output.weight") == nullptr;
+  // llama 3.1+: one factor per rotated pair (llama.cpp reads it for llama only).
+  if (const gguf::TensorInfo* t = f.tensor("rope_freqs.weight")) {
+    if (c.arch != "llama")
+      throw gguf::FormatError(f.path() + ": tensor 'rope_freqs.weight' is not supported for architecture '" + c.arch + "'");
+    if (t->type != gguf::GgmlType::F32 || t->ne != std::vector<int64_t>{c.head_dim / 2})
+      throw gguf::FormatError(f.path() + ": tensor 'rope_freqs.weight' must be f32 [" + std::to_string(c.head_dim / 2) +
+                              "] (head size / 2)");
+    const float* v = reinterpret_cast<const float*>(t->data);
+    c.rope_factors.assign(v, v + c.head_dim / 2);
+    for (double x : c.rope_factors)
+      if (!(x > 0) || !std::isfinite(x))
+        throw gguf::FormatError(f.path() + ": tensor 'rope_freqs.weight' holds a factor that is not positive");
+  }
   const gguf::TensorInfo* emb = f.tensor("token_embd.weight");
   if (!emb) throw gguf::FormatError(f.path() + ": tensor 'token_embd.weight' is missing");
   if (emb->ne.size() != 2 || emb->ne[0] != c.n_embd)

@@ -2,19 +2,41 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "autograd/ops.h"
 #include "data/gguf.h"
 
 namespace q4t::model {
 
+// The architectures q4tune runs, as general.architecture names them.
+const std::vector<std::string>& supported_architectures();
+
+// RoPE's context scaling ({arch}.rope.scaling.*), as llama.cpp applies it.
+struct RopeScaling {
+  enum class Type { None, Linear, Yarn };
+  Type type = Type::None;
+  double factor = 1;          // positions are compressed by this factor (freq_scale = 1 / factor)
+  int64_t n_ctx_orig = 0;     // YaRN: the context the model was trained with (original_context_length)
+  double attn_factor = 1;     // rope.scaling.attn_factor: multiplies cos and sin
+  double yarn_log_mul = 0;    // rope.scaling.yarn_log_multiplier (0: unset)
+};
+
 struct ModelConfig {
-  std::string arch;  // "llama" (Llama 1/2/3, Mistral, TinyLlama, SmolLM) or "qwen2"
+  std::string arch;  // one of supported_architectures()
   int64_t n_vocab = 0, n_embd = 0, n_layer = 0, n_ff = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ctx = 0;
   double rope_base = 10000.0, rms_eps = 1e-5;
-  ag::RopeMode rope_mode = ag::RopeMode::Norm;  // llama: adjacent pairs; qwen2: halves (neox)
-  bool qkv_bias = false;                         // qwen2: q/k/v projections carry biases
-  bool tied = false;                             // no output.weight: token_embd is the output matrix
+  ag::RopeMode rope_mode = ag::RopeMode::Norm;  // llama: adjacent pairs; the others: halves (neox)
+  RopeScaling rope_scaling;
+  std::vector<double> rope_factors;  // llama 3.1+: rope_freqs.weight [head_dim / 2], dividing each pair's frequency
+  bool qkv_bias = false;             // qwen2: q/k/v projections carry biases
+  bool qk_norm = false;              // qwen3: per-head RMSNorm of q and k (attn_q_norm, attn_k_norm) before RoPE
+  bool tied = false;                 // no output.weight: token_embd is the output matrix
+
+  // The rotation of layer `layer`'s queries and keys: the base, the per-pair factors and the scaling combined.
+  ag::RopeFreqs rope_freqs(int64_t layer) const;
+  // Names of the tensors that hold no weight of a layer but the config reads (rope_freqs.weight).
+  std::vector<std::string> config_tensors() const;
 
   // Reads and checks the keys; throws gguf::FormatError naming the file and the key.
   static ModelConfig from_gguf(const gguf::File& f);

@@ -87,8 +87,9 @@ Decoder::Step& Decoder::step(int64_t n) {
   s->ids = be_.zeros({n}, ag::DType::I32);
   const ag::Var start = g.constant(start_, "start");
   ag::Var h = s->mg->hidden(g.constant(s->ids, "ids"), [&](int64_t l, ag::Var q, ag::Var k, ag::Var v) {
-    q = ag::rope_at(q, start, c.n_head, c.head_dim, c.rope_mode, c.rope_base);
-    k = ag::rope_at(k, start, c.n_head_kv, c.head_dim, c.rope_mode, c.rope_base);
+    const ag::RopeFreqs freqs = c.rope_freqs(l);
+    q = ag::rope_at(q, start, c.n_head, c.head_dim, c.rope_mode, freqs);
+    k = ag::rope_at(k, start, c.n_head_kv, c.head_dim, c.rope_mode, freqs);
     const std::string b = "blk." + std::to_string(l) + ".";
     ag::Var keys = ag::kv_cache_write(g.constant(k_cache_[size_t(l)], b + "k_cache"), k, start);
     ag::Var values = ag::kv_cache_write(g.constant(v_cache_[size_t(l)], b + "v_cache"), v, start);

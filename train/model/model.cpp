@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "data/splitmix.h"
 #include "kernels/cpu/threads.h"
@@ -84,6 +85,10 @@ void Model::for_each_tensor(const ModelConfig& c,
       fn(b + "attn_k.bias", {kv_out}, false);
       fn(b + "attn_v.bias", {kv_out}, false);
     }
+    if (c.qk_norm) {
+      fn(b + "attn_q_norm.weight", {c.head_dim}, false);
+      fn(b + "attn_k_norm.weight", {c.head_dim}, false);
+    }
     fn(b + "ffn_norm.weight", {C}, false);
     fn(b + "ffn_gate.weight", {C, c.n_ff}, true);
     fn(b + "ffn_up.weight", {C, c.n_ff}, true);
@@ -97,9 +102,17 @@ std::unique_ptr<Model> Model::load(const std::string& path, ag::Backend& be) {
   auto f = gguf::File::open(path);
   std::unique_ptr<Model> m(new Model(be));
   m->cfg_ = ModelConfig::from_gguf(*f);
+  std::set<std::string> used;
+  for (const std::string& name : m->cfg_.config_tensors()) used.insert(name);
   for_each_tensor(m->cfg_, [&](const std::string& name, const std::vector<int64_t>& ne, bool matrix) {
     m->load_tensor(*f, name, ne, matrix);
+    used.insert(name);
   });
+  // A tensor the model does not read would change llama.cpp's numbers but not q4tune's: refuse it by name.
+  for (const gguf::TensorInfo& t : f->tensors())
+    if (!used.count(t.name))
+      throw gguf::FormatError(f->path() + ": tensor '" + t.name + "' is not part of a " + m->cfg_.arch +
+                              " model as q4tune computes it (not supported)");
   return m;
 }
 
@@ -234,6 +247,8 @@ ModelGraph::ModelGraph(const Model& m, ag::Graph& g, bool llama_cpp_numerics)
       bind(b + n);
     if (c.qkv_bias)
       for (const char* n : {"attn_q.bias", "attn_k.bias", "attn_v.bias"}) bind(b + n);
+    if (c.qk_norm)
+      for (const char* n : {"attn_q_norm.weight", "attn_k_norm.weight"}) bind(b + n);
   }
 }
 
@@ -292,9 +307,10 @@ ag::Var ModelGraph::output_weight() const {
 
 ag::Var ModelGraph::hidden(ag::Var ids, int64_t pos, ag::Var segments) const {
   const ModelConfig& c = m_.config();
-  return hidden(ids, [&](int64_t, ag::Var q, ag::Var k, ag::Var v) {
-    q = ag::rope(q, c.n_head, c.head_dim, c.rope_mode, c.rope_base, pos);
-    k = ag::rope(k, c.n_head_kv, c.head_dim, c.rope_mode, c.rope_base, pos);
+  return hidden(ids, [&](int64_t l, ag::Var q, ag::Var k, ag::Var v) {
+    const ag::RopeFreqs freqs = c.rope_freqs(l);
+    q = ag::rope(q, c.n_head, c.head_dim, c.rope_mode, freqs, pos);
+    k = ag::rope(k, c.n_head_kv, c.head_dim, c.rope_mode, freqs, pos);
     const ag::Var out = segments.g ? ag::attention(q, k, v, c.n_head, c.n_head_kv, segments)
                                    : ag::attention(q, k, v, c.n_head, c.n_head_kv);
     // With recomputation, attention's inputs and output are kept rather than computed again: they cost far
@@ -315,6 +331,13 @@ ag::Var ModelGraph::hidden(ag::Var ids, const AttentionStep& attend) const {
       q = ag::add(q, vars_.at(b + "attn_q.bias"));
       k = ag::add(k, vars_.at(b + "attn_k.bias"));
       v = ag::add(v, vars_.at(b + "attn_v.bias"));
+    }
+    if (c.qk_norm) {  // RMSNorm of each head's D values: q as [T*H, D] rows
+      const int64_t T = q.shape()[0];
+      q = ag::reshape(ag::rms_norm(ag::reshape(q, {T * c.n_head, c.head_dim}), vars_.at(b + "attn_q_norm.weight"), c.rms_eps),
+                      {T, c.n_head * c.head_dim});
+      k = ag::reshape(ag::rms_norm(ag::reshape(k, {T * c.n_head_kv, c.head_dim}), vars_.at(b + "attn_k_norm.weight"), c.rms_eps),
+                      {T, c.n_head_kv * c.head_dim});
     }
     x = ag::add(x, project(attend(l, q, k, v), l, "o"));
     g_.keep(x);  // with recomputation: the residual the ffn norm reads, so the o projection is not run again

@@ -1,4 +1,4 @@
-// A llama-family transformer (llama, qwen2) built from autograd ops over frozen GGUF weights.
+// A llama-family transformer (llama, qwen2, qwen3) built from autograd ops over frozen GGUF weights.
 // Weights go to the backend as they are stored: quantized matrices stay quantized (no dequantised copy of any
 // 2-D weight exists), norms and biases are f32. A Model holds the weights; a ModelGraph binds them into one
 // graph as constants, with optional LoRA adapters on the seven projection targets.
@@ -90,7 +90,7 @@ class ModelGraph {
   // segment_ids as above, or an undefined Var for one sequence.
   ag::Var hidden(ag::Var ids, int64_t pos_offset = 0, ag::Var segment_ids = {}) const;
   // The same with a caller's attention step: attend(layer, q, k, v) gets a block's q [T, H*D] and k, v
-  // [T, Hkv*D] (biases added, before RoPE) and returns the attention output [T, H*D]. hidden() above is this with
+  // [T, Hkv*D] (biases added and q, k normed where the architecture does, before RoPE) and returns the attention output [T, H*D]. hidden() above is this with
   // RoPE at fixed positions and causal attention over the T tokens; the decoder's step reads a KV cache.
   // Each layer's output is a checkpoint of the graph (the segments of recomputation, see Graph::plan_memory).
   using AttentionStep = std::function<ag::Var(int64_t layer, ag::Var q, ag::Var k, ag::Var v)>;
