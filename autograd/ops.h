@@ -45,15 +45,27 @@ struct RopeFreqs {
 Var rope(Var x, int64_t n_head, int64_t head_dim, RopeMode mode, const RopeFreqs& freqs, int64_t pos_offset = 0);
 // The same with plain frequencies of the given base.
 Var rope(Var x, int64_t n_head, int64_t head_dim, RopeMode mode, double freq_base, int64_t pos_offset = 0);
+// Options of attention (gemma's): a sliding window, where query i sees key j only if i − j < window (0: no
+// window), and soft-capping, where each score s becomes softcap·tanh(s / softcap) before the softmax (0: none).
+struct AttentionOptions {
+  int64_t window = 0;
+  double softcap = 0;
+};
 // Causal self-attention with grouped-query heads: q [T, H*D], k and v [T, Hkv*D] (H a multiple of Hkv; query
 // head h reads kv head h / (H/Hkv)); softmax(q·kᵀ / sqrt(D)) in f32 with the row max subtracted. Out [T, H*D].
 Var attention(Var q, Var k, Var v, int64_t n_head, int64_t n_head_kv);
 // The same over packed examples: segment_ids [T] i32 (one id per example, 0 for padding); query i attends key j
 // only if j ≤ i and segment_ids[j] == segment_ids[i].
 Var attention(Var q, Var k, Var v, int64_t n_head, int64_t n_head_kv, Var segment_ids);
+// Either, with options (segment_ids undefined for one sequence).
+Var attention(Var q, Var k, Var v, int64_t n_head, int64_t n_head_kv, const AttentionOptions& o, Var segment_ids = {});
 Var silu(Var x);
 // silu(gate) * up, elementwise.
 Var swiglu(Var gate, Var up);
+// gelu(gate) * up with gelu's tanh approximation x (1 + tanh(sqrt(2/π) (x + 0.044715 x³))) / 2 (gemma's FFN).
+Var geglu(Var gate, Var up);
+// cap · tanh(x / cap), elementwise (gemma 2's final-logit soft-capping).
+Var softcap(Var x, double cap);
 // Mean over counted tokens of -log softmax(logits[t])[labels[t]]; labels [T] i32, -100 = not counted. Scalar.
 Var cross_entropy(Var logits, Var labels);
 // cross_entropy(linear(x, w), labels) without the [T, V] logits: the vocabulary is processed in tiles of
@@ -95,6 +107,7 @@ Var rope_at(Var x, Var start, int64_t n_head, int64_t head_dim, RopeMode mode, d
 Var kv_cache_write(Var cache, Var x, Var start);
 // attention() of q [T, H*D] at positions start .. start+T-1 over cache rows k, v [S, Hkv*D]: query t attends
 // rows 0 .. start+t (grouped-query heads, f32 softmax with the row max subtracted). Out [T, H*D]. Inference only.
-Var cached_attention(Var q, Var k_cache, Var v_cache, Var start, int64_t n_head, int64_t n_head_kv);
+Var cached_attention(Var q, Var k_cache, Var v_cache, Var start, int64_t n_head, int64_t n_head_kv,
+                     const AttentionOptions& o = {});
 
 }  // namespace q4t::ag

@@ -5,7 +5,8 @@
 //   S[h, i, j] = q_i · k_j / sqrt(D) for j ≤ i (causal), P = softmax over j (row max subtracted),
 //   out_i = Σ_j P[h, i, j] v_j.
 // Segmented (an optional fourth input seg [T] i32, one id per packed example): query i attends key j only if
-// j ≤ i and seg[j] == seg[i]. Every sum below then runs over those j only; entries of P (and dS) outside the
+// j ≤ i and seg[j] == seg[i]. With a sliding window W, also only if i − j < W. With soft-capping (gemma2),
+// S = cap·tanh(q_i · k_j / sqrt(D) / cap), and dS below is multiplied by 1 − tanh². Every sum below then runs over those j only; entries of P (and dS) outside the
 // mask are never written nor read, on the CPU and in every attention_*.comp.
 // Backward, with dO = dL/d(out):
 //   dP = dO · vᵀ, dS = P ∘ (dP - rowsum(dP ∘ P)),
@@ -36,7 +37,9 @@ struct Dims {
 
 bool is_segmented(const OpContext& c) { return c.node.inputs.size() == 4; }
 
-// params.i[0] = n_head, params.i[1] = n_head_kv.
+// params.i[0] = n_head, params.i[1] = n_head_kv, params.i[2] = window (0: none); params.f[0] = softcap (0: none).
+int64_t window_of(const OpContext& c) { return c.node.params.i[2]; }
+double softcap_of(const OpContext& c) { return c.node.params.f[0]; }
 Dims attention_dims(const OpContext& c) {
   const int64_t H = c.node.params.i[0];
   return {c.in(0).rows(), H, c.node.params.i[1], c.in(0).cols() / H};
@@ -117,9 +120,10 @@ uint32_t row_groups(int64_t T, const FlashLayout& f) {
 // a 64-row tile empty). Tiles of kFlashTile rows of the other side; workgroups of kFlashWorkgroup invocations,
 // 16 rows per subgroup of 32.
 constexpr int64_t kCoopAttentionMinTokens = 32;
+// Soft-capped scores (gemma2) take the FP32 passes.
 bool coop_attention(const OpContext& c, const Dims& n, bool backward) {
   return c.be.device().coop_matrix() && n.D % 16 == 0 && n.D <= (backward ? 64 : 128) &&
-         n.T >= kCoopAttentionMinTokens;
+         n.T >= kCoopAttentionMinTokens && softcap_of(c) == 0;
 }
 // A tensor-core pass's shader: its mixed-precision variant (one f16 product per step) under --precision mixed.
 std::string coop_pass(const OpContext& c, const char* pass) {
@@ -184,8 +188,17 @@ Real dot(const Real* a, const Real* b, int64_t n) {
   return s;
 }
 
-// Whether query i attends key j ≤ i: always, or within its segment when seg [T] is given.
-bool attends(const int32_t* seg, int64_t i, int64_t j) { return !seg || seg[j] == seg[i]; }
+// Whether query i attends key j ≤ i: within the window (when there is one), and within its segment when seg [T]
+// is given.
+bool attends(const int32_t* seg, int64_t window, int64_t i, int64_t j) {
+  return (window <= 0 || i - j < window) && (!seg || seg[j] == seg[i]);
+}
+
+// A score soft-capped: cap·tanh(s / cap), or s without a cap.
+template <class Real>
+Real capped(Real s, double cap) {
+  return cap > 0 ? Real(cap) * std::tanh(s / Real(cap)) : s;
+}
 
 template <class Real>
 void attention_forward_cpu(OpContext& c) {
@@ -195,25 +208,27 @@ void attention_forward_cpu(OpContext& c) {
   Real *P = c.node.saved.at(0).data<Real>(), *out = c.node.value.data<Real>();
   const Real scale = Real(1 / std::sqrt(double(n.D)));
   const int64_t qs = n.H * n.D, ks = n.Hkv * n.D;  // row strides of q/out and k/v
+  const int64_t W = window_of(c);
+  const double cap = softcap_of(c);
   for (int64_t h = 0; h < n.H; ++h) {
     const int64_t kvo = (h / n.G()) * n.D;
     for (int64_t i = 0; i < n.T; ++i) {
       Real* p = P + (h * n.T + i) * n.T;  // row [T], attended j ≤ i used
       Real m = -std::numeric_limits<Real>::infinity();
       for (int64_t j = 0; j <= i; ++j) {
-        if (!attends(seg, i, j)) continue;
-        p[j] = scale * dot(q + i * qs + h * n.D, k + j * ks + kvo, n.D);
+        if (!attends(seg, W, i, j)) continue;
+        p[j] = capped(scale * dot(q + i * qs + h * n.D, k + j * ks + kvo, n.D), cap);
         m = std::max(m, p[j]);
       }
       Real sum = 0;
       for (int64_t j = 0; j <= i; ++j)
-        if (attends(seg, i, j)) sum += p[j] = std::exp(p[j] - m);
+        if (attends(seg, W, i, j)) sum += p[j] = std::exp(p[j] - m);
       for (int64_t j = 0; j <= i; ++j)
-        if (attends(seg, i, j)) p[j] /= sum;
+        if (attends(seg, W, i, j)) p[j] /= sum;
       Real* o = out + i * qs + h * n.D;  // [D]
       for (int64_t d = 0; d < n.D; ++d) o[d] = 0;
       for (int64_t j = 0; j <= i; ++j)
-        if (attends(seg, i, j))
+        if (attends(seg, W, i, j))
           for (int64_t d = 0; d < n.D; ++d) o[d] += p[j] * v[j * ks + kvo + d];
     }
   }
@@ -231,6 +246,8 @@ void attention_backward_cpu(OpContext& c) {
   Real* dv = c.needs_grad(2) ? c.in_grad(2).data<Real>() : nullptr;
   const Real scale = Real(1 / std::sqrt(double(n.D)));
   const int64_t qs = n.H * n.D, ks = n.Hkv * n.D;
+  const int64_t W = window_of(c);
+  const double cap = softcap_of(c);
   std::vector<Real> dp(size_t(n.T));  // dP row [T]
   for (int64_t h = 0; h < n.H; ++h) {
     const int64_t kvo = (h / n.G()) * n.D;
@@ -239,13 +256,17 @@ void attention_backward_cpu(OpContext& c) {
       const Real* doi = dout + i * qs + h * n.D;
       Real r = 0;
       for (int64_t j = 0; j <= i; ++j) {
-        if (!attends(seg, i, j)) continue;
+        if (!attends(seg, W, i, j)) continue;
         dp[size_t(j)] = dot(doi, v + j * ks + kvo, n.D);
         r += p[j] * dp[size_t(j)];
       }
       for (int64_t j = 0; j <= i; ++j) {
-        if (!attends(seg, i, j)) continue;
-        const Real ds = scale * p[j] * (dp[size_t(j)] - r);  // dL/d(q_i·k_j)
+        if (!attends(seg, W, i, j)) continue;
+        Real ds = scale * p[j] * (dp[size_t(j)] - r);  // dL/d(q_i·k_j)
+        if (cap > 0) {  // through the cap: d(cap·tanh(s/cap))/ds = 1 − tanh²
+          const Real t = std::tanh(scale * dot(q + i * qs + h * n.D, k + j * ks + kvo, n.D) / Real(cap));
+          ds *= 1 - t * t;
+        }
         for (int64_t d = 0; d < n.D; ++d) {
           if (dq) dq[i * qs + h * n.D + d] += ds * k[j * ks + kvo + d];
           if (dk) dk[j * ks + kvo + d] += ds * q[i * qs + h * n.D + d];
@@ -265,13 +286,15 @@ const vk::Buffer& segment_buffer(const OpContext& c) { return c.in(is_segmented(
 struct FlashPush {
   uint32_t T, H, Hkv, D;
   float s;
-  uint32_t segmented, flags;
+  uint32_t segmented, flags, window;
+  float softcap;
 };
 
 FlashPush flash_push(const OpContext& c, uint32_t flags) {
   const Dims n = attention_dims(c);
+  const int64_t W = window_of(c);
   return {uint32_t(n.T), uint32_t(n.H), uint32_t(n.Hkv), uint32_t(n.D), float(1 / std::sqrt(double(n.D))),
-          is_segmented(c) ? 1u : 0u, flags};
+          is_segmented(c) ? 1u : 0u, flags, W > 0 && W < n.T ? uint32_t(W) : 0xFFFFFFFFu, float(softcap_of(c))};
 }
 
 std::vector<uint32_t> flash_spec(const FlashLayout& f) { return {f.split, f.dpl, f.tile, kFlashWorkgroup}; }
@@ -375,6 +398,24 @@ GradcheckCase segmented_attention_case(const std::vector<int32_t>& seg, int64_t 
           }};
 }
 
+// gemma's options: a sliding window of `window` keys and/or soft-capped scores (scores made large enough, by
+// q and k of spread 3, that the cap bends them).
+GradcheckCase windowed_attention_case(int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t window, double softcap,
+                                      const std::vector<int32_t>& seg = {}, const std::string& note = "") {
+  return {"attention window=" + std::to_string(window) + " softcap=" + std::to_string(int(softcap)) + " T=" +
+              std::to_string(T) + " H=" + std::to_string(H) + " Hkv=" + std::to_string(Hkv) + " D=" +
+              std::to_string(D) + (seg.empty() ? "" : " segmented") + note,
+          [=](Graph& g, std::mt19937& r) {
+            const double a = softcap > 0 ? 3 : 1;
+            Var q = random_param(g, r, {T, H * D}, "q", -a, a);
+            Var k = random_param(g, r, {T, Hkv * D}, "k", -a, a);
+            Var v = random_param(g, r, {T, Hkv * D}, "v");
+            const AttentionOptions o{window, softcap};
+            if (seg.empty()) return attention(q, k, v, H, Hkv, o);
+            return attention(q, k, v, H, Hkv, o, ids_constant(g, seg, "segment_ids"));
+          }};
+}
+
 // Segments of the given lengths, numbered 1, 2, ...
 std::vector<int32_t> segments_of(std::initializer_list<int32_t> lengths) {
   std::vector<int32_t> seg;
@@ -403,24 +444,38 @@ void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back(attention_case(40, 2, 1, 128, " (tensor-core forward)"));
   out.push_back(segmented_attention_case(segments_of({40, 33, 27}), 2, 1, 32, " (tensor cores)"));
   out.push_back(attention_case(50, 2, 2, 32, " (tensor cores, G = 1)"));
+  // Sliding windows shorter than the rows (within and across key tiles), soft-capping, both, with segments; the
+  // window on the tensor-core passes (soft-capping takes the FP32 ones).
+  out.push_back(windowed_attention_case(9, 2, 1, 8, 3, 0));
+  out.push_back(windowed_attention_case(7, 2, 2, 4, 0, 2.0));
+  out.push_back(windowed_attention_case(70, 2, 1, 8, 37, 5.0, {}, " (rows longer than a key tile)"));
+  out.push_back(windowed_attention_case(70, 4, 2, 16, 20, 0, {}, " (tensor cores)"));
+  out.push_back(windowed_attention_case(45, 4, 2, 40, 11, 3.0, segments_of({20, 25}), " (dims split over invocations)"));
 }
 
 const OpRegistration kRegistration({&kAttentionOp}, add_cases);
 
 }  // namespace
 
-Var attention(Var q, Var k, Var v, int64_t n_head, int64_t n_head_kv) {
+Var attention(Var q, Var k, Var v, int64_t n_head, int64_t n_head_kv, const AttentionOptions& o, Var segment_ids) {
+  if (o.window < 0 || !(o.softcap >= 0) || !std::isfinite(o.softcap))
+    throw GraphError("attention: window " + std::to_string(o.window) + " and softcap " + std::to_string(o.softcap) +
+                     " must be non-negative (0: none)");
   OpParams p;
   p.i[0] = n_head;
   p.i[1] = n_head_kv;
-  return q.g->add(kAttentionOp, {q, k, v}, p);
+  p.i[2] = o.window;
+  p.f[0] = o.softcap;
+  if (!segment_ids.g) return q.g->add(kAttentionOp, {q, k, v}, p);
+  return q.g->add(kAttentionOp, {q, k, v, segment_ids}, p);
+}
+
+Var attention(Var q, Var k, Var v, int64_t n_head, int64_t n_head_kv) {
+  return attention(q, k, v, n_head, n_head_kv, AttentionOptions{});
 }
 
 Var attention(Var q, Var k, Var v, int64_t n_head, int64_t n_head_kv, Var segment_ids) {
-  OpParams p;
-  p.i[0] = n_head;
-  p.i[1] = n_head_kv;
-  return q.g->add(kAttentionOp, {q, k, v, segment_ids}, p);
+  return attention(q, k, v, n_head, n_head_kv, AttentionOptions{}, segment_ids);
 }
 
 }  // namespace q4t::ag

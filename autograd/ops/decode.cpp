@@ -96,6 +96,8 @@ void kv_cache_write_forward(OpContext& c) {
 struct CachedAttentionPush {
   uint32_t T, S, H, Hkv, D;
   float scale;
+  uint32_t window;
+  float softcap;
 };
 constexpr int64_t kMaxVulkanHeadDim = 256;  // MAX_D of cached_attention.comp
 
@@ -130,26 +132,27 @@ void cached_attention_cpu(OpContext& c) {
   const Real *q = c.in(0).data<Real>(), *k = c.in(1).data<Real>(), *v = c.in(2).data<Real>();
   Real* out = c.node.value.data<Real>();
   const Real scale = Real(1 / std::sqrt(double(D)));
-  const int64_t qs = H * D, ks = Hkv * D, G = H / Hkv;
+  const int64_t qs = H * D, ks = Hkv * D, G = H / Hkv, W = c.node.params.i[2];
+  const double cap = c.node.params.f[0];
   std::vector<Real> p(size_t(start + T));  // one row of probabilities
   for (int64_t h = 0; h < H; ++h) {
     const int64_t kvo = (h / G) * D;
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t last = start + t;
+      const int64_t last = start + t, first = W > 0 ? std::max<int64_t>(0, last - W + 1) : 0;
       const Real* qt = q + t * qs + h * D;
       Real m = -std::numeric_limits<Real>::infinity();
-      for (int64_t j = 0; j <= last; ++j) {
+      for (int64_t j = first; j <= last; ++j) {
         Real s = 0;
         for (int64_t d = 0; d < D; ++d) s += qt[d] * k[j * ks + kvo + d];
-        p[size_t(j)] = scale * s;
+        p[size_t(j)] = cap > 0 ? Real(cap) * std::tanh(scale * s / Real(cap)) : scale * s;
         m = std::max(m, p[size_t(j)]);
       }
       Real sum = 0;
-      for (int64_t j = 0; j <= last; ++j) sum += p[size_t(j)] = std::exp(p[size_t(j)] - m);
-      for (int64_t j = 0; j <= last; ++j) p[size_t(j)] /= sum;
+      for (int64_t j = first; j <= last; ++j) sum += p[size_t(j)] = std::exp(p[size_t(j)] - m);
+      for (int64_t j = first; j <= last; ++j) p[size_t(j)] /= sum;
       Real* o = out + t * qs + h * D;
       for (int64_t d = 0; d < D; ++d) o[d] = 0;
-      for (int64_t j = 0; j <= last; ++j)
+      for (int64_t j = first; j <= last; ++j)
         for (int64_t d = 0; d < D; ++d) o[d] += p[size_t(j)] * v[j * ks + kvo + d];
     }
   }
@@ -159,8 +162,10 @@ void cached_attention_forward(OpContext& c) {
   if (c.be.is_cpu())
     return c.be.real() == DType::F64 ? cached_attention_cpu<double>(c) : cached_attention_cpu<float>(c);
   const int64_t H = c.node.params.i[0], T = c.in(0).rows(), D = c.in(0).cols() / H;
+  const int64_t W = c.node.params.i[2];
   const CachedAttentionPush push{uint32_t(T), uint32_t(c.in(1).rows()), uint32_t(H), uint32_t(c.node.params.i[1]),
-                                 uint32_t(D), float(1 / std::sqrt(double(D)))};
+                                 uint32_t(D), float(1 / std::sqrt(double(D))),
+                                 W > 0 && W < c.in(1).rows() ? uint32_t(W) : 0xFFFFFFFFu, float(c.node.params.f[0])};
   c.seq->dispatch(c.be.pipeline("cached_attention", 5, sizeof(push)),
                   {&c.node.value.buffer(), &c.in(0).buffer(), &c.in(1).buffer(), &c.in(2).buffer(), &c.in(3).buffer()},
                   push, groups_for(H * T * 64, 64));  // one workgroup of 64 per row (h, t)
@@ -189,7 +194,7 @@ GradcheckCase kv_cache_write_case(int64_t S, int64_t C, int64_t T, int32_t start
 }
 
 GradcheckCase cached_attention_case(int64_t T, int64_t S, int32_t start, int64_t H, int64_t Hkv, int64_t D,
-                                    const std::string& note = "") {
+                                    const std::string& note = "", AttentionOptions o = {}) {
   return forward_only({"cached_attention T=" + std::to_string(T) + " S=" + std::to_string(S) + " start=" +
                            std::to_string(start) + " H=" + std::to_string(H) + " Hkv=" + std::to_string(Hkv) +
                            " D=" + std::to_string(D) + note,
@@ -197,7 +202,7 @@ GradcheckCase cached_attention_case(int64_t T, int64_t S, int32_t start, int64_t
                          Var q = random_constant(g, r, {T, H * D}, "q");
                          Var k = random_constant(g, r, {S, Hkv * D}, "k_cache");
                          Var v = random_constant(g, r, {S, Hkv * D}, "v_cache");
-                         return cached_attention(q, k, v, ids_constant(g, {start}, "start"), H, Hkv);
+                         return cached_attention(q, k, v, ids_constant(g, {start}, "start"), H, Hkv, o);
                        }});
 }
 
@@ -209,6 +214,8 @@ void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back(cached_attention_case(4, 8, 0, 3, 3, 4, " (the prompt's first chunk)"));
   out.push_back(cached_attention_case(2, 150, 100, 2, 1, 4, " (keys in several blocks of 64)"));
   out.push_back(cached_attention_case(3, 70, 66, 4, 2, 72, " (more dims than a workgroup's lanes)"));
+  out.push_back(cached_attention_case(2, 150, 100, 2, 1, 4, " (window 70, softcap 2)", {70, 2.0}));
+  out.push_back(cached_attention_case(4, 12, 3, 2, 1, 8, " (window 3)", {3, 0}));
 }
 
 const OpRegistration kRegistration({&kKvCacheWriteOp, &kCachedAttentionOp}, add_cases);
@@ -217,10 +224,16 @@ const OpRegistration kRegistration({&kKvCacheWriteOp, &kCachedAttentionOp}, add_
 
 Var kv_cache_write(Var cache, Var x, Var start) { return cache.g->add(kKvCacheWriteOp, {cache, x, start}); }
 
-Var cached_attention(Var q, Var k_cache, Var v_cache, Var start, int64_t n_head, int64_t n_head_kv) {
+Var cached_attention(Var q, Var k_cache, Var v_cache, Var start, int64_t n_head, int64_t n_head_kv,
+                     const AttentionOptions& o) {
+  if (o.window < 0 || !(o.softcap >= 0) || !std::isfinite(o.softcap))
+    throw GraphError("cached_attention: window " + std::to_string(o.window) + " and softcap " +
+                     std::to_string(o.softcap) + " must be non-negative (0: none)");
   OpParams p;
   p.i[0] = n_head;
   p.i[1] = n_head_kv;
+  p.i[2] = o.window;
+  p.f[0] = o.softcap;
   return q.g->add(kCachedAttentionOp, {q, k_cache, v_cache, start}, p);
 }
 

@@ -1,4 +1,4 @@
-// rms_norm, rope, silu, swiglu and dropout: the row-wise and elementwise ops of a llama block.
+// rms_norm, rope, silu, swiglu, geglu, softcap and dropout: the row-wise and elementwise ops of a transformer block.
 // Shapes: x [T, C] with T rows (tokens) of C channels; rope's x is [T, H*D] (H heads of head dim D).
 #include <algorithm>
 #include <cmath>
@@ -223,67 +223,107 @@ void rope_backward(OpContext& c) {
   if (c.needs_grad(0)) rope_run(c, c.in_grad(0), c.node.grad, -1.0, true);
 }
 
-// --- silu(x) = x * sigmoid(x); swiglu(gate, up) = silu(gate) * up --------------------------------------------
-// silu'(x) = s (1 + x (1 - s)) with s = sigmoid(x).
+// --- activations f and their gated forms f(gate) * up: silu and swiglu, gelu (tanh) and geglu, softcap --------
+// silu(x) = x s with s = sigmoid(x), silu' = s (1 + x (1 - s)).
+// gelu(x) = x (1 + t) / 2 with t = tanh(k (x + 0.044715 x³)), k = sqrt(2/π) (the tanh approximation gemma uses);
+// gelu' = (1 + t) / 2 + x (1 − t²) k (1 + 3·0.044715 x²) / 2.
+// softcap(x) = cap·tanh(x / cap) (params f[0] = cap), softcap' = 1 − tanh²(x / cap).
 
-enum SiluOp : uint32_t { kSiluForward = 0, kSwigluForward = 1, kSiluBackward = 2, kSwigluDGate = 3, kSwigluDUp = 4 };
-struct SiluPush {
-  uint32_t n, op;
+enum Activation : uint32_t { kSilu = 0, kGelu = 1, kSoftcap = 2 };
+enum ActStep : uint32_t { kActForward = 0, kGatedForward = 1, kActBackward = 2, kGatedDGate = 3, kGatedDUp = 4 };
+struct ActPush {
+  uint32_t n, step, act;
+  float cap;
 };
 
-Shape silu_shape(const Graph& g, const Node& n) { return g.node(n.inputs[0]).value.shape(); }
-Shape swiglu_shape(const Graph& g, const Node& n) {
+Shape act_shape(const Graph& g, const Node& n) { return g.node(n.inputs[0]).value.shape(); }
+Shape gated_shape(const Graph& g, const Node& n) {
   const Shape &gate = g.node(n.inputs[0]).value.shape(), &up = g.node(n.inputs[1]).value.shape();
   if (gate != up)
-    throw GraphError("swiglu: gate " + shape_str(gate) + " and up " + shape_str(up) + " must have one shape");
+    throw GraphError(std::string(n.op->name) + ": gate " + shape_str(gate) + " and up " + shape_str(up) +
+                     " must have one shape");
   return gate;
 }
 
+constexpr double kGeluK = 0.7978845608028654;  // sqrt(2/π)
+constexpr double kGeluC = 0.044715;
+
 template <class T>
-T sigmoid(T x) {
-  return T(1) / (T(1) + std::exp(-x));
+T act_value(Activation act, T x, double cap) {
+  switch (act) {
+    case kSilu: return x / (T(1) + std::exp(-x));
+    case kGelu: return T(0.5) * x * (T(1) + std::tanh(T(kGeluK) * (x + T(kGeluC) * x * x * x)));
+    case kSoftcap: return T(cap) * std::tanh(x / T(cap));
+  }
+  return x;
 }
 template <class T>
-T silu_grad(T x) {
-  const T s = sigmoid(x);
-  return s * (T(1) + x * (T(1) - s));
+T act_grad(Activation act, T x, double cap) {
+  switch (act) {
+    case kSilu: {
+      const T s = T(1) / (T(1) + std::exp(-x));
+      return s * (T(1) + x * (T(1) - s));
+    }
+    case kGelu: {
+      const T t = std::tanh(T(kGeluK) * (x + T(kGeluC) * x * x * x));
+      return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * T(kGeluK) * (T(1) + T(3 * kGeluC) * x * x);
+    }
+    case kSoftcap: {
+      const T t = std::tanh(x / T(cap));
+      return T(1) - t * t;
+    }
+  }
+  return T(1);
 }
 
-// One loop for all five: a = x or gate, b = up, dy = the output gradient (unused inputs may be null).
+// One loop for every step: a = x or gate, b = up, dy = the output gradient (unused inputs may be null).
 template <class T>
-void silu_cpu(SiluOp op, const Tensor& out, const Tensor& a, const Tensor* b, const Tensor* dy) {
+void act_cpu(Activation act, double cap, ActStep step, const Tensor& out, const Tensor& a, const Tensor* b,
+             const Tensor* dy) {
   const int64_t n = a.numel();
   const T *pa = a.data<T>(), *pb = b ? b->data<T>() : nullptr, *pdy = dy ? dy->data<T>() : nullptr;
   T* o = out.data<T>();
   for (int64_t i = 0; i < n; ++i) {
-    switch (op) {
-      case kSiluForward: o[i] = pa[i] * sigmoid(pa[i]); break;
-      case kSwigluForward: o[i] = pa[i] * sigmoid(pa[i]) * pb[i]; break;
-      case kSiluBackward: o[i] += pdy[i] * silu_grad(pa[i]); break;
-      case kSwigluDGate: o[i] += pdy[i] * silu_grad(pa[i]) * pb[i]; break;
-      case kSwigluDUp: o[i] += pdy[i] * pa[i] * sigmoid(pa[i]); break;
+    switch (step) {
+      case kActForward: o[i] = act_value(act, pa[i], cap); break;
+      case kGatedForward: o[i] = act_value(act, pa[i], cap) * pb[i]; break;
+      case kActBackward: o[i] += pdy[i] * act_grad(act, pa[i], cap); break;
+      case kGatedDGate: o[i] += pdy[i] * act_grad(act, pa[i], cap) * pb[i]; break;
+      case kGatedDUp: o[i] += pdy[i] * act_value(act, pa[i], cap); break;
     }
   }
 }
 
 // Vulkan binds 4 buffers (out, a, b, dy); an unused slot is bound to a.
-void silu_run(OpContext& c, SiluOp op, const Tensor& out, const Tensor& a, const Tensor* b, const Tensor* dy) {
+void act_run(OpContext& c, Activation act, ActStep step, const Tensor& out, const Tensor& a, const Tensor* b,
+             const Tensor* dy) {
+  const double cap = c.node.params.f[0];
   if (c.be.is_cpu()) {
-    if (c.be.real() == DType::F64) return silu_cpu<double>(op, out, a, b, dy);
-    return silu_cpu<float>(op, out, a, b, dy);
+    if (c.be.real() == DType::F64) return act_cpu<double>(act, cap, step, out, a, b, dy);
+    return act_cpu<float>(act, cap, step, out, a, b, dy);
   }
-  const SiluPush push{uint32_t(a.numel()), op};
-  const auto& p = c.be.pipeline("silu_swiglu", 4, sizeof(push));
+  const ActPush push{uint32_t(a.numel()), step, act, float(cap)};
+  const auto& p = c.be.pipeline("activation", 4, sizeof(push));
   c.seq->dispatch(p, {&out.buffer(), &a.buffer(), &(b ? *b : a).buffer(), &(dy ? *dy : a).buffer()}, push,
                   groups_for(a.numel(), 256));
 }
 
-void silu_forward(OpContext& c) { silu_run(c, kSiluForward, c.node.value, c.in(0), nullptr, nullptr); }
-void silu_backward(OpContext& c) { silu_run(c, kSiluBackward, c.in_grad(0), c.in(0), nullptr, &c.node.grad); }
-void swiglu_forward(OpContext& c) { silu_run(c, kSwigluForward, c.node.value, c.in(0), &c.in(1), nullptr); }
-void swiglu_backward(OpContext& c) {
-  if (c.needs_grad(0)) silu_run(c, kSwigluDGate, c.in_grad(0), c.in(0), &c.in(1), &c.node.grad);
-  if (c.needs_grad(1)) silu_run(c, kSwigluDUp, c.in_grad(1), c.in(0), nullptr, &c.node.grad);
+template <Activation A>
+void act_forward(OpContext& c) {
+  act_run(c, A, kActForward, c.node.value, c.in(0), nullptr, nullptr);
+}
+template <Activation A>
+void act_backward(OpContext& c) {
+  act_run(c, A, kActBackward, c.in_grad(0), c.in(0), nullptr, &c.node.grad);
+}
+template <Activation A>
+void gated_forward(OpContext& c) {
+  act_run(c, A, kGatedForward, c.node.value, c.in(0), &c.in(1), nullptr);
+}
+template <Activation A>
+void gated_backward(OpContext& c) {
+  if (c.needs_grad(0)) act_run(c, A, kGatedDGate, c.in_grad(0), c.in(0), &c.in(1), &c.node.grad);
+  if (c.needs_grad(1)) act_run(c, A, kGatedDUp, c.in_grad(1), c.in(0), nullptr, &c.node.grad);
 }
 
 // --- dropout: y = x * mask / (1 - p), the mask drawn from (seed, element index) ------------------------------
@@ -371,8 +411,10 @@ void dropout_backward(OpContext& c) { dropout_run(c, c.in_grad(0), c.node.grad, 
 const OpDef kRmsNormOp{"rms_norm", rms_norm_shape, rms_norm_prepare, rms_norm_forward, rms_norm_backward, 0b11u};
 // The backward rotates dy back: it reads the frequencies and the start, no values.
 const OpDef kRopeOp{"rope", rope_shape, nullptr, rope_forward, rope_backward, 0b110u};
-const OpDef kSiluOp{"silu", silu_shape, nullptr, silu_forward, silu_backward, 0b1u};
-const OpDef kSwigluOp{"swiglu", swiglu_shape, nullptr, swiglu_forward, swiglu_backward, 0b11u};
+const OpDef kSiluOp{"silu", act_shape, nullptr, act_forward<kSilu>, act_backward<kSilu>, 0b1u};
+const OpDef kSwigluOp{"swiglu", gated_shape, nullptr, gated_forward<kSilu>, gated_backward<kSilu>, 0b11u};
+const OpDef kGegluOp{"geglu", gated_shape, nullptr, gated_forward<kGelu>, gated_backward<kGelu>, 0b11u};
+const OpDef kSoftcapOp{"softcap", act_shape, nullptr, act_forward<kSoftcap>, act_backward<kSoftcap>, 0b1u};
 const OpDef kDropoutOp{"dropout", dropout_shape, nullptr, dropout_forward, dropout_backward};
 
 // --- gradient-check cases ------------------------------------------------------------------------------------
@@ -446,6 +488,14 @@ void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back(rope_at_case(RopeMode::Neox, 2, 64, 1, 100));
   // x in [-4, 4] reaches both saturated ends of the sigmoid.
   out.push_back({"silu 5x33", [](Graph& g, std::mt19937& r) { return silu(random_param(g, r, {5, 33}, "x", -4, 4)); }});
+  out.push_back({"geglu 5x7", [](Graph& g, std::mt19937& r) {
+                   Var gate = random_param(g, r, {5, 7}, "gate", -4, 4);
+                   return geglu(gate, random_param(g, r, {5, 7}, "up"));
+                 }});
+  // x in [-12, 12] with cap 5 reaches the flat ends of the tanh.
+  out.push_back({"softcap 4x9 cap 5", [](Graph& g, std::mt19937& r) {
+                   return softcap(random_param(g, r, {4, 9}, "x", -12, 12), 5.0);
+                 }});
   out.push_back({"swiglu 5x7", [](Graph& g, std::mt19937& r) {
                    Var gate = random_param(g, r, {5, 7}, "gate", -4, 4);
                    return swiglu(gate, random_param(g, r, {5, 7}, "up"));
@@ -456,7 +506,8 @@ void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back(dropout_case(7, 129, 0.3, "0.3", true));
 }
 
-const OpRegistration kRegistration({&kRmsNormOp, &kRopeOp, &kSiluOp, &kSwigluOp, &kDropoutOp}, add_cases);
+const OpRegistration kRegistration({&kRmsNormOp, &kRopeOp, &kSiluOp, &kSwigluOp, &kGegluOp, &kSoftcapOp, &kDropoutOp},
+                                   add_cases);
 
 }  // namespace
 
@@ -518,6 +569,19 @@ Var silu(Var x) {
 Var swiglu(Var gate, Var up) {
   check_real("swiglu", gate), check_real("swiglu", up);
   return gate.g->add(kSwigluOp, {gate, up});
+}
+
+Var geglu(Var gate, Var up) {
+  check_real("geglu", gate), check_real("geglu", up);
+  return gate.g->add(kGegluOp, {gate, up});
+}
+
+Var softcap(Var x, double cap) {
+  check_real("softcap", x);
+  if (!(cap > 0) || !std::isfinite(cap)) throw GraphError("softcap: cap " + std::to_string(cap) + " must be positive");
+  OpParams p;
+  p.f[0] = cap;
+  return x.g->add(kSoftcapOp, {x}, p);
 }
 
 Var dropout(Var x, double p, uint64_t seed, Var salt) {

@@ -65,6 +65,7 @@ void main() {
   for (uint g = split ? gl_WorkGroupID.z : 0u; g < (split ? gl_WorkGroupID.z + 1u : G); ++g) {
     const uint h = hk * G + g;
     for (uint i0 = j0; i0 < u.T; i0 += BC) {
+      if (before_window(j0, BR, i0)) break;  // uniform: this and every later query tile sees none of the keys
       if (u.segmented != 0u && !tile_meets(i0 / BC)) continue;  // uniform: a query tile not loaded at all
       barrier();  // every subgroup is done with the previous tiles (and with k's and v's)
       const uint lid = gl_LocalInvocationIndex;
@@ -102,7 +103,7 @@ void main() {
       GET_ROW(dsv, area + 16u * SS, r, kh)
       [[unroll]] for (uint e = 0u; e < HALF; ++e) {
         const uint c = kh * HALF + e, i = i0 + c;
-        const bool ok = j <= i && i < u.T && j < u.T && (u.segmented == 0u || tile_seg[c] == my_seg);
+        const bool ok = visible(i, j) && i < u.T && j < u.T && (u.segmented == 0u || tile_seg[c] == my_seg);
         const float p = ok ? exp(pv[e] - lse_sh[c]) : 0.0;
         dsv[e] = ok ? p * (dsv[e] - delta_sh[c]) : 0.0;
         pv[e] = P_SCALE * p;

@@ -65,6 +65,7 @@ void main() {
   [[unroll]] for (uint f = 0u; f < DF; ++f) dq[f] = F32_MAT(0.0);
 
   for (uint j0 = 0u; j0 <= i_last; j0 += BC) {
+    if (before_window(j0, BC, i0)) continue;  // uniform: no row of the workgroup sees the tile
     if (u.segmented != 0u && !tile_meets(j0 / BC)) continue;  // uniform: a tile not loaded at all
     barrier();  // every subgroup is done with the previous tiles (and with q's and dO's)
     if (u.segmented != 0u && gl_LocalInvocationIndex < min(BC, u.T - j0))
@@ -97,7 +98,7 @@ void main() {
     GET_ROW(dpv, area + 16u * SS, r, kh)
     [[unroll]] for (uint e = 0u; e < HALF; ++e) {
       const uint c = kh * HALF + e, j = j0 + c;
-      const bool ok = j <= i && j < u.T && (u.segmented == 0u || tile_seg[c] == my_seg);
+      const bool ok = visible(i, j) && j < u.T && (u.segmented == 0u || tile_seg[c] == my_seg);
       sv[e] = ok ? exp(sv[e] - lse_i) * (dpv[e] - dlt_g) : 0.0;
     }
     subgroupBarrier();  // every lane has read its S and dP before dS goes over them

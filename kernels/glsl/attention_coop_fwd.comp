@@ -49,6 +49,7 @@ void main() {
   float m = -1.0 / 0.0, l = 0.0;
 
   for (uint j0 = 0u; j0 <= i_last; j0 += BC) {
+    if (before_window(j0, BC, i0)) continue;  // uniform: no row of the workgroup sees the tile
     if (u.segmented != 0u && !tile_meets(j0 / BC)) continue;  // uniform: a tile not loaded at all
     barrier();  // every subgroup is done with the previous tiles (and with q's)
     if (u.segmented != 0u && gl_LocalInvocationIndex < min(BC, u.T - j0))
@@ -77,7 +78,7 @@ void main() {
     float mt = -1.0 / 0.0;
     [[unroll]] for (uint e = 0u; e < HALF; ++e) {
       const uint c = kh * HALF + e, j = j0 + c;
-      const bool ok = j <= i && j < u.T && (u.segmented == 0u || tile_seg[c] == my_seg);
+      const bool ok = visible(i, j) && j < u.T && (u.segmented == 0u || tile_seg[c] == my_seg);
       s[e] = ok ? s[e] : -1.0 / 0.0;
       mt = max(mt, s[e]);
     }

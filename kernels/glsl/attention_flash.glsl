@@ -23,8 +23,31 @@ const uint DP = SPLIT * DPL;    // the padded head dim of a shared row
 const uint DP4 = DP / 4u;
 const uint ROWS = WG / SPLIT;  // rows per workgroup
 
-// flags (the dK/dV pass): bit 0 writes dK, bit 1 writes dV.
-layout(push_constant) uniform Push { uint T; uint H; uint Hkv; uint D; float s; uint segmented; uint flags; } u;
+// flags (the dK/dV pass): bit 0 writes dK, bit 1 writes dV. window: query i sees key j only if i − j < window
+// (0xFFFFFFFF: no window). softcap > 0: scores become softcap·tanh(score / softcap) (the FP32 passes only).
+layout(push_constant) uniform Push {
+  uint T; uint H; uint Hkv; uint D; float s; uint segmented; uint flags; uint window; float softcap;
+} u;
+
+// Whether query i sees key j: causal and within the sliding window.
+bool visible(uint i, uint j) { return j <= i && i - j < u.window; }
+// Whether a tile of keys j0 .. j0 + n − 1 lies wholly before the window of query i (uniform when i, j0 are).
+bool before_window(uint j0, uint n, uint i) { return u.window != 0xFFFFFFFFu && j0 + n - 1u + u.window <= i; }
+// tanh without the overflow of (e^2x − 1) / (e^2x + 1) at large |x|.
+float tanh_safe(float x) {
+  const float e = exp(-2.0 * abs(x));
+  return sign(x) * (1.0 - e) / (1.0 + e);
+}
+// The soft-capped score and 1 − tanh², its derivative by the raw score (1 without a cap).
+float cap_score(float sc, out float dcap) {
+  if (u.softcap <= 0.0) {
+    dcap = 1.0;
+    return sc;
+  }
+  const float t = tanh_safe(sc / u.softcap);
+  dcap = 1.0 - t * t;
+  return u.softcap * t;
+}
 
 // Head dim e (0..3) of this invocation's vec4 t.
 uint dim_of(uint part, uint t, uint e) { return 4u * (part + SPLIT * t) + e; }

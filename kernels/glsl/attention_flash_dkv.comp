@@ -46,6 +46,7 @@ void main() {
   for (uint g = split ? gl_WorkGroupID.z : 0u; g < (split ? gl_WorkGroupID.z + 1u : G); ++g) {
     const uint h = hk * G + g;
     for (uint i0 = j0; i0 < u.T; i0 += TILE) {
+      if (before_window(j0, ROWS, i0)) break;  // uniform: this and every later query tile sees none of the keys
       if (u.segmented != 0u && !tile_meets(i0 / TILE)) continue;  // uniform: a query tile not loaded at all
       barrier();
       const uint n_rows = min(TILE, u.T - i0);
@@ -68,10 +69,11 @@ void main() {
           DOT_PARTIAL(a, kr[t], qsh[c * DP4 + part + SPLIT * t]);
           DOT_PARTIAL(b, vr[t], dosh[c * DP4 + part + SPLIT * t]);
         }
-        const float sc = row_sum(sum4(a)), dp = row_sum(sum4(b));
-        const bool ok = key_ok && i < u.T && j <= i && (u.segmented == 0u || tile_seg[c] == my_seg);
+        float dcap;
+        const float sc = cap_score(row_sum(sum4(a)), dcap), dp = row_sum(sum4(b));
+        const bool ok = key_ok && i < u.T && visible(i, j) && (u.segmented == 0u || tile_seg[c] == my_seg);
         const float p = ok ? exp(sc - lse_sh[c]) : 0.0;
-        const float ds = ok ? p * (dp - delta_sh[c]) : 0.0;
+        const float ds = ok ? p * (dp - delta_sh[c]) * dcap : 0.0;
         for (uint t = 0u; t < DPL4; ++t) {
           dv[t] = fma(vec4(p), dosh[c * DP4 + part + SPLIT * t], dv[t]);
           dk[t] = fma(vec4(ds), qsh[c * DP4 + part + SPLIT * t], dk[t]);

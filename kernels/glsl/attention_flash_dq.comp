@@ -47,6 +47,7 @@ void main() {
   if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0);
 
   for (uint j0 = 0u; j0 <= i_last; j0 += TILE) {
+    if (before_window(j0, TILE, i0)) continue;  // uniform: no row of the workgroup sees the tile
     if (!stage_key_tile(j0, hk)) continue;  // uniform
     for (uint c = 0u; c < TILE; ++c) {
       const uint j = j0 + c;
@@ -55,9 +56,10 @@ void main() {
         DOT_PARTIAL(a, qr[t], ks[c * DP4 + part + SPLIT * t]);
         DOT_PARTIAL(b, dor[t], vs[c * DP4 + part + SPLIT * t]);
       }
-      const float sc = row_sum(sum4(a)), dp = row_sum(sum4(b));
-      const bool ok = row_ok && j <= i && (u.segmented == 0u || tile_seg[c] == my_seg);
-      const float ds = ok ? exp(sc - lse_i) * (dp - dlt) : 0.0;
+      float dcap;
+      const float sc = cap_score(row_sum(sum4(a)), dcap), dp = row_sum(sum4(b));
+      const bool ok = row_ok && visible(i, j) && (u.segmented == 0u || tile_seg[c] == my_seg);
+      const float ds = ok ? exp(sc - lse_i) * (dp - dlt) * dcap : 0.0;
       for (uint t = 0u; t < DPL4; ++t) dq[t] = fma(vec4(ds), ks[c * DP4 + part + SPLIT * t], dq[t]);
     }
   }

@@ -35,13 +35,15 @@ void main() {
   float m = -1.0 / 0.0, l = 0.0;
 
   for (uint j0 = 0u; j0 <= i_last; j0 += TILE) {
+    if (before_window(j0, TILE, i0)) continue;  // uniform: no row of the workgroup sees the tile
     if (!stage_key_tile(j0, hk)) continue;  // uniform
     for (uint c = 0u; c < TILE; ++c) {
       const uint j = j0 + c;
       vec4 dot_qk = vec4(0.0);
       for (uint t = 0u; t < DPL4; ++t) DOT_PARTIAL(dot_qk, qr[t], ks[c * DP4 + part + SPLIT * t]);
-      const float sc = row_sum(sum4(dot_qk));
-      const bool ok = row_ok && j <= i && (u.segmented == 0u || tile_seg[c] == my_seg);
+      float dcap;
+      const float sc = cap_score(row_sum(sum4(dot_qk)), dcap);
+      const bool ok = row_ok && visible(i, j) && (u.segmented == 0u || tile_seg[c] == my_seg);
       if (ok) {
         if (sc > m) {
           const float corr = exp(m - sc);

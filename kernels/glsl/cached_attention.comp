@@ -12,7 +12,9 @@ layout(std430, binding = 1) readonly buffer Q { float q[]; };
 layout(std430, binding = 2) readonly buffer K { float k[]; };
 layout(std430, binding = 3) readonly buffer V { float v[]; };
 layout(std430, binding = 4) readonly buffer Start { int start[]; };
-layout(push_constant) uniform Push { uint T; uint S; uint H; uint Hkv; uint D; float s; } u;
+// window: a query at position pos sees keys pos − window + 1 .. pos (0xFFFFFFFF: all); softcap > 0: scores
+// become softcap·tanh(score / softcap).
+layout(push_constant) uniform Push { uint T; uint S; uint H; uint Hkv; uint D; float s; uint window; float softcap; } u;
 
 const uint MAX_D = 256u, DIMS_PER_LANE = MAX_D / 64u;
 const float LOWEST = -3.402823466e38;
@@ -38,7 +40,8 @@ void main() {
   const uint row = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;  // h * T + t
   if (row >= u.H * u.T) return;  // whole workgroup: the barriers below stay uniform
   const uint h = row / u.T, t = row % u.T, lane = gl_LocalInvocationID.x;
-  const uint last = min(uint(max(start[0], 0)) + t, u.S - 1u);
+  const uint pos = uint(max(start[0], 0)) + t, last = min(pos, u.S - 1u);
+  const uint first = u.window != 0xFFFFFFFFu && pos >= u.window ? pos - u.window + 1u : 0u;
   const uint qo = t * u.H * u.D + h * u.D, kvo = (h / (u.H / u.Hkv)) * u.D, ks = u.Hkv * u.D;
 
   for (uint d = lane; d < u.D; d += 64u) qrow[d] = q[qo + d];
@@ -47,16 +50,21 @@ void main() {
   float m = LOWEST, l = 0.0;
   float acc[DIMS_PER_LANE];
   for (uint i = 0u; i < DIMS_PER_LANE; ++i) acc[i] = 0.0;
-  for (uint j0 = 0u; j0 <= last; j0 += 64u) {
+  for (uint j0 = first / 64u * 64u; j0 <= last; j0 += 64u) {
     const uint j = j0 + lane;
+    const bool seen = j >= first && j <= last;
     float score = LOWEST;
-    if (j <= last) {
+    if (seen) {
       float dot = 0.0;
       for (uint d = 0u; d < u.D; ++d) dot += qrow[d] * k[j * ks + kvo + d];
       score = u.s * dot;
+      if (u.softcap > 0.0) {  // cap·tanh(score / cap), tanh without overflow at large |x|
+        const float x = score / u.softcap, e = exp(-2.0 * abs(x));
+        score = u.softcap * sign(x) * (1.0 - e) / (1.0 + e);
+      }
     }
     const float m_new = max(m, workgroup_reduce(score, true));
-    const float p = j <= last ? exp(score - m_new) : 0.0;
+    const float p = seen ? exp(score - m_new) : 0.0;
     prob[lane] = p;
     const float block_sum = workgroup_reduce(p, false);  // its barriers also publish prob[]
     const float rescale = exp(m - m_new);
@@ -65,7 +73,7 @@ void main() {
     for (uint i = 0u; i < DIMS_PER_LANE; ++i) {
       const uint d = lane + 64u * i;
       if (d >= u.D) break;
-      float a = acc[i] * rescale;
+      float a = acc[i] * rescale;  // prob[] is 0 for the keys before the window
       for (uint jj = 0u; jj < n; ++jj) a += prob[jj] * v[(j0 + jj) * ks + kvo + d];
       acc[i] = a;
     }
