@@ -27,7 +27,8 @@ using model::ModelGraph;
 
 std::string temp_dir() { return test::process_scratch_dir("q4t_test_generate_"); }
 
-// Two layers, 4 query heads over 2 kv heads of dim 16, init-model's byte vocabulary, 96 positions.
+// Two layers, 4 query heads over 2 kv heads of dim 16, init-model's byte vocabulary, 96 positions. The gemmas'
+// first layer is local with a window of 5 (shorter than the sequences below), gemma2's caps bend the scores.
 std::string tiny_model(const std::string& arch, bool tied) {
   const std::string path = temp_dir() + "/" + arch + (tied ? "_tied" : "") + ".gguf";
   if (!fs::exists(path)) {
@@ -36,6 +37,7 @@ std::string tiny_model(const std::string& arch, bool tied) {
     o.tied = tied;
     o.out = path;
     o.dim = 64, o.layers = 2, o.heads = 4, o.kv_heads = 2, o.ff = 128, o.ctx = 96;
+    o.sliding_window = 5, o.swa_pattern = 2, o.attn_softcap = 2, o.final_softcap = 3;
     std::ostringstream sink;
     run_init_model(o, sink);
   }
@@ -156,7 +158,10 @@ INSTANTIATE_TEST_SUITE_P(
                       DecoderCase{"llama", true, false, true}, DecoderCase{"qwen2", false, false, true},
                       DecoderCase{"qwen2", true, false, false}, DecoderCase{"llama", false, true, true},
                       DecoderCase{"llama", true, true, false}, DecoderCase{"qwen2", false, true, true},
-                      DecoderCase{"qwen2", true, true, true}),
+                      DecoderCase{"qwen2", true, true, true}, DecoderCase{"qwen3", false, false, true},
+                      DecoderCase{"qwen3", true, true, true}, DecoderCase{"gemma2", true, false, true},
+                      DecoderCase{"gemma2", true, true, true}, DecoderCase{"gemma3", false, false, true},
+                      DecoderCase{"gemma3", true, true, false}),
     decoder_case_name);
 
 // 70 cached keys: the Vulkan kernel's online softmax runs over more than one block of 64 keys.

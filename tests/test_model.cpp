@@ -176,7 +176,7 @@ TEST(ModelFiles, AnUnsupportedArchitectureKeyOrTensorIsOneErrorNamingIt) {
                  {"llama.rope.scaling.type", "'longrope'", "supported: none, linear, yarn"});
   expect_refused("value_length", "llama.attention.value_length", gguf::Value::u32(8), "",
                  {"llama.attention.value_length", "differs from attention.key_length"});
-  expect_refused("tensor", "", {}, "blk.0.attn_post_norm.weight", {"blk.0.attn_post_norm.weight", "not supported"});
+  expect_refused("tensor", "", {}, "blk.0.post_attention_norm.weight", {"blk.0.post_attention_norm.weight", "not supported"});
   expect_refused("rope_freqs_qwen2", "", {}, "rope_freqs.weight", {"rope_freqs.weight", "'qwen2'"}, "qwen2");
   expect_refused("rope_freqs_zero", "", {}, "rope_freqs.weight", {"rope_freqs.weight", "not positive"});
 }

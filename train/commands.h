@@ -29,6 +29,10 @@ struct InitModelOptions {
   bool tied = false;
   bool rope_freqs = false;     // llama: a rope_freqs.weight of llama 3.1's factors (factor 8 over an original --ctx)
   std::string rope_scaling;    // "", or "linear:F" / "yarn:F" (original context --ctx)
+  // gemma2, gemma3: the local layers' window and its layer pattern (0: the architecture's default), the soft-caps
+  // (negative: the architecture's default; 0: none)
+  int64_t sliding_window = 16, swa_pattern = 0;
+  double attn_softcap = -1, final_softcap = -1;
   uint32_t seed = 42;
   double rope_base = 10000.0;
 };

@@ -28,7 +28,9 @@ void LossGraph::build() {
   ag::Var h = mg_->hidden(ids_, 0, segments_);
   ag::Var w = mg_->output_weight();
   const int64_t tile = std::clamp<int64_t>(vocab_tile_, 1, w.shape()[0]);
-  loss_ = ag::linear_cross_entropy(h, w, labels_, tile);
+  // The vocabulary-tiled loss has no soft-capping: a soft-capped output (gemma2) takes the whole logits.
+  loss_ = mg_->model().config().final_softcap > 0 ? ag::cross_entropy(mg_->output_logits(h), labels_)
+                                                   : ag::linear_cross_entropy(h, w, labels_, tile);
   if (memory_ != Memory::PerTensor) g_->plan_memory(loss_, memory_ == Memory::Recompute);
 }
 

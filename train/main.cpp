@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   auto* init_model = app.add_subcommand("init-model",
                                         "Write a small random-initialised GGUF of a supported architecture (byte-level vocabulary)");
   init_model->add_option("--out", init_opt.out, "output GGUF file")->required();
-  init_model->add_option("--arch", init_opt.arch, "llama, qwen2 or qwen3")->capture_default_str();
+  init_model->add_option("--arch", init_opt.arch, "llama, qwen2, qwen3, gemma2 or gemma3")->capture_default_str();
   init_model->add_option("--type", init_opt.type, "weight types: f32 or a format (every matrix: " + q4t::format_list() + "), or a mix as llama-quantize writes it (q2_k, q3_k_m, q4_k_m, q5_k_s, q5_k_m: the output matrix Q6_K, attn_v/ffn_down/attn_output as llama-quantize picks them; rows that are not whole super-blocks fall back as it does)")->capture_default_str();
   init_model->add_option("--dim", init_opt.dim, "embedding length")->capture_default_str();
   init_model->add_option("--layers", init_opt.layers, "number of transformer blocks")->capture_default_str();
@@ -116,6 +116,10 @@ int main(int argc, char** argv) {
   init_model->add_option("--rope-base", init_opt.rope_base, "RoPE frequency base")->capture_default_str();
   init_model->add_flag("--rope-freqs", init_opt.rope_freqs, "llama: add a rope_freqs.weight of llama 3.1's per-pair factors (factor 8, original context --ctx)");
   init_model->add_option("--rope-scaling", init_opt.rope_scaling, "RoPE context scaling linear:FACTOR or yarn:FACTOR (original context --ctx)");
+  init_model->add_option("--sliding-window", init_opt.sliding_window, "gemma: the local layers' attention window (0: the architecture's default; gemma3: no local layers)")->capture_default_str();
+  init_model->add_option("--swa-pattern", init_opt.swa_pattern, "gemma: every N-th layer is global, the others local (default gemma2 2, gemma3 6)");
+  init_model->add_option("--attn-softcap", init_opt.attn_softcap, "gemma2: attention-logit soft-cap (default 50)");
+  init_model->add_option("--final-softcap", init_opt.final_softcap, "gemma: final-logit soft-cap (default gemma2 30, gemma3 none)");
   init_model->add_flag("--tied", init_opt.tied, "no output.weight: token_embd is the output matrix");
   init_model->add_option("--seed", init_opt.seed, "random seed")->capture_default_str();
 
@@ -139,8 +143,9 @@ int main(int argc, char** argv) {
                    "round the input of each quantized matrix to 8-bit blocks as llama.cpp's CPU matmuls do (Q8_0 or Q8_K, "
                    "by the format's vec_dot_type; F16 and BF16 inputs are not rounded): the logits then agree with "
                    "llama.cpp's to about 1e-6 of their largest, until an activation lies within float rounding of an "
-                   "8-bit step, which the two may then round to neighbouring steps (the default keeps f32 "
-                   "activations, as training does)");
+                   "8-bit step, which the two may then round to neighbouring steps; gemma's GELU, which llama.cpp "
+                   "looks up in an f16 table, is computed exactly, so gemma models agree to about 1e-2 (the default "
+                   "keeps f32 activations, as training does)");
   logits->add_option("--out", logits_opt.out, "write {\"logits\": [[...], ...]} here instead of stdout");
 
   q4t::TokenizeOptions tok_opt;

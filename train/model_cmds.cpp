@@ -217,6 +217,10 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
   const int64_t D = o.head_dim > 0 ? o.head_dim : o.dim / o.heads;
   if (D % 2 != 0) throw std::invalid_argument("init-model: the head size " + std::to_string(D) + " must be even");
   if (o.rope_freqs && o.arch != "llama") throw std::invalid_argument("--rope-freqs: only llama models carry rope_freqs.weight");
+  const bool gemma = o.arch == "gemma2" || o.arch == "gemma3";
+  if (gemma && !o.tied && o.arch == "gemma2")
+    throw std::invalid_argument("init-model: gemma2 always uses token_embd as its output matrix: add --tied");
+  if (o.sliding_window < 0 || o.swa_pattern < 0) throw std::invalid_argument("init-model: --sliding-window and --swa-pattern must be non-negative");
   std::string scaling_type;
   double scaling_factor = 1;
   if (!o.rope_scaling.empty()) {
@@ -265,7 +269,14 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
   w.set(a + "rope.dimension_count", Value::u32(uint32_t(D)));
   w.set(a + "rope.freq_base", Value::f32(float(o.rope_base)));
   w.set(a + "attention.layer_norm_rms_epsilon", Value::f32(1e-5f));
-  if (o.head_dim > 0 || o.arch == "qwen3") {
+  if (gemma) {
+    if (o.sliding_window > 0) w.set(a + "attention.sliding_window", Value::u32(uint32_t(o.sliding_window)));
+    if (o.swa_pattern > 0) w.set(a + "attention.sliding_window_pattern", Value::u32(uint32_t(o.swa_pattern)));
+    if (o.arch == "gemma3") w.set(a + "rope.freq_base_swa", Value::f32(10000.0f));
+    if (o.attn_softcap >= 0 && o.arch == "gemma2") w.set(a + "attn_logit_softcapping", Value::f32(float(o.attn_softcap)));
+    if (o.final_softcap >= 0) w.set(a + "final_logit_softcapping", Value::f32(float(o.final_softcap)));
+  }
+  if (o.head_dim > 0 || o.arch == "qwen3" || gemma) {
     w.set(a + "attention.key_length", Value::u32(uint32_t(D)));
     w.set(a + "attention.value_length", Value::u32(uint32_t(D)));
   }
@@ -285,12 +296,13 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
     matrix(b + "attn_k.weight", Hkv * D, C, w);
     matrix(b + "attn_v.weight", Hkv * D, C, w);
     matrix(b + "attn_output.weight", C, H * D, w);
+    if (gemma) norm(b + "post_attention_norm.weight", w, C);
     if (o.arch == "qwen2") {
       w.add_tensor(b + "attn_q.bias", {H * D}, GgmlType::F32, as_bytes(uniform(H * D, 0.1)));
       w.add_tensor(b + "attn_k.bias", {Hkv * D}, GgmlType::F32, as_bytes(uniform(Hkv * D, 0.1)));
       w.add_tensor(b + "attn_v.bias", {Hkv * D}, GgmlType::F32, as_bytes(uniform(Hkv * D, 0.1)));
     }
-    if (o.arch == "qwen3") {
+    if (o.arch == "qwen3" || o.arch == "gemma3") {
       norm(b + "attn_q_norm.weight", w, D);
       norm(b + "attn_k_norm.weight", w, D);
     }
@@ -298,6 +310,7 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
     matrix(b + "ffn_gate.weight", F, C, w);
     matrix(b + "ffn_up.weight", F, C, w);
     matrix(b + "ffn_down.weight", C, F, w);
+    if (gemma) norm(b + "post_ffw_norm.weight", w, C);
   }
   norm("output_norm.weight", w, C);
   if (!o.tied) matrix("output.weight", V, C, w);

@@ -4,7 +4,7 @@
   python3 peft_check.py --model M.gguf --peft DIR --ids-file ids.json --logits q4tune.json
                         [--base-logits q4tune_base.json] [--out result.json]
 
-Builds a LlamaForCausalLM (or Qwen2ForCausalLM, Qwen3ForCausalLM) from the GGUF's weights, dequantised here (f32, f16, q8_0,
+Builds a LlamaForCausalLM (or Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM) from the GGUF's weights, dequantised here (f32, f16, q8_0,
 q4_0; a small reader of its own, no gguf package), with llama's q/k weight rows un-permuted back to HF order
 (llama.cpp's converter permuted them for RoPE on adjacent pairs; qwen2 is not permuted). With --base-logits,
 first checks the bare model against q4tune without an adapter. Then loads DIR with peft.PeftModel and prints
@@ -129,15 +129,44 @@ def build_model(path):
         head_dim = a("attention.key_length", n_embd // n_head)
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=head_dim, attention_bias=False,
                                                                        use_sliding_window=False))
+    elif arch in ("gemma2", "gemma3"):
+        head_dim = a("attention.key_length", n_embd // n_head)
+        n_layer = a("block_count")
+        window = a("attention.sliding_window", 4096 if arch == "gemma2" else 0)
+        pattern = a("attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)
+        local = [window > 0 and (pattern == 0 or l % pattern < pattern - 1) for l in range(n_layer)]
+        g = dict(common, head_dim=head_dim, hidden_activation="gelu_pytorch_tanh", attention_bias=False,
+                 query_pre_attn_scalar=head_dim, sliding_window=max(window, 1),
+                 layer_types=["sliding_attention" if x else "full_attention" for x in local])
+        g.pop("hidden_act")
+        if arch == "gemma2":
+            model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+                **g, attn_logit_softcapping=a("attn_logit_softcapping", 50.0),
+                final_logit_softcapping=a("final_logit_softcapping", 30.0)))
+        else:
+            if a("rope.freq_base_swa", 10000.0) != a("rope.freq_base", 10000.0) or a("rope.scaling.type"):
+                raise ValueError("this check builds gemma3 with one RoPE base and no scaling")
+            cfg = transformers.Gemma3TextConfig(**g, final_logit_softcapping=a("final_logit_softcapping"),
+                                                attn_logit_softcapping=None)
+            model = transformers.Gemma3ForCausalLM(cfg)
     else:
         raise ValueError(f"architecture {arch} is not supported")
     sd = {"model.embed_tokens.weight": t["token_embd.weight"], "model.norm.weight": t["output_norm.weight"]}
     if not tied:
         sd["lm_head.weight"] = t["output.weight"]
+    gemma = arch in ("gemma2", "gemma3")
     names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
              "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
              "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
              "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+    if gemma:  # gemma's norm after the attention is HF's post_attention_layernorm, its ffn_norm pre_feedforward_
+        names.update({"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+                      "post_ffw_norm": "post_feedforward_layernorm"})
+        # HF's Gemma RMSNorm multiplies by 1 + w; the GGUF converter stored 1 + w.
+        for name in list(t):
+            if name.endswith("norm.weight"):
+                t[name] = t[name] - 1.0
+        sd["model.norm.weight"] = t["output_norm.weight"]
     for name, w in t.items():
         parts = name.split(".")  # blk.N.attn_q.weight
         if parts[0] != "blk":

@@ -4,7 +4,8 @@
 // --adapter` gives: max_v |Δ| <= 1e-3 · max_v |llama.cpp| at every position. One variant uses alpha = scale·r, the
 // other an unrelated alpha (its ratio folded into B).
 // PEFT: export_peft's folder loaded by PyTorch + peft (peft_check.py) must reproduce q4tune's logits, for a q4_0
-// llama (q/k rows un-permuted), an f32 qwen2 and a q4_0 qwen3; skipped where python3 lacks torch, transformers or peft.
+// llama (q/k rows un-permuted), an f32 qwen2, a q4_0 qwen3 and gemma2, an f32 gemma3; skipped where python3 lacks
+// torch, transformers or peft.
 // Needs node >= 20 and npm (and the npm registry the first time); ctest label "interop".
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -70,6 +71,9 @@ class Workdir : public ::testing::Test {
   void make_adapted_model(const std::string& arch, const std::string& type, uint32_t seed) {
     InitModelOptions o;
     o.arch = arch, o.type = type, o.seed = seed, o.out = (dir_ / "m.gguf").string();
+    // gemma: a local first layer with a window shorter than the ids, soft-caps that bend (gemma2 is tied).
+    o.tied = arch == "gemma2";
+    o.sliding_window = 7, o.swa_pattern = 2, o.attn_softcap = 3, o.final_softcap = 4;
     std::ostringstream sink;
     ASSERT_EQ(run_init_model(o, sink), 0) << sink.str();
     model_ = model::Model::load(o.out, *be_);
@@ -222,7 +226,8 @@ TEST_P(PeftLoadsOurExport, AfterQ4tuneTrain) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, PeftLoadsOurExport,
                          ::testing::Values(std::pair{"llama", "q4_0"}, std::pair{"qwen2", "f32"},
-                                           std::pair{"qwen3", "q4_0"}),
+                                           std::pair{"qwen3", "q4_0"}, std::pair{"gemma2", "q4_0"},
+                                           std::pair{"gemma3", "f32"}),
                          [](const auto& i) { return std::string(i.param.first) + "_" + i.param.second; });
 
 }  // namespace

@@ -1,6 +1,6 @@
 // q4tune's model forward against llama.cpp itself, the reference implementation of GGUF models, run through
 // npm's node-llama-cpp CPU prebuilt (install_node_llama.sh installs it, llama_ref.mjs drives it).
-// For each architecture (llama, qwen2, qwen3; RoPE scaling variants) x output (tied, untied) x weight type (q4_0, f32, and the mixes
+// For each architecture (llama, qwen2, qwen3, gemma2, gemma3; RoPE scaling variants) x output (tied, untied) x weight type (q4_0, f32, and the mixes
 // llama-quantize writes: Q4_K_M, and Q4_0 with a Q6_K output matrix): q4tune init-model (and q4tune quantize)
 // writes a random model, and the logits at every position of a random id sequence, from q4tune on the CPU and
 // on Vulkan, must agree with llama.cpp's: max_v |q4tune - llama.cpp| <= 1e-3 * max_v |llama.cpp| per position.
@@ -172,14 +172,16 @@ bool write_exact_copy(const fs::path& model, const fs::path& out) {
   if (!quantized) return false;
   gguf::Writer w;
   for (const auto& [key, value] : f->metadata()) w.set(key, value);
+  // gemma2 reads token_embd as its output matrix and refuses an output.weight: its token_embd is dequantized too.
+  const bool embd_is_output = f->get_string("general.architecture") == "gemma2";
   for (const gguf::TensorInfo& t : f->tensors()) {
-    if (t.type == gguf::GgmlType::F32 || t.name == "token_embd.weight")
+    if (t.type == gguf::GgmlType::F32 || (t.name == "token_embd.weight" && !embd_is_output))
       w.add_tensor(t.name, t.ne, t.type, std::vector<uint8_t>(t.data, t.data + t.bytes));
     else
       w.add_tensor(t.name, t.ne, gguf::GgmlType::F32, f32_bytes(dequantize(t)));
   }
   const gguf::TensorInfo* embd = f->tensor("token_embd.weight");
-  if (!f->tensor("output.weight") && embd && embd->type != gguf::GgmlType::F32)
+  if (!f->tensor("output.weight") && embd && embd->type != gguf::GgmlType::F32 && !embd_is_output)
     w.add_tensor("output.weight", embd->ne, gguf::GgmlType::F32, f32_bytes(dequantize(*embd)));
   w.write(out.string());
   return true;
@@ -459,7 +461,18 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, LlamaCppAgreement,
                                            Variant{"qwen3", false, "f32", 24, "--rope-scaling yarn:8", "yarn8", false},
                                            Variant{"llama", false, "f32", 25, "--rope-freqs", "ropefreqs", false},
                                            Variant{"llama", true, "q4_0", 26, "--rope-scaling yarn:4", "yarn4", false},
-                                           Variant{"qwen2", false, "f32", 27, "--rope-scaling linear:4", "linear4", false}),
+                                           Variant{"qwen2", false, "f32", 27, "--rope-scaling linear:4", "linear4", false},
+                                           // gemma2 (soft-capped scores and logits, every other layer local)
+                                           // and gemma3 (q/k norms, the local layers' own RoPE base), windows
+                                           // shorter than the 40 positions.
+                                           Variant{"gemma2", true, "q4_0", 28,
+                                                   "--attn-softcap 2 --final-softcap 3 --sliding-window 7", "caps"},
+                                           Variant{"gemma2", true, "q4_k_m", 29},
+                                           Variant{"gemma3", false, "q4_0", 30, "--swa-pattern 2 --sliding-window 9", "swa2"},
+                                           Variant{"gemma3", true, "f32", 31,
+                                                   "--layers 3 --head-dim 32 --final-softcap 5 --sliding-window 5 "
+                                                   "--swa-pattern 3 --rope-scaling linear:8 --rope-base 1000000",
+                                                   "linear8", false}),
                          [](const ::testing::TestParamInfo<Variant>& info) { return info.param.name(); });
 
 }  // namespace

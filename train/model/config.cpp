@@ -6,7 +6,7 @@
 namespace q4t::model {
 
 const std::vector<std::string>& supported_architectures() {
-  static const std::vector<std::string> a = {"llama", "qwen2", "qwen3"};
+  static const std::vector<std::string> a = {"llama", "qwen2", "qwen3", "gemma2", "gemma3"};
   return a;
 }
 
@@ -56,17 +56,59 @@ RopeScaling read_rope_scaling(const gguf::File& f, const std::string& a, int64_t
   return s;
 }
 
+// gemma2 and gemma3, with llama.cpp's defaults for absent keys.
+void read_gemma(const gguf::File& f, const std::string& a, ModelConfig& c) {
+  c.gemma = true;
+  const bool g2 = c.arch == "gemma2";
+  // llama.cpp scales q by 1/sqrt(n_embd / n_head) in the 27B models (told apart by their layer count), as
+  // their query_pre_attn_scalar says; the others by 1/sqrt(head size).
+  if ((g2 && c.n_layer == 46) || (!g2 && c.n_layer == 62)) c.query_scale = 1.0 / std::sqrt(double(c.n_embd / c.n_head));
+  const auto positive_float = [&](const std::string& key, double def) {
+    const double v = f.get_float_or(a + key, def);
+    if (!(v >= 0) || !std::isfinite(v)) bad(f, a + key, "must be non-negative");
+    return v;
+  };
+  c.final_softcap = positive_float("final_logit_softcapping", g2 ? 30.0 : 0.0);
+  if (g2) c.attn_softcap = positive_float("attn_logit_softcapping", 50.0);
+  const std::string window_key = a + "attention.sliding_window";
+  c.n_swa = int64_t(f.get_uint_or(window_key, g2 ? 4096 : 0));
+  if (c.n_swa > 0) {
+    // Local layers: every layer but each `pattern`-th (gemma2 2: even layers local; gemma3 6: five of six),
+    // or the key's per-layer booleans.
+    c.swa_layers.assign(size_t(c.n_layer), false);
+    const std::string pattern_key = a + "attention.sliding_window_pattern";
+    const gguf::Value* pv = f.find(pattern_key);
+    if (pv && pv->type == gguf::ValueType::ARRAY) {
+      const auto& items = f.get_array(pattern_key, gguf::ValueType::BOOL);
+      if (int64_t(items.size()) != c.n_layer)
+        bad(f, pattern_key, "has " + std::to_string(items.size()) + " entries for " + std::to_string(c.n_layer) + " layers");
+      for (size_t l = 0; l < items.size(); ++l) c.swa_layers[l] = std::get<bool>(items[l].v);
+    } else {
+      const int64_t n = int64_t(f.get_uint_or(pattern_key, g2 ? 2 : 6));
+      for (int64_t l = 0; l < c.n_layer; ++l) c.swa_layers[size_t(l)] = n == 0 || l % n < n - 1;
+    }
+    c.rope_base_swa = f.get_float_or(a + "rope.freq_base_swa", g2 ? c.rope_base : 10000.0);
+    if (!(c.rope_base_swa > 0)) bad(f, a + "rope.freq_base_swa", "must be positive");
+    c.swa_rope_scaled = g2;
+  }
+  if (g2 && !c.tied)  // llama.cpp's gemma2 reads token_embd as its output matrix and never output.weight
+    throw gguf::FormatError(f.path() + ": tensor 'output.weight': gemma2 has no output matrix of its own (not supported)");
+}
+
 }  // namespace
 
 // llama.cpp's rotation (ggml's rope with freq_factors and YaRN, llama_context's attention factor): pair i turns by
 // pos * base^(-2i/D) / factor_i, times freq_scale = 1/scaling factor; YaRN blends that with the unscaled angle by
 // a ramp over the pairs between its two correction dims and multiplies cos and sin by its attention factor.
-ag::RopeFreqs ModelConfig::rope_freqs(int64_t) const {
+// A local (sliding-window) layer has its own base and, in gemma3, no scaling (llama.cpp's freq_scale_swa of 1).
+ag::RopeFreqs ModelConfig::rope_freqs(int64_t layer) const {
   const int64_t D = head_dim;
-  ag::RopeFreqs r = ag::RopeFreqs::plain(D, rope_base);
+  const bool local = is_swa(layer);
+  const double base = local ? rope_base_swa : rope_base;
+  ag::RopeFreqs r = ag::RopeFreqs::plain(D, base);
   for (size_t i = 0; i < rope_factors.size() && i < r.freq.size(); ++i) r.freq[i] /= rope_factors[i];
   const RopeScaling& s = rope_scaling;
-  const double freq_scale = s.type == RopeScaling::Type::None ? 1.0 : 1.0 / s.factor;
+  const double freq_scale = s.type == RopeScaling::Type::None || (local && !swa_rope_scaled) ? 1.0 : 1.0 / s.factor;
   r.mscale = s.attn_factor;
   if (s.type != RopeScaling::Type::Yarn) {
     for (double& w : r.freq) w *= freq_scale;
@@ -74,7 +116,7 @@ ag::RopeFreqs ModelConfig::rope_freqs(int64_t) const {
   }
   // The correction dims, in f32 as ggml computes them.
   const auto corr_dim = [&](float n_rot) {
-    return float(D) * std::log(float(s.n_ctx_orig) / (n_rot * 2.0f * float(M_PI))) / (2.0f * std::log(float(rope_base)));
+    return float(D) * std::log(float(s.n_ctx_orig) / (n_rot * 2.0f * float(M_PI))) / (2.0f * std::log(float(base)));
   };
   const float low = std::max(0.0f, std::floor(corr_dim(32.0f))), high = std::min(float(D - 1), std::ceil(corr_dim(1.0f)));
   for (size_t i = 0; i < r.freq.size(); ++i) {
@@ -88,6 +130,10 @@ ag::RopeFreqs ModelConfig::rope_freqs(int64_t) const {
   // llama.cpp divides its attention factor by the 1 + 0.1 ln(factor) that ggml's YaRN multiplies back.
   r.mscale = attn / (1.0 + 0.1 * std::log(f)) * s.attn_factor * (1.0 + 0.1 * std::log(1.0 / freq_scale));
   return r;
+}
+
+ag::AttentionOptions ModelConfig::attention_options(int64_t layer) const {
+  return {is_swa(layer) ? n_swa : 0, attn_softcap};
 }
 
 std::vector<std::string> ModelConfig::config_tensors() const {
@@ -129,8 +175,9 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.rope_scaling = read_rope_scaling(f, a, c.n_ctx);
   c.rope_mode = c.arch == "llama" ? ag::RopeMode::Norm : ag::RopeMode::Neox;
   c.qkv_bias = c.arch == "qwen2";
-  c.qk_norm = c.arch == "qwen3";
+  c.qk_norm = c.arch == "qwen3" || c.arch == "gemma3";
   c.tied = f.tensor("output.weight") == nullptr;
+  if (c.arch == "gemma2" || c.arch == "gemma3") read_gemma(f, a, c);
   // llama 3.1+: one factor per rotated pair (llama.cpp reads it for llama only).
   if (const gguf::TensorInfo* t = f.tensor("rope_freqs.weight")) {
     if (c.arch != "llama")

@@ -30,9 +30,22 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   std::vector<double> rope_factors;  // llama 3.1+: rope_freqs.weight [head_dim / 2], dividing each pair's frequency
   bool qkv_bias = false;             // qwen2: q/k/v projections carry biases
-  bool qk_norm = false;              // qwen3: per-head RMSNorm of q and k (attn_q_norm, attn_k_norm) before RoPE
+  bool qk_norm = false;              // qwen3, gemma3: per-head RMSNorm of q and k (attn_q_norm, attn_k_norm)
   bool tied = false;                 // no output.weight: token_embd is the output matrix
+  // gemma2, gemma3: embeddings times sqrt(n_embd), GELU (tanh) gating in the FFN, RMSNorm of the attention and
+  // FFN outputs (post_attention_norm, post_ffw_norm) before their residual adds.
+  bool gemma = false;
+  double query_scale = 0;     // the scale of q·k (0: 1/sqrt(head_dim)); gemma's 27B models use 1/sqrt(n_embd/n_head)
+  double attn_softcap = 0;    // gemma2: scores become attn_softcap·tanh(score / attn_softcap) (0: none)
+  double final_softcap = 0;   // gemma2 (gemma3 where set): logits the same with final_softcap
+  int64_t n_swa = 0;          // sliding window of the local layers (0: none)
+  std::vector<bool> swa_layers;  // [n_layer]: the layers that attend within the window
+  double rope_base_swa = 10000.0;  // the local layers' RoPE base
+  bool swa_rope_scaled = false;    // gemma2: the local layers' RoPE scaled as the global ones (gemma3: unscaled)
 
+  bool is_swa(int64_t layer) const { return n_swa > 0 && swa_layers.at(size_t(layer)); }
+  // Layer `layer`'s window and soft-capping.
+  ag::AttentionOptions attention_options(int64_t layer) const;
   // The rotation of layer `layer`'s queries and keys: the base, the per-pair factors and the scaling combined.
   ag::RopeFreqs rope_freqs(int64_t layer) const;
   // Names of the tensors that hold no weight of a layer but the config reads (rope_freqs.weight).

@@ -93,11 +93,11 @@ Decoder::Step& Decoder::step(int64_t n) {
     const std::string b = "blk." + std::to_string(l) + ".";
     ag::Var keys = ag::kv_cache_write(g.constant(k_cache_[size_t(l)], b + "k_cache"), k, start);
     ag::Var values = ag::kv_cache_write(g.constant(v_cache_[size_t(l)], b + "v_cache"), v, start);
-    return ag::cached_attention(q, keys, values, start, c.n_head, c.n_head_kv);
+    return ag::cached_attention(q, keys, values, start, c.n_head, c.n_head_kv, c.attention_options(l));
   });
   // Only the last token's logits are needed: its row of h [n, C], picked by a lookup into h as a table.
   if (n > 1) h = ag::embedding(h, g.constant(be_.from_host_i32(std::vector<int32_t>{int32_t(n - 1)}, {1}), "last"));
-  s->logits = ag::linear(h, s->mg->output_weight());
+  s->logits = s->mg->output_logits(h);
   slot = std::move(s);
   return *slot;
 }

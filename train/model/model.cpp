@@ -80,6 +80,7 @@ void Model::for_each_tensor(const ModelConfig& c,
     fn(b + "attn_k.weight", {C, kv_out}, true);
     fn(b + "attn_v.weight", {C, kv_out}, true);
     fn(b + "attn_output.weight", {q_out, C}, true);
+    if (c.gemma) fn(b + "post_attention_norm.weight", {C}, false);
     if (c.qkv_bias) {
       fn(b + "attn_q.bias", {q_out}, false);
       fn(b + "attn_k.bias", {kv_out}, false);
@@ -93,6 +94,7 @@ void Model::for_each_tensor(const ModelConfig& c,
     fn(b + "ffn_gate.weight", {C, c.n_ff}, true);
     fn(b + "ffn_up.weight", {C, c.n_ff}, true);
     fn(b + "ffn_down.weight", {c.n_ff, C}, true);
+    if (c.gemma) fn(b + "post_ffw_norm.weight", {C}, false);
   }
   fn("output_norm.weight", {C}, false);
   if (!c.tied) fn("output.weight", {C, c.n_vocab}, true);
@@ -249,6 +251,8 @@ ModelGraph::ModelGraph(const Model& m, ag::Graph& g, bool llama_cpp_numerics)
       for (const char* n : {"attn_q.bias", "attn_k.bias", "attn_v.bias"}) bind(b + n);
     if (c.qk_norm)
       for (const char* n : {"attn_q_norm.weight", "attn_k_norm.weight"}) bind(b + n);
+    if (c.gemma)
+      for (const char* n : {"post_attention_norm.weight", "post_ffw_norm.weight"}) bind(b + n);
   }
 }
 
@@ -311,8 +315,7 @@ ag::Var ModelGraph::hidden(ag::Var ids, int64_t pos, ag::Var segments) const {
     const ag::RopeFreqs freqs = c.rope_freqs(l);
     q = ag::rope(q, c.n_head, c.head_dim, c.rope_mode, freqs, pos);
     k = ag::rope(k, c.n_head_kv, c.head_dim, c.rope_mode, freqs, pos);
-    const ag::Var out = segments.g ? ag::attention(q, k, v, c.n_head, c.n_head_kv, segments)
-                                   : ag::attention(q, k, v, c.n_head, c.n_head_kv);
+    const ag::Var out = ag::attention(q, k, v, c.n_head, c.n_head_kv, c.attention_options(l), segments);
     // With recomputation, attention's inputs and output are kept rather than computed again: they cost far
     // more to compute (the q, k and v projections, attention's forward) than the memory they hold.
     for (const ag::Var& kept : {q, k, v, out}) g_.keep(kept);
@@ -323,6 +326,7 @@ ag::Var ModelGraph::hidden(ag::Var ids, int64_t pos, ag::Var segments) const {
 ag::Var ModelGraph::hidden(ag::Var ids, const AttentionStep& attend) const {
   const ModelConfig& c = m_.config();
   ag::Var x = ag::embedding(vars_.at("token_embd.weight"), ids);
+  if (c.gemma) x = ag::scale(x, double(std::sqrt(float(c.n_embd))));  // in f32, as llama.cpp's sqrtf
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     ag::Var h = ag::rms_norm(x, vars_.at(b + "attn_norm.weight"), c.rms_eps);
@@ -339,23 +343,33 @@ ag::Var ModelGraph::hidden(ag::Var ids, const AttentionStep& attend) const {
       k = ag::reshape(ag::rms_norm(ag::reshape(k, {T * c.n_head_kv, c.head_dim}), vars_.at(b + "attn_k_norm.weight"), c.rms_eps),
                       {T, c.n_head_kv * c.head_dim});
     }
-    x = ag::add(x, project(attend(l, q, k, v), l, "o"));
+    // Attention divides q·k by sqrt(head_dim); another scale is q's (RoPE is linear, so before it is the same).
+    if (c.query_scale > 0) q = ag::scale(q, c.query_scale * std::sqrt(double(c.head_dim)));
+    ag::Var attn = project(attend(l, q, k, v), l, "o");
+    if (c.gemma) attn = ag::rms_norm(attn, vars_.at(b + "post_attention_norm.weight"), c.rms_eps);
+    x = ag::add(x, attn);
     g_.keep(x);  // with recomputation: the residual the ffn norm reads, so the o projection is not run again
     h = ag::rms_norm(x, vars_.at(b + "ffn_norm.weight"), c.rms_eps);
     const ag::Var gate = project(h, l, "gate"), up = project(h, l, "up");
     if (l >= c.n_layer - keep_ffn_layers_)
       for (const ag::Var& kept : {gate, up}) g_.keep(kept);
-    x = ag::add(x, project(ag::swiglu(gate, up), l, "down"));
+    ag::Var ffn = project(c.gemma ? ag::geglu(gate, up) : ag::swiglu(gate, up), l, "down");
+    if (c.gemma) ffn = ag::rms_norm(ffn, vars_.at(b + "post_ffw_norm.weight"), c.rms_eps);
+    x = ag::add(x, ffn);
     g_.checkpoint(x);
   }
   return ag::rms_norm(x, vars_.at("output_norm.weight"), c.rms_eps);
 }
 
-ag::Var ModelGraph::logits(ag::Var ids, int64_t pos) const { return frozen_linear(hidden(ids, pos), output_weight()); }
-
-ag::Var ModelGraph::logits(ag::Var ids, ag::Var segments) const {
-  return frozen_linear(hidden(ids, 0, segments), output_weight());
+ag::Var ModelGraph::output_logits(ag::Var h) const {
+  const ag::Var logits = frozen_linear(h, output_weight());
+  const double cap = m_.config().final_softcap;
+  return cap > 0 ? ag::softcap(logits, cap) : logits;
 }
+
+ag::Var ModelGraph::logits(ag::Var ids, int64_t pos) const { return output_logits(hidden(ids, pos)); }
+
+ag::Var ModelGraph::logits(ag::Var ids, ag::Var segments) const { return output_logits(hidden(ids, 0, segments)); }
 
 }  // namespace q4t::model
 

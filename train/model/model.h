@@ -97,6 +97,9 @@ class ModelGraph {
   ag::Var hidden(ag::Var ids, const AttentionStep& attend) const;
   // The output matrix [V, C] (output.weight, or token_embd.weight when tied).
   ag::Var output_weight() const;
+  // Logits [T, V] of a final hidden state [T, C]: the output matrix, then the final soft-capping where the
+  // architecture has one (gemma2).
+  ag::Var output_logits(ag::Var h) const;
   // With recomputation (Graph::plan_memory), the last n layers keep their ffn gate and up outputs from the forward
   // instead of computing them again in the backward: each such layer saves two of the three products that
   // recomputation repeats and holds 2·T·n_ff more floats. Set before hidden()/logits(); 0 to n_layer.
