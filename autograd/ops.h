@@ -26,6 +26,8 @@ Var mul(Var a, Var b);
 Var scale(Var a, double s);
 // The same values (row-major order) with another shape of as many elements (1 to 5 dims).
 Var reshape(Var a, const Shape& shape);
+// Columns begin .. begin + n - 1 of x [T, C] as [T, n] (phi3's fused q/k/v and gate/up products, split).
+Var slice_cols(Var x, int64_t begin, int64_t n);
 // y = x / sqrt(mean(x², row) + eps) * w, per row; w [C].
 Var rms_norm(Var x, Var w, double eps);
 

@@ -121,7 +121,7 @@ struct Fixture {
     mg = std::make_unique<model::ModelGraph>(*m, *g);
     std::mt19937 rng(3);
     for (int64_t l = 0; l < m->config().n_layer; ++l)
-      for (const std::string& t : model::all_lora_targets()) {
+      for (const std::string& t : model::lora_targets(m->config())) {
         const std::string name = model::target_tensor_name(l, t);
         ag::Var w = mg->weight(name);
         ag::Var a = ag::random_param(*g, rng, {rank, w.shape()[1]}, name + ".lora_a", -0.3, 0.3);
@@ -166,7 +166,7 @@ TEST_P(GgufExport, ReloadedAdapterGivesTheSameLogits) {
     EXPECT_EQ(file->get_string("general.architecture"), GetParam());
     EXPECT_EQ(file->get_string("adapter.type"), "lora");
     EXPECT_EQ(file->get_float("adapter.lora.alpha"), double(float(alpha)));
-    EXPECT_EQ(file->tensors().size(), size_t(2 * 7 * 2));
+    EXPECT_EQ(file->tensors().size(), size_t(2 * model::lora_targets(f.m->config()).size() * 2));
     const gguf::TensorInfo* a = file->tensor("blk.1.ffn_down.weight.lora_a");
     const gguf::TensorInfo* b = file->tensor("blk.1.ffn_down.weight.lora_b");
     ASSERT_TRUE(a && b);
@@ -181,7 +181,7 @@ TEST_P(GgufExport, ReloadedAdapterGivesTheSameLogits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, GgufExport, ::testing::Values("llama", "qwen2"));
+INSTANTIATE_TEST_SUITE_P(Archs, GgufExport, ::testing::Values("llama", "qwen2", "phi3"));
 
 class PeftExport : public ::testing::TestWithParam<std::string> {};
 
@@ -197,13 +197,18 @@ TEST_P(PeftExport, WritesHfKeysShapesValuesAndConfig) {
   export_peft(*f.mg, info, out.string());
 
   const safetensors::File st = safetensors::read((out / "adapter_model.safetensors").string());
-  EXPECT_EQ(st.tensors.size(), size_t(2 * 7 * 2));
+  const bool phi3 = arch == "phi3";  // Hugging Face's Phi3 has the fused qkv_proj and gate_up_proj too
+  EXPECT_EQ(st.tensors.size(), size_t(2 * (phi3 ? 4 : 7) * 2));
   EXPECT_EQ(st.metadata.at("format"), "pt");
   const model::ModelConfig& cfg = f.m->config();
   const ag::Backend& be = *f.be;
-  const std::map<std::string, std::string> hf = {
-      {"q", "self_attn.q_proj"}, {"k", "self_attn.k_proj"}, {"v", "self_attn.v_proj"}, {"o", "self_attn.o_proj"},
-      {"gate", "mlp.gate_proj"}, {"up", "mlp.up_proj"}, {"down", "mlp.down_proj"}};
+  const std::map<std::string, std::string> hf =
+      phi3 ? std::map<std::string, std::string>{{"qkv", "self_attn.qkv_proj"}, {"o", "self_attn.o_proj"},
+                                                {"gate_up", "mlp.gate_up_proj"}, {"down", "mlp.down_proj"}}
+           : std::map<std::string, std::string>{
+                 {"q", "self_attn.q_proj"}, {"k", "self_attn.k_proj"}, {"v", "self_attn.v_proj"},
+                 {"o", "self_attn.o_proj"}, {"gate", "mlp.gate_proj"}, {"up", "mlp.up_proj"},
+                 {"down", "mlp.down_proj"}};
   for (int64_t l = 0; l < cfg.n_layer; ++l)
     for (const auto& [target, module] : hf) {
       const ag::LoraLinear& lin = f.mg->adapters().at(model::target_tensor_name(l, target));
@@ -230,7 +235,8 @@ TEST_P(PeftExport, WritesHfKeysShapesValuesAndConfig) {
   EXPECT_EQ(c.at("r"), 4);
   EXPECT_EQ(c.at("lora_alpha"), 2.0);
   EXPECT_EQ(c.at("target_modules"),
-            nlohmann::json({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}));
+            phi3 ? nlohmann::json({"qkv_proj", "o_proj", "gate_up_proj", "down_proj"})
+                 : nlohmann::json({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}));
   EXPECT_EQ(c.at("bias"), "none");
   EXPECT_EQ(c.at("use_rslora"), false);
   EXPECT_EQ(c.at("fan_in_fan_out"), false);
@@ -241,7 +247,7 @@ TEST_P(PeftExport, WritesHfKeysShapesValuesAndConfig) {
   EXPECT_FALSE(c.contains("layers_to_transform"));  // every layer is adapted
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, PeftExport, ::testing::Values("llama", "qwen2"));
+INSTANTIATE_TEST_SUITE_P(Archs, PeftExport, ::testing::Values("llama", "qwen2", "phi3"));
 
 TEST(PeftExport, FoldsAScaleThatDiffersFromPeftsIntoB) {
   TempDir dir;

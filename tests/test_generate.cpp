@@ -67,7 +67,7 @@ AdapterSet random_adapters(const Model& m, uint32_t seed) {
   std::mt19937 rng(seed);
   AdapterSet out;
   for (int64_t l = 0; l < m.config().n_layer; ++l)
-    for (const std::string& t : model::all_lora_targets()) {
+    for (const std::string& t : model::lora_targets(m.config())) {
       const std::string name = model::target_tensor_name(l, t);
       const ag::Shape& ws = m.weight(name).shape();
       ag::Backend& be = m.backend();
@@ -161,7 +161,8 @@ INSTANTIATE_TEST_SUITE_P(
                       DecoderCase{"qwen2", true, true, true}, DecoderCase{"qwen3", false, false, true},
                       DecoderCase{"qwen3", true, true, true}, DecoderCase{"gemma2", true, false, true},
                       DecoderCase{"gemma2", true, true, true}, DecoderCase{"gemma3", false, false, true},
-                      DecoderCase{"gemma3", true, true, false}),
+                      DecoderCase{"gemma3", true, true, false}, DecoderCase{"phi3", false, false, true},
+                      DecoderCase{"phi3", true, true, true}),
     decoder_case_name);
 
 // 70 cached keys: the Vulkan kernel's online softmax runs over more than one block of 64 keys.

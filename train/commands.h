@@ -32,6 +32,7 @@ struct InitModelOptions {
   // gemma2, gemma3: the local layers' window and its layer pattern (0: the architecture's default), the soft-caps
   // (negative: the architecture's default; 0: none)
   int64_t sliding_window = 16, swa_pattern = 0;
+  int64_t longrope = 0;  // phi3: LongRoPE factors (short and long) with this original context (0: none)
   double attn_softcap = -1, final_softcap = -1;
   uint32_t seed = 42;
   double rope_base = 10000.0;

@@ -40,7 +40,7 @@ int64_t checked_rows(const std::vector<float>& m, int64_t cols) {
 // One adapter as host matrices: a [r, n_in] and b [n_out, r], row-major.
 struct HostAdapter {
   int64_t layer = 0;
-  std::string target;  // q, k, v, o, gate, up, down
+  std::string target;  // q, k, v, o, gate, up, down (qkv, gate_up where fused)
   int64_t r = 0, n_in = 0, n_out = 0;
   double scale = 0;
   std::vector<float> a, b;
@@ -54,8 +54,9 @@ std::vector<HostAdapter> host_adapters(const model::ModelGraph& mg) {
   if (adapters.empty()) throw std::invalid_argument("export: the model has no adapters");
   const ag::Backend& be = mg.graph().backend();
   std::vector<HostAdapter> out;
+  const std::vector<std::string> targets = model::lora_targets(mg.model().config());
   for (int64_t l = 0; l < mg.model().config().n_layer; ++l)
-    for (const std::string& t : model::all_lora_targets()) {
+    for (const std::string& t : targets) {
       auto it = adapters.find(model::target_tensor_name(l, t));
       if (it == adapters.end()) continue;
       const ag::LoraLinear& lin = it->second;
@@ -67,7 +68,7 @@ std::vector<HostAdapter> host_adapters(const model::ModelGraph& mg) {
       out.push_back(std::move(h));
     }
   if (out.size() != adapters.size())
-    throw std::invalid_argument("export: an adapter is on a tensor that is none of the seven LoRA targets");
+    throw std::invalid_argument("export: an adapter is on a tensor that is none of the model's LoRA targets");
   return out;
 }
 
@@ -87,7 +88,8 @@ std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
 const std::map<std::string, std::string>& hf_module() {
   static const std::map<std::string, std::string> m = {
       {"q", "self_attn.q_proj"}, {"k", "self_attn.k_proj"}, {"v", "self_attn.v_proj"}, {"o", "self_attn.o_proj"},
-      {"gate", "mlp.gate_proj"}, {"up", "mlp.up_proj"}, {"down", "mlp.down_proj"}};
+      {"gate", "mlp.gate_proj"}, {"up", "mlp.up_proj"}, {"down", "mlp.down_proj"},
+      {"qkv", "self_attn.qkv_proj"}, {"gate_up", "mlp.gate_up_proj"}};
   return m;
 }
 
@@ -165,7 +167,7 @@ void export_peft(const model::ModelGraph& mg, const ExportInfo& info, const std:
   }
 
   nlohmann::json target_modules = nlohmann::json::array();
-  for (const std::string& t : model::all_lora_targets())
+  for (const std::string& t : model::lora_targets(cfg))
     if (targets.count(t)) {
       const std::string& m = hf_module().at(t);
       target_modules.push_back(m.substr(m.find('.') + 1));

@@ -16,6 +16,7 @@ LossGraph::LossGraph(const model::Model& m, int64_t B, int64_t T, int64_t vocab_
   if (B * T > std::numeric_limits<int32_t>::max() / 2)
     throw std::invalid_argument("batch-size * seq-len = " + std::to_string(B * T) + " tokens is too many");
   mg_ = std::make_unique<model::ModelGraph>(m, *g_);
+  mg_->set_rope_context(T);  // the rows are packed into one sequence, each example within one row of T
 }
 
 void LossGraph::build() {

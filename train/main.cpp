@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   auto* init_model = app.add_subcommand("init-model",
                                         "Write a small random-initialised GGUF of a supported architecture (byte-level vocabulary)");
   init_model->add_option("--out", init_opt.out, "output GGUF file")->required();
-  init_model->add_option("--arch", init_opt.arch, "llama, qwen2, qwen3, gemma2 or gemma3")->capture_default_str();
+  init_model->add_option("--arch", init_opt.arch, "llama, qwen2, qwen3, gemma2, gemma3 or phi3")->capture_default_str();
   init_model->add_option("--type", init_opt.type, "weight types: f32 or a format (every matrix: " + q4t::format_list() + "), or a mix as llama-quantize writes it (q2_k, q3_k_m, q4_k_m, q5_k_s, q5_k_m: the output matrix Q6_K, attn_v/ffn_down/attn_output as llama-quantize picks them; rows that are not whole super-blocks fall back as it does)")->capture_default_str();
   init_model->add_option("--dim", init_opt.dim, "embedding length")->capture_default_str();
   init_model->add_option("--layers", init_opt.layers, "number of transformer blocks")->capture_default_str();
@@ -120,6 +120,7 @@ int main(int argc, char** argv) {
   init_model->add_option("--swa-pattern", init_opt.swa_pattern, "gemma: every N-th layer is global, the others local (default gemma2 2, gemma3 6)");
   init_model->add_option("--attn-softcap", init_opt.attn_softcap, "gemma2: attention-logit soft-cap (default 50)");
   init_model->add_option("--final-softcap", init_opt.final_softcap, "gemma: final-logit soft-cap (default gemma2 30, gemma3 none)");
+  init_model->add_option("--longrope", init_opt.longrope, "phi3: LongRoPE factors (rope_factors_short/long) for this original context (longer contexts take the long ones)");
   init_model->add_flag("--tied", init_opt.tied, "no output.weight: token_embd is the output matrix");
   init_model->add_option("--seed", init_opt.seed, "random seed")->capture_default_str();
 

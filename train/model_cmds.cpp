@@ -30,8 +30,9 @@ using gguf::Value;
 using gguf::ValueType;
 
 // A byte-level SentencePiece-style vocabulary: <unk>, <s>, </s>, one byte-fallback token per byte, then "▁" (the
-// space as SentencePiece writes it), so a space is one token that decodes to " " rather than three bytes of "▁".
-void write_byte_vocab(gguf::Writer& w) {
+// space as SentencePiece writes it), so a space is one token that decodes to " " rather than three bytes of "▁";
+// then the given control tokens. Returns the number of tokens.
+int64_t write_byte_vocab(gguf::Writer& w, const std::vector<std::string>& extra_control = {}) {
   std::vector<Value> tokens, scores, types;
   auto push = [&](const std::string& t, int32_t type) {
     tokens.push_back(Value::str(t));
@@ -47,6 +48,8 @@ void write_byte_vocab(gguf::Writer& w) {
     push(name, 6);  // BYTE
   }
   push("\xe2\x96\x81", 1);  // NORMAL
+  for (const std::string& t : extra_control) push(t, 3);
+  const int64_t n = int64_t(tokens.size());
   w.set("tokenizer.ggml.model", Value::str("llama"));
   w.set("tokenizer.ggml.tokens", Value::array(ValueType::STRING, std::move(tokens)));
   w.set("tokenizer.ggml.scores", Value::array(ValueType::F32, std::move(scores)));
@@ -55,6 +58,7 @@ void write_byte_vocab(gguf::Writer& w) {
   w.set("tokenizer.ggml.bos_token_id", Value::u32(1));
   w.set("tokenizer.ggml.eos_token_id", Value::u32(2));
   w.set("tokenizer.ggml.add_bos_token", Value::boolean(true));
+  return n;
 }
 
 std::vector<uint8_t> as_bytes(const std::vector<float>& v) {
@@ -221,6 +225,8 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
   if (gemma && !o.tied && o.arch == "gemma2")
     throw std::invalid_argument("init-model: gemma2 always uses token_embd as its output matrix: add --tied");
   if (o.sliding_window < 0 || o.swa_pattern < 0) throw std::invalid_argument("init-model: --sliding-window and --swa-pattern must be non-negative");
+  const bool phi3 = o.arch == "phi3";
+  if (o.longrope != 0 && (!phi3 || o.longrope < 1)) throw std::invalid_argument("--longrope: a positive original context, for phi3 only");
   std::string scaling_type;
   double scaling_factor = 1;
   if (!o.rope_scaling.empty()) {
@@ -233,7 +239,9 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
       throw std::invalid_argument("--rope-scaling: '" + o.rope_scaling + "' is not linear:FACTOR or yarn:FACTOR");
   }
   const Recipe recipe = parse_recipe("--type", o.type, true);
-  const int64_t C = o.dim, H = o.heads, Hkv = o.kv_heads, F = o.ff, V = 260;  // write_byte_vocab's tokens
+  // llama.cpp looks up <|endoftext|> in a phi3 file's vocabulary (its special-token attributes).
+  const std::vector<std::string> extra_tokens = phi3 ? std::vector<std::string>{"<|endoftext|>"} : std::vector<std::string>{};
+  const int64_t C = o.dim, H = o.heads, Hkv = o.kv_heads, F = o.ff, V = 260 + int64_t(extra_tokens.size());
   std::mt19937 rng(o.seed);
   auto uniform = [&](int64_t n, double a) {
     std::uniform_real_distribution<float> u(float(-a), float(a));
@@ -276,6 +284,12 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
     if (o.attn_softcap >= 0 && o.arch == "gemma2") w.set(a + "attn_logit_softcapping", Value::f32(float(o.attn_softcap)));
     if (o.final_softcap >= 0) w.set(a + "final_logit_softcapping", Value::f32(float(o.final_softcap)));
   }
+  if (o.longrope > 0) {  // as the converter writes LongRoPE: factors, the original context, the attention factor
+    const double scale = double(o.ctx) / double(o.longrope);
+    w.set(a + "rope.scaling.original_context_length", Value::u32(uint32_t(o.longrope)));
+    w.set(a + "rope.scaling.attn_factor",
+          Value::f32(float(scale > 1 ? std::sqrt(1 + std::log(scale) / std::log(double(o.longrope))) : 1.0)));
+  }
   if (o.head_dim > 0 || o.arch == "qwen3" || gemma) {
     w.set(a + "attention.key_length", Value::u32(uint32_t(D)));
     w.set(a + "attention.value_length", Value::u32(uint32_t(D)));
@@ -285,16 +299,29 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
     w.set(a + "rope.scaling.factor", Value::f32(float(scaling_factor)));
     w.set(a + "rope.scaling.original_context_length", Value::u32(uint32_t(o.ctx)));
   }
-  write_byte_vocab(w);
+  if (write_byte_vocab(w, extra_tokens) != V) throw std::logic_error("init-model: the vocabulary's size");
   if (o.rope_freqs) w.add_tensor("rope_freqs.weight", {D / 2}, GgmlType::F32, as_bytes(llama3_rope_factors(D, o.rope_base, o.ctx)));
+  if (o.longrope > 0) {  // short factors near 1, long ones growing to 8 over the pairs
+    std::vector<float> s(static_cast<size_t>(D / 2)), l(static_cast<size_t>(D / 2));
+    for (int64_t i = 0; i < D / 2; ++i) {
+      s[size_t(i)] = float(1.0 + 0.1 * double(i) / double(D / 2));
+      l[size_t(i)] = float(1.0 + 7.0 * double(i) / double(D / 2));
+    }
+    w.add_tensor("rope_factors_long.weight", {D / 2}, GgmlType::F32, as_bytes(l));
+    w.add_tensor("rope_factors_short.weight", {D / 2}, GgmlType::F32, as_bytes(s));
+  }
 
   add_matrix(w, "token_embd.weight", uniform(V * C, 1.0), V, C, type_of("token_embd.weight", C, o.tied));
   for (int64_t l = 0; l < o.layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     norm(b + "attn_norm.weight", w, C);
-    matrix(b + "attn_q.weight", H * D, C, w);
-    matrix(b + "attn_k.weight", Hkv * D, C, w);
-    matrix(b + "attn_v.weight", Hkv * D, C, w);
+    if (phi3) {
+      matrix(b + "attn_qkv.weight", (H + 2 * Hkv) * D, C, w);
+    } else {
+      matrix(b + "attn_q.weight", H * D, C, w);
+      matrix(b + "attn_k.weight", Hkv * D, C, w);
+      matrix(b + "attn_v.weight", Hkv * D, C, w);
+    }
     matrix(b + "attn_output.weight", C, H * D, w);
     if (gemma) norm(b + "post_attention_norm.weight", w, C);
     if (o.arch == "qwen2") {
@@ -307,8 +334,12 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
       norm(b + "attn_k_norm.weight", w, D);
     }
     norm(b + "ffn_norm.weight", w, C);
-    matrix(b + "ffn_gate.weight", F, C, w);
-    matrix(b + "ffn_up.weight", F, C, w);
+    if (phi3) {
+      matrix(b + "ffn_up.weight", 2 * F, C, w);
+    } else {
+      matrix(b + "ffn_gate.weight", F, C, w);
+      matrix(b + "ffn_up.weight", F, C, w);
+    }
     matrix(b + "ffn_down.weight", C, F, w);
     if (gemma) norm(b + "post_ffw_norm.weight", w, C);
   }

@@ -235,8 +235,8 @@ void validate_train_options(const TrainOptions& o) {
   if (o.lora_targets.empty()) fail_option("lora-targets", "no targets");
   for (const std::string& t : o.lora_targets) {
     const auto& all = model::all_lora_targets();
-    if (std::find(all.begin(), all.end(), t) == all.end())
-      fail_option("lora-targets", "'" + t + "' is not one of q, k, v, o, gate, up, down");
+    if (std::find(all.begin(), all.end(), t) == all.end() && t != "qkv" && t != "gate_up")
+      fail_option("lora-targets", "'" + t + "' is not one of q, k, v, o, gate, up, down (qkv, gate_up: fused projections)");
   }
   if (o.lora_init != "kaiming" && o.lora_init != "gaussian")
     fail_option("lora-init", "'" + o.lora_init + "' is not kaiming or gaussian");

@@ -96,7 +96,7 @@ void add_train_options(CLI::App* cmd, TrainOptions& o) {
       ->capture_default_str()->group(g);
   cmd->add_option("--lora-dropout", o.lora_dropout, "dropout on each adapter's input while training")
       ->capture_default_str()->group(g);
-  cmd->add_option("--lora-targets", o.lora_targets, "comma-separated projections to adapt: q,k,v,o,gate,up,down")
+  cmd->add_option("--lora-targets", o.lora_targets, "comma-separated projections to adapt: q,k,v,o,gate,up,down (phi3's fused qkv and gate_up: q, k or v adapts qkv, gate or up gate_up)")
       ->delimiter(',')->capture_default_str()->group(g);
   cmd->add_flag("--rslora", o.rslora, "rank-stabilised scale alpha/sqrt(r)")->group(g);
   cmd->add_option("--lora-init", o.lora_init, "A's initialisation: kaiming (uniform, as PEFT) or gaussian (N(0, 1/r)); B starts at 0")

@@ -1,4 +1,5 @@
-// add, mul, scale: elementwise, with b either a's shape or one row [C] broadcast over a's rows.
+// add, mul, scale: elementwise, with b either a's shape or one row [C] broadcast over a's rows; reshape and
+// slice_cols: copies.
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 #include "autograd/ops/vk_util.h"
@@ -34,6 +35,16 @@ Shape reshape_shape(const Graph& g, const Node& n) {
   const Shape out(n.params.i.begin() + 1, n.params.i.begin() + 1 + n.params.i[0]);
   if (numel(out) != numel(a)) throw GraphError("reshape: cannot view " + shape_str(a) + " as " + shape_str(out));
   return out;
+}
+
+// slice_cols: params.i[0] = begin, i[1] = n.
+Shape slice_cols_shape(const Graph& g, const Node& n) {
+  const Shape& a = g.node(n.inputs[0]).value.shape();
+  const int64_t begin = n.params.i[0], count = n.params.i[1];
+  if (a.size() != 2 || begin < 0 || count < 1 || begin + count > a[1])
+    throw GraphError("slice_cols: columns " + std::to_string(begin) + " .. " + std::to_string(begin + count - 1) +
+                     " are not inside x " + shape_str(a));
+  return {a[0], count};
 }
 
 // --- CPU ---------------------------------------------------------------------------------------------------
@@ -128,11 +139,40 @@ void check_real(const char* op, Var v) {
     throw GraphError(std::string(op) + ": input is " + dtype_name(v.value().dtype()) + ", not a real tensor");
 }
 
+// y = x[:, begin:begin+n], dx[:, begin:begin+n] += dy: a copy each way (slice_cols.comp).
+template <class T>
+void slice_cols_cpu(const Tensor& out, const Tensor& in, int64_t begin, int64_t n, bool backward) {
+  const int64_t rows = backward ? in.rows() : out.rows(), cols = backward ? out.cols() : in.cols();
+  const T* x = in.data<T>();
+  T* y = out.data<T>();
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t c = 0; c < n; ++c) {
+      if (backward) y[t * cols + begin + c] += x[t * n + c];
+      else y[t * n + c] = x[t * cols + begin + c];
+    }
+}
+
+void slice_cols_run(OpContext& c, const Tensor& out, const Tensor& in, bool backward) {
+  const int64_t begin = c.node.params.i[0], n = c.node.params.i[1];
+  if (c.be.is_cpu()) {
+    if (c.be.real() == DType::F64) return slice_cols_cpu<double>(out, in, begin, n, backward);
+    return slice_cols_cpu<float>(out, in, begin, n, backward);
+  }
+  const Tensor& wide = backward ? out : in;
+  const struct { uint32_t rows, cols, begin, n, accumulate; } push{uint32_t(wide.rows()), uint32_t(wide.cols()),
+                                                                   uint32_t(begin), uint32_t(n), backward ? 1u : 0u};
+  c.seq->dispatch(c.be.pipeline("slice_cols", 2, sizeof(push)), {&out.buffer(), &in.buffer()}, push,
+                  groups_for(wide.rows() * n, 256));
+}
+void slice_cols_forward(OpContext& c) { slice_cols_run(c, c.node.value, c.in(0), false); }
+void slice_cols_backward(OpContext& c) { slice_cols_run(c, c.in_grad(0), c.node.grad, true); }
+
 const OpDef kAddOp{"add", add_shape, nullptr, ew_forward<kAdd>, ew_backward<kAdd>, 0u};  // no values
 const OpDef kMulOp{"mul", mul_shape, nullptr, ew_forward<kMul>, ew_backward<kMul>, 0b11u};  // a, b
 const OpDef kScaleOp{"scale", scale_shape, nullptr, ew_forward<kScale>, ew_backward<kScale>, 0u};
 // A copy with another shape (forward y = 1 * x, backward dx += dy): values keep their row-major order.
 const OpDef kReshapeOp{"reshape", reshape_shape, nullptr, ew_forward<kScale>, ew_backward<kScale>, 0u};
+const OpDef kSliceColsOp{"slice_cols", slice_cols_shape, nullptr, slice_cols_forward, slice_cols_backward, 0u};
 
 void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back({"add", [](Graph& g, std::mt19937& r) {
@@ -152,13 +192,22 @@ void add_cases(std::vector<GradcheckCase>& out) {
                    Var a = random_param(g, r, {4, 6}, "a");
                    return mul(reshape(a, {3, 8}), random_param(g, r, {8}, "b"));
                  }});
+  // phi3's fused projections: q, k and v (or gate and up) as column ranges of one product, each used.
+  out.push_back({"slice_cols (three ranges of one tensor)", [](Graph& g, std::mt19937& r) {
+                   Var x = random_param(g, r, {5, 13}, "x");
+                   Var q = slice_cols(x, 0, 6), k = slice_cols(x, 6, 4), v = slice_cols(x, 10, 3);
+                   return add(mul(slice_cols(q, 1, 3), v), mul(slice_cols(k, 0, 3), slice_cols(x, 2, 3)));
+                 }});
+  out.push_back({"slice_cols (one column, last)", [](Graph& g, std::mt19937& r) {
+                   return slice_cols(random_param(g, r, {7, 3}, "x"), 2, 1);
+                 }});
   out.push_back({"add (same tensor twice)", [](Graph& g, std::mt19937& r) {
                    Var a = random_param(g, r, {3, 5}, "a");
                    return mul(a, add(a, a));
                  }});
 }
 
-const OpRegistration kRegistration({&kAddOp, &kMulOp, &kScaleOp, &kReshapeOp}, add_cases);
+const OpRegistration kRegistration({&kAddOp, &kMulOp, &kScaleOp, &kReshapeOp, &kSliceColsOp}, add_cases);
 
 }  // namespace
 
@@ -175,6 +224,14 @@ Var scale(Var a, double s) {
   OpParams p;
   p.f[0] = s;
   return a.g->add(kScaleOp, {a}, p);
+}
+
+Var slice_cols(Var x, int64_t begin, int64_t n) {
+  check_real("slice_cols", x);
+  OpParams p;
+  p.i[0] = begin;
+  p.i[1] = n;
+  return x.g->add(kSliceColsOp, {x}, p);
 }
 
 Var reshape(Var a, const Shape& shape) {

@@ -22,6 +22,8 @@ variants=(
   "qwen3_hd32|--arch qwen3 --head-dim 32"
   "gemma2_caps|--arch gemma2 --tied --attn-softcap 2 --final-softcap 3 --sliding-window 40"
   "gemma3_swa|--arch gemma3 --swa-pattern 2 --sliding-window 37 --final-softcap 5"
+  "phi3_fused|--arch phi3"
+  "phi3_longrope|--arch phi3 --longrope 64"
 )
 
 case "$part" in
@@ -58,7 +60,7 @@ PY
   # Trained on the GPU (30 steps of the demo data, the default mixed precision), exported, loaded by PEFT into the
   # Hugging Face class of its architecture built from the same weights: the f32 logits of q4tune with the run's
   # adapter.gguf.
-  for name in llama_ropefreqs qwen3_hd32 gemma2_caps gemma3_swa; do
+  for name in llama_ropefreqs qwen3_hd32 gemma2_caps gemma3_swa phi3_fused; do
     case $name in
       llama_ropefreqs) model=$dir/llama_plain.gguf; $q4tune init-model --arch llama --type q4_0 --seed 9 --out "$model" >/dev/null ;;
       *) model=$dir/$name.gguf ;;

@@ -4,7 +4,7 @@
   python3 peft_check.py --model M.gguf --peft DIR --ids-file ids.json --logits q4tune.json
                         [--base-logits q4tune_base.json] [--out result.json]
 
-Builds a LlamaForCausalLM (or Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM) from the GGUF's weights, dequantised here (f32, f16, q8_0,
+Builds a LlamaForCausalLM (or Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM) from the GGUF's weights, dequantised here (f32, f16, q8_0,
 q4_0; a small reader of its own, no gguf package), with llama's q/k weight rows un-permuted back to HF order
 (llama.cpp's converter permuted them for RoPE on adjacent pairs; qwen2 is not permuted). With --base-logits,
 first checks the bare model against q4tune without an adapter. Then loads DIR with peft.PeftModel and prints
@@ -149,6 +149,10 @@ def build_model(path):
             cfg = transformers.Gemma3TextConfig(**g, final_logit_softcapping=a("final_logit_softcapping"),
                                                 attn_logit_softcapping=None)
             model = transformers.Gemma3ForCausalLM(cfg)
+    elif arch == "phi3":
+        if "rope_factors_long.weight" in t or "rope_factors_short.weight" in t:
+            raise ValueError("this check builds phi3 without LongRoPE factors")
+        model = transformers.Phi3ForCausalLM(transformers.Phi3Config(**common, sliding_window=None, pad_token_id=None))
     else:
         raise ValueError(f"architecture {arch} is not supported")
     sd = {"model.embed_tokens.weight": t["token_embd.weight"], "model.norm.weight": t["output_norm.weight"]}
@@ -159,6 +163,8 @@ def build_model(path):
              "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
              "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
              "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+    if arch == "phi3":  # the fused projections: q, k, v rows in one matrix, the gate then the up half in another
+        names.update({"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"})
     if gemma:  # gemma's norm after the attention is HF's post_attention_layernorm, its ffn_norm pre_feedforward_
         names.update({"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
                       "post_ffw_norm": "post_feedforward_layernorm"})

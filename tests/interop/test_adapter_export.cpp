@@ -4,8 +4,8 @@
 // --adapter` gives: max_v |Δ| <= 1e-3 · max_v |llama.cpp| at every position. One variant uses alpha = scale·r, the
 // other an unrelated alpha (its ratio folded into B).
 // PEFT: export_peft's folder loaded by PyTorch + peft (peft_check.py) must reproduce q4tune's logits, for a q4_0
-// llama (q/k rows un-permuted), an f32 qwen2, a q4_0 qwen3 and gemma2, an f32 gemma3; skipped where python3 lacks
-// torch, transformers or peft.
+// llama (q/k rows un-permuted), an f32 qwen2, a q4_0 qwen3 and gemma2, an f32 gemma3, a q4_0 phi3 (fused qkv_proj
+// and gate_up_proj); skipped where python3 lacks torch, transformers or peft.
 // Needs node >= 20 and npm (and the npm registry the first time); ctest label "interop".
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -81,7 +81,7 @@ class Workdir : public ::testing::Test {
     mg_ = std::make_unique<model::ModelGraph>(*model_, *graph_);
     std::mt19937 rng(seed);
     for (int64_t l = 0; l < model_->config().n_layer; ++l)
-      for (const std::string& t : model::all_lora_targets()) {
+      for (const std::string& t : model::lora_targets(model_->config())) {
         const std::string name = model::target_tensor_name(l, t);
         ag::Var w = mg_->weight(name);
         mg_->set_adapter(name, ag::LoraLinear(w, ag::random_param(*graph_, rng, {4, w.shape()[1]}, name + ".a", -0.1, 0.1),
@@ -227,7 +227,7 @@ TEST_P(PeftLoadsOurExport, AfterQ4tuneTrain) {
 INSTANTIATE_TEST_SUITE_P(Variants, PeftLoadsOurExport,
                          ::testing::Values(std::pair{"llama", "q4_0"}, std::pair{"qwen2", "f32"},
                                            std::pair{"qwen3", "q4_0"}, std::pair{"gemma2", "q4_0"},
-                                           std::pair{"gemma3", "f32"}),
+                                           std::pair{"gemma3", "f32"}, std::pair{"phi3", "q4_0"}),
                          [](const auto& i) { return std::string(i.param.first) + "_" + i.param.second; });
 
 }  // namespace

@@ -1,6 +1,6 @@
 // q4tune's model forward against llama.cpp itself, the reference implementation of GGUF models, run through
 // npm's node-llama-cpp CPU prebuilt (install_node_llama.sh installs it, llama_ref.mjs drives it).
-// For each architecture (llama, qwen2, qwen3, gemma2, gemma3; RoPE scaling variants) x output (tied, untied) x weight type (q4_0, f32, and the mixes
+// For each architecture (llama, qwen2, qwen3, gemma2, gemma3, phi3; RoPE scaling variants) x output (tied, untied) x weight type (q4_0, f32, and the mixes
 // llama-quantize writes: Q4_K_M, and Q4_0 with a Q6_K output matrix): q4tune init-model (and q4tune quantize)
 // writes a random model, and the logits at every position of a random id sequence, from q4tune on the CPU and
 // on Vulkan, must agree with llama.cpp's: max_v |q4tune - llama.cpp| <= 1e-3 * max_v |llama.cpp| per position.
@@ -207,14 +207,17 @@ void write_random_adapter(const fs::path& model_path, const fs::path& out, uint3
   };
   const uint64_t n_layers = model->get_uint(arch + ".block_count");
   for (uint64_t l = 0; l < n_layers; ++l) {
-    for (const char* proj : {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) {
+    int found = 0;  // the seven, or phi3's four with attn_qkv and a fused ffn_up
+    for (const char* proj : {"attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) {
       const std::string base = "blk." + std::to_string(l) + "." + proj + ".weight";
       const gguf::TensorInfo* t = model->tensor(base);
-      ASSERT_NE(t, nullptr) << base;
+      if (!t) continue;
+      ++found;
       const int64_t n_in = t->ne[0], n_out = t->ne[1];
       w.add_tensor(base + ".lora_a", {n_in, r}, gguf::GgmlType::F32, random_f32(n_in * r));
       w.add_tensor(base + ".lora_b", {r, n_out}, gguf::GgmlType::F32, random_f32(r * n_out));
     }
+    ASSERT_GE(found, 4) << "layer " << l << " has too few projections";
   }
   w.write(out.string());
 }
@@ -472,7 +475,14 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, LlamaCppAgreement,
                                            Variant{"gemma3", true, "f32", 31,
                                                    "--layers 3 --head-dim 32 --final-softcap 5 --sliding-window 5 "
                                                    "--swa-pattern 3 --rope-scaling linear:8 --rope-base 1000000",
-                                                   "linear8", false}),
+                                                   "linear8", false},
+                                           // phi3: fused attn_qkv and gate-up ffn_up, LoRA on them; LongRoPE's
+                                           // long factors (llama.cpp's context, 256 after its padding, exceeds
+                                           // the original 32) and short ones (original 256, context 1024).
+                                           Variant{"phi3", false, "q4_0", 32},
+                                           Variant{"phi3", true, "q4_k_m", 33, "--longrope 32", "longrope_long", false},
+                                           Variant{"phi3", false, "f32", 34, "--longrope 256 --ctx 1024", "longrope_short",
+                                                   false}),
                          [](const ::testing::TestParamInfo<Variant>& info) { return info.param.name(); });
 
 }  // namespace

@@ -6,7 +6,7 @@
 namespace q4t::model {
 
 const std::vector<std::string>& supported_architectures() {
-  static const std::vector<std::string> a = {"llama", "qwen2", "qwen3", "gemma2", "gemma3"};
+  static const std::vector<std::string> a = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"};
   return a;
 }
 
@@ -56,6 +56,21 @@ RopeScaling read_rope_scaling(const gguf::File& f, const std::string& a, int64_t
   return s;
 }
 
+// A tensor of one factor per rotated pair, f32 [head_dim / 2] and positive; empty when the file has none.
+std::vector<double> pair_factors(const gguf::File& f, const std::string& name, int64_t head_dim) {
+  const gguf::TensorInfo* t = f.tensor(name);
+  if (!t) return {};
+  if (t->type != gguf::GgmlType::F32 || t->ne != std::vector<int64_t>{head_dim / 2})
+    throw gguf::FormatError(f.path() + ": tensor '" + name + "' must be f32 [" + std::to_string(head_dim / 2) +
+                            "] (head size / 2)");
+  const float* v = reinterpret_cast<const float*>(t->data);
+  std::vector<double> out(v, v + head_dim / 2);
+  for (double x : out)
+    if (!(x > 0) || !std::isfinite(x))
+      throw gguf::FormatError(f.path() + ": tensor '" + name + "' holds a factor that is not positive");
+  return out;
+}
+
 // gemma2 and gemma3, with llama.cpp's defaults for absent keys.
 void read_gemma(const gguf::File& f, const std::string& a, ModelConfig& c) {
   c.gemma = true;
@@ -101,12 +116,14 @@ void read_gemma(const gguf::File& f, const std::string& a, ModelConfig& c) {
 // pos * base^(-2i/D) / factor_i, times freq_scale = 1/scaling factor; YaRN blends that with the unscaled angle by
 // a ramp over the pairs between its two correction dims and multiplies cos and sin by its attention factor.
 // A local (sliding-window) layer has its own base and, in gemma3, no scaling (llama.cpp's freq_scale_swa of 1).
-ag::RopeFreqs ModelConfig::rope_freqs(int64_t layer) const {
+ag::RopeFreqs ModelConfig::rope_freqs(int64_t layer, int64_t n_ctx) const {
   const int64_t D = head_dim;
   const bool local = is_swa(layer);
   const double base = local ? rope_base_swa : rope_base;
   ag::RopeFreqs r = ag::RopeFreqs::plain(D, base);
-  for (size_t i = 0; i < rope_factors.size() && i < r.freq.size(); ++i) r.freq[i] /= rope_factors[i];
+  const bool long_ctx = !rope_factors_long.empty() && n_ctx > rope_scaling.n_ctx_orig;
+  const std::vector<double>& factors = long_ctx ? rope_factors_long : rope_factors;
+  for (size_t i = 0; i < factors.size() && i < r.freq.size(); ++i) r.freq[i] /= factors[i];
   const RopeScaling& s = rope_scaling;
   const double freq_scale = s.type == RopeScaling::Type::None || (local && !swa_rope_scaled) ? 1.0 : 1.0 / s.factor;
   r.mscale = s.attn_factor;
@@ -137,6 +154,12 @@ ag::AttentionOptions ModelConfig::attention_options(int64_t layer) const {
 }
 
 std::vector<std::string> ModelConfig::config_tensors() const {
+  if (arch == "phi3") {
+    std::vector<std::string> t;
+    if (!rope_factors.empty()) t.push_back("rope_factors_short.weight");
+    if (!rope_factors_long.empty()) t.push_back("rope_factors_long.weight");
+    return t;
+  }
   if (!rope_factors.empty()) return {"rope_freqs.weight"};
   return {};
 }
@@ -178,18 +201,15 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   c.qk_norm = c.arch == "qwen3" || c.arch == "gemma3";
   c.tied = f.tensor("output.weight") == nullptr;
   if (c.arch == "gemma2" || c.arch == "gemma3") read_gemma(f, a, c);
-  // llama 3.1+: one factor per rotated pair (llama.cpp reads it for llama only).
-  if (const gguf::TensorInfo* t = f.tensor("rope_freqs.weight")) {
-    if (c.arch != "llama")
-      throw gguf::FormatError(f.path() + ": tensor 'rope_freqs.weight' is not supported for architecture '" + c.arch + "'");
-    if (t->type != gguf::GgmlType::F32 || t->ne != std::vector<int64_t>{c.head_dim / 2})
-      throw gguf::FormatError(f.path() + ": tensor 'rope_freqs.weight' must be f32 [" + std::to_string(c.head_dim / 2) +
-                              "] (head size / 2)");
-    const float* v = reinterpret_cast<const float*>(t->data);
-    c.rope_factors.assign(v, v + c.head_dim / 2);
-    for (double x : c.rope_factors)
-      if (!(x > 0) || !std::isfinite(x))
-        throw gguf::FormatError(f.path() + ": tensor 'rope_freqs.weight' holds a factor that is not positive");
+  // llama 3.1+: one factor per rotated pair (llama.cpp reads it for llama only); phi3: LongRoPE's two sets.
+  if (f.tensor("rope_freqs.weight") && c.arch != "llama")
+    throw gguf::FormatError(f.path() + ": tensor 'rope_freqs.weight' is not supported for architecture '" + c.arch + "'");
+  c.rope_factors = pair_factors(f, "rope_freqs.weight", c.head_dim);
+  if (c.arch == "phi3") {
+    c.rope_factors = pair_factors(f, "rope_factors_short.weight", c.head_dim);
+    c.rope_factors_long = pair_factors(f, "rope_factors_long.weight", c.head_dim);
+    c.fused_qkv = f.tensor("blk.0.attn_qkv.weight") != nullptr;
+    c.fused_gate_up = true;
   }
   const gguf::TensorInfo* emb = f.tensor("token_embd.weight");
   if (!emb) throw gguf::FormatError(f.path() + ": tensor 'token_embd.weight' is missing");

@@ -28,7 +28,12 @@ struct ModelConfig {
   double rope_base = 10000.0, rms_eps = 1e-5;
   ag::RopeMode rope_mode = ag::RopeMode::Norm;  // llama: adjacent pairs; the others: halves (neox)
   RopeScaling rope_scaling;
-  std::vector<double> rope_factors;  // llama 3.1+: rope_freqs.weight [head_dim / 2], dividing each pair's frequency
+  std::vector<double> rope_factors;  // llama 3.1+: rope_freqs.weight [head_dim / 2], dividing each pair's frequency;
+                                     // phi3: rope_factors_short.weight
+  std::vector<double> rope_factors_long;  // phi3 (LongRoPE): rope_factors_long.weight, for contexts longer than
+                                          // rope.scaling.original_context_length
+  bool fused_qkv = false;      // phi3: attn_qkv [C, (H + 2 Hkv)·D], q, k and v as column ranges of one product
+  bool fused_gate_up = false;  // phi3: ffn_up [C, 2·n_ff], the gate then the up half
   bool qkv_bias = false;             // qwen2: q/k/v projections carry biases
   bool qk_norm = false;              // qwen3, gemma3: per-head RMSNorm of q and k (attn_q_norm, attn_k_norm)
   bool tied = false;                 // no output.weight: token_embd is the output matrix
@@ -46,8 +51,10 @@ struct ModelConfig {
   bool is_swa(int64_t layer) const { return n_swa > 0 && swa_layers.at(size_t(layer)); }
   // Layer `layer`'s window and soft-capping.
   ag::AttentionOptions attention_options(int64_t layer) const;
-  // The rotation of layer `layer`'s queries and keys: the base, the per-pair factors and the scaling combined.
-  ag::RopeFreqs rope_freqs(int64_t layer) const;
+  // The rotation of layer `layer`'s queries and keys over a context of n_ctx positions (LongRoPE's long factors
+  // where n_ctx exceeds the original context, as llama.cpp and Hugging Face choose them): the base, the per-pair
+  // factors and the scaling combined.
+  ag::RopeFreqs rope_freqs(int64_t layer, int64_t n_ctx = 0) const;
   // Names of the tensors that hold no weight of a layer but the config reads (rope_freqs.weight).
   std::vector<std::string> config_tensors() const;
 

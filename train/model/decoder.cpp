@@ -27,12 +27,13 @@ void check_adapters(const Model& m, const AdapterSet& adapters) {
   const ModelConfig& c = m.config();
   std::set<std::string> targets;
   for (int64_t l = 0; l < c.n_layer; ++l)
-    for (const std::string& t : all_lora_targets()) targets.insert(target_tensor_name(l, t));
+    for (const std::string& t : lora_targets(c)) targets.insert(target_tensor_name(l, t));
   ag::Backend& be = m.backend();
   for (const auto& [name, w] : adapters) {
     auto fail = [&](const std::string& why) { throw std::invalid_argument("adapter for '" + name + "': " + why); };
     if (!targets.count(name))
-      fail("not one of the projections a LoRA adapts (blk.N.attn_{q,k,v,output} and blk.N.ffn_{gate,up,down})");
+      fail("not one of the projections a LoRA adapts (blk.N.attn_{q,k,v,output} and blk.N.ffn_{gate,up,down}, or "
+           "blk.N.attn_qkv and blk.N.ffn_up where fused)");
     const ag::Shape& ws = m.weight(name).shape();
     if (!w.a.defined() || !w.b.defined()) fail("A or B is missing");
     const ag::Shape &as = w.a.shape(), &bs = w.b.shape();
@@ -87,7 +88,7 @@ Decoder::Step& Decoder::step(int64_t n) {
   s->ids = be_.zeros({n}, ag::DType::I32);
   const ag::Var start = g.constant(start_, "start");
   ag::Var h = s->mg->hidden(g.constant(s->ids, "ids"), [&](int64_t l, ag::Var q, ag::Var k, ag::Var v) {
-    const ag::RopeFreqs freqs = c.rope_freqs(l);
+    const ag::RopeFreqs freqs = c.rope_freqs(l, max_ctx_);
     q = ag::rope_at(q, start, c.n_head, c.head_dim, c.rope_mode, freqs);
     k = ag::rope_at(k, start, c.n_head_kv, c.head_dim, c.rope_mode, freqs);
     const std::string b = "blk." + std::to_string(l) + ".";

@@ -1,5 +1,6 @@
 #include "train/model/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -15,7 +16,8 @@ namespace {
 
 const std::map<std::string, std::string> kTargetTensor = {
     {"q", "attn_q"}, {"k", "attn_k"}, {"v", "attn_v"}, {"o", "attn_output"},
-    {"gate", "ffn_gate"}, {"up", "ffn_up"}, {"down", "ffn_down"}};
+    {"gate", "ffn_gate"}, {"up", "ffn_up"}, {"down", "ffn_down"},
+    {"qkv", "attn_qkv"}, {"gate_up", "ffn_up"}};
 
 std::string ne_str(const std::vector<int64_t>& ne) {
   std::string s = "[";
@@ -42,10 +44,44 @@ const std::vector<std::string>& all_lora_targets() {
   return t;
 }
 
+std::vector<std::string> lora_targets(const ModelConfig& c) {
+  std::vector<std::string> t;
+  if (c.fused_qkv) t.push_back("qkv");
+  else t.insert(t.end(), {"q", "k", "v"});
+  t.push_back("o");
+  if (c.fused_gate_up) t.push_back("gate_up");
+  else t.insert(t.end(), {"gate", "up"});
+  t.push_back("down");
+  return t;
+}
+
+std::vector<std::string> resolve_targets(const ModelConfig& c, const std::vector<std::string>& requested) {
+  const std::vector<std::string> own = lora_targets(c);
+  std::vector<std::string> out;
+  for (const std::string& r : requested) {
+    std::string t = r;
+    if (c.fused_qkv && (r == "q" || r == "k" || r == "v")) t = "qkv";
+    if (c.fused_gate_up && (r == "gate" || r == "up")) t = "gate_up";
+    if (std::find(own.begin(), own.end(), t) == own.end()) {
+      std::string names;
+      for (const std::string& n : own) names += (names.empty() ? "" : ", ") + n;
+      throw std::invalid_argument("LoRA target '" + r + "' is not a projection of this " + c.arch + " model (its targets: " +
+                                  names + ")");
+    }
+    if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
+  }
+  // In the model's order, so that every layer's adapters come out the same way.
+  std::vector<std::string> ordered;
+  for (const std::string& t : own)
+    if (std::find(out.begin(), out.end(), t) != out.end()) ordered.push_back(t);
+  return ordered;
+}
+
 std::string target_tensor_name(int64_t layer, const std::string& target) {
   auto it = kTargetTensor.find(target);
   if (it == kTargetTensor.end())
-    throw std::invalid_argument("unknown LoRA target '" + target + "' (known: q, k, v, o, gate, up, down)");
+    throw std::invalid_argument("unknown LoRA target '" + target + "' (known: q, k, v, o, gate, up, down, and for "
+                                "fused projections qkv, gate_up)");
   return "blk." + std::to_string(layer) + "." + it->second + ".weight";
 }
 
@@ -76,9 +112,13 @@ void Model::for_each_tensor(const ModelConfig& c,
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     fn(b + "attn_norm.weight", {C}, false);
-    fn(b + "attn_q.weight", {C, q_out}, true);
-    fn(b + "attn_k.weight", {C, kv_out}, true);
-    fn(b + "attn_v.weight", {C, kv_out}, true);
+    if (c.fused_qkv) {
+      fn(b + "attn_qkv.weight", {C, q_out + 2 * kv_out}, true);
+    } else {
+      fn(b + "attn_q.weight", {C, q_out}, true);
+      fn(b + "attn_k.weight", {C, kv_out}, true);
+      fn(b + "attn_v.weight", {C, kv_out}, true);
+    }
     fn(b + "attn_output.weight", {q_out, C}, true);
     if (c.gemma) fn(b + "post_attention_norm.weight", {C}, false);
     if (c.qkv_bias) {
@@ -91,8 +131,12 @@ void Model::for_each_tensor(const ModelConfig& c,
       fn(b + "attn_k_norm.weight", {c.head_dim}, false);
     }
     fn(b + "ffn_norm.weight", {C}, false);
-    fn(b + "ffn_gate.weight", {C, c.n_ff}, true);
-    fn(b + "ffn_up.weight", {C, c.n_ff}, true);
+    if (c.fused_gate_up) {
+      fn(b + "ffn_up.weight", {C, 2 * c.n_ff}, true);
+    } else {
+      fn(b + "ffn_gate.weight", {C, c.n_ff}, true);
+      fn(b + "ffn_up.weight", {C, c.n_ff}, true);
+    }
     fn(b + "ffn_down.weight", {c.n_ff, C}, true);
     if (c.gemma) fn(b + "post_ffw_norm.weight", {C}, false);
   }
@@ -236,24 +280,9 @@ int64_t Model::weight_bytes() const {
 
 ModelGraph::ModelGraph(const Model& m, ag::Graph& g, bool llama_cpp_numerics)
     : m_(m), g_(g), llama_cpp_numerics_(llama_cpp_numerics) {
-  const ModelConfig& c = m.config();
-  auto bind = [&](const std::string& name) { vars_[name] = g.constant(m.weight(name), name); };
-  bind("token_embd.weight");
-  bind("output_norm.weight");
-  if (!c.tied) bind("output.weight");
-  for (int64_t l = 0; l < c.n_layer; ++l) {
-    const std::string b = "blk." + std::to_string(l) + ".";
-    for (const char* n : {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
-                          "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
-                          "ffn_down.weight"})
-      bind(b + n);
-    if (c.qkv_bias)
-      for (const char* n : {"attn_q.bias", "attn_k.bias", "attn_v.bias"}) bind(b + n);
-    if (c.qk_norm)
-      for (const char* n : {"attn_q_norm.weight", "attn_k_norm.weight"}) bind(b + n);
-    if (c.gemma)
-      for (const char* n : {"post_attention_norm.weight", "post_ffw_norm.weight"}) bind(b + n);
-  }
+  Model::for_each_tensor(m.config(), [&](const std::string& name, const std::vector<int64_t>&, bool) {
+    vars_[name] = g.constant(m.weight(name), name);
+  });
 }
 
 void ModelGraph::add_adapters(const LoraSpec& spec, std::mt19937& rng) {
@@ -266,8 +295,9 @@ void ModelGraph::add_adapters(const LoraSpec& spec, std::mt19937& rng) {
   if (spec.cfg.dropout > 0 && !dropout_salt_.g)
     dropout_salt_ = g_.constant(g_.backend().zeros({2}, ag::DType::I32), "lora.dropout_salt");
   uint64_t k = 0;
+  const std::vector<std::string> targets = resolve_targets(m_.config(), spec.targets);
   for (int64_t l = spec.layer_begin; l < end; ++l)
-    for (const std::string& t : spec.targets) {
+    for (const std::string& t : targets) {
       const std::string name = target_tensor_name(l, t);
       // Each adapter's own mask: the seed is its position in the spec, the salt is shared and set per step.
       const uint64_t dropout_seed = 0x9e3779b97f4a7c15ull * ++k;
@@ -311,8 +341,9 @@ ag::Var ModelGraph::output_weight() const {
 
 ag::Var ModelGraph::hidden(ag::Var ids, int64_t pos, ag::Var segments) const {
   const ModelConfig& c = m_.config();
+  const int64_t n_ctx = rope_context_ > 0 ? rope_context_ : pos + ids.shape()[0];
   return hidden(ids, [&](int64_t l, ag::Var q, ag::Var k, ag::Var v) {
-    const ag::RopeFreqs freqs = c.rope_freqs(l);
+    const ag::RopeFreqs freqs = c.rope_freqs(l, n_ctx);
     q = ag::rope(q, c.n_head, c.head_dim, c.rope_mode, freqs, pos);
     k = ag::rope(k, c.n_head_kv, c.head_dim, c.rope_mode, freqs, pos);
     const ag::Var out = ag::attention(q, k, v, c.n_head, c.n_head_kv, c.attention_options(l), segments);
@@ -330,7 +361,14 @@ ag::Var ModelGraph::hidden(ag::Var ids, const AttentionStep& attend) const {
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     ag::Var h = ag::rms_norm(x, vars_.at(b + "attn_norm.weight"), c.rms_eps);
-    ag::Var q = project(h, l, "q"), k = project(h, l, "k"), v = project(h, l, "v");
+    ag::Var q, k, v;
+    if (c.fused_qkv) {  // one product, q, k and v its column ranges
+      const ag::Var qkv = project(h, l, "qkv");
+      const int64_t nq = c.n_head * c.head_dim, nkv = c.n_head_kv * c.head_dim;
+      q = ag::slice_cols(qkv, 0, nq), k = ag::slice_cols(qkv, nq, nkv), v = ag::slice_cols(qkv, nq + nkv, nkv);
+    } else {
+      q = project(h, l, "q"), k = project(h, l, "k"), v = project(h, l, "v");
+    }
     if (c.qkv_bias) {
       q = ag::add(q, vars_.at(b + "attn_q.bias"));
       k = ag::add(k, vars_.at(b + "attn_k.bias"));
@@ -350,9 +388,16 @@ ag::Var ModelGraph::hidden(ag::Var ids, const AttentionStep& attend) const {
     x = ag::add(x, attn);
     g_.keep(x);  // with recomputation: the residual the ffn norm reads, so the o projection is not run again
     h = ag::rms_norm(x, vars_.at(b + "ffn_norm.weight"), c.rms_eps);
-    const ag::Var gate = project(h, l, "gate"), up = project(h, l, "up");
-    if (l >= c.n_layer - keep_ffn_layers_)
-      for (const ag::Var& kept : {gate, up}) g_.keep(kept);
+    ag::Var gate, up;
+    if (c.fused_gate_up) {  // one product: the gate half, then the up half
+      const ag::Var gate_up = project(h, l, "gate_up");
+      gate = ag::slice_cols(gate_up, 0, c.n_ff), up = ag::slice_cols(gate_up, c.n_ff, c.n_ff);
+      if (l >= c.n_layer - keep_ffn_layers_) g_.keep(gate_up);
+    } else {
+      gate = project(h, l, "gate"), up = project(h, l, "up");
+      if (l >= c.n_layer - keep_ffn_layers_)
+        for (const ag::Var& kept : {gate, up}) g_.keep(kept);
+    }
     ag::Var ffn = project(c.gemma ? ag::geglu(gate, up) : ag::swiglu(gate, up), l, "down");
     if (c.gemma) ffn = ag::rms_norm(ffn, vars_.at(b + "post_ffw_norm.weight"), c.rms_eps);
     x = ag::add(x, ffn);

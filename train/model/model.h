@@ -17,8 +17,14 @@
 
 namespace q4t::model {
 
-// LoRA targets by short name: q, k, v, o (attention), gate, up, down (feed-forward).
+// LoRA targets by short name: q, k, v, o (attention), gate, up, down (feed-forward); phi3's fused projections are
+// qkv and gate_up.
 const std::vector<std::string>& all_lora_targets();
+// The targets of a model of config c, in layer order: the seven, or qkv, o, gate_up, down where fused.
+std::vector<std::string> lora_targets(const ModelConfig& c);
+// The requested targets as c's projections: q, k or v name qkv, and gate or up gate_up, where they are fused;
+// a target the model lacks (qkv in an unfused model) throws std::invalid_argument listing c's targets.
+std::vector<std::string> resolve_targets(const ModelConfig& c, const std::vector<std::string>& requested);
 // "blk.N.attn_q.weight" etc. for a short target name.
 std::string target_tensor_name(int64_t layer, const std::string& target);
 
@@ -52,6 +58,7 @@ class Model {
  private:
   Model(ag::Backend& be) : be_(be) {}
   void load_tensor(const gguf::File& f, const std::string& name, const std::vector<int64_t>& ne, bool matrix);
+  friend class ModelGraph;
   // Calls fn(name, ne, matrix) for every tensor config c's model has, in file order.
   static void for_each_tensor(const ModelConfig& c,
                               const std::function<void(const std::string&, const std::vector<int64_t>&, bool)>& fn);
@@ -104,6 +111,10 @@ class ModelGraph {
   // instead of computing them again in the backward: each such layer saves two of the three products that
   // recomputation repeats and holds 2·T·n_ff more floats. Set before hidden()/logits(); 0 to n_layer.
   void keep_ffn_layers(int64_t n);
+  // The context RoPE is chosen for (LongRoPE's long or short factors): 0, the default, means the positions of
+  // the sequence at hand; a trainer sets its rows' length, a decoder its cache length.
+  void set_rope_context(int64_t n) { rope_context_ = n; }
+  int64_t rope_context() const { return rope_context_; }
 
  private:
   ag::Var project(ag::Var x, int64_t layer, const std::string& target) const;
@@ -118,6 +129,7 @@ class ModelGraph {
   ag::Var dropout_salt_;
   bool llama_cpp_numerics_;
   int64_t keep_ffn_layers_ = 0;
+  int64_t rope_context_ = 0;
 };
 
 }  // namespace q4t::model
