@@ -36,12 +36,13 @@ enum class RopeMode : int64_t {
   Neox = 1,  // rotate halves (x[i], x[i + D/2]): "neox" mode (qwen2, qwen3, gemma, phi3)
 };
 // The rotation of each pair of a head: pair i of a token at position pos turns by theta_i = pos * freq[i], and
-// both cos and sin are multiplied by mscale. Plain RoPE is freq[i] = base^(-2i/D), mscale 1; llama 3's
-// per-pair factors, linear and YaRN scaling, and LongRoPE are other tables (train/model/config.cpp builds them).
+// both cos and sin are multiplied by mscale. Plain RoPE is freq[i] = base^(-2i/R) over R rotated dims, mscale 1;
+// llama 3's per-pair factors, linear and YaRN scaling, and LongRoPE are other tables (train/model/config.cpp
+// builds them). R = 2·freq.size() may be less than the head dim D (partial rotary): the other dims pass through.
 struct RopeFreqs {
-  std::vector<double> freq;  // [D/2]
+  std::vector<double> freq;  // [R/2]
   double mscale = 1;
-  static RopeFreqs plain(int64_t head_dim, double base);
+  static RopeFreqs plain(int64_t rotated_dims, double base);
 };
 // Rotary position embedding of x [T, H*D]: token t sits at position pos_offset + t.
 Var rope(Var x, int64_t n_head, int64_t head_dim, RopeMode mode, const RopeFreqs& freqs, int64_t pos_offset = 0);

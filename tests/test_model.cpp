@@ -197,6 +197,8 @@ TEST(ModelFiles, AnUnsupportedArchitectureKeyOrTensorIsOneErrorNamingIt) {
                  {"llama.attention.value_length", "differs from attention.key_length"});
   expect_refused("tensor", "", {}, "blk.0.post_attention_norm.weight", {"blk.0.post_attention_norm.weight", "not supported"});
   expect_refused("rope_freqs_qwen2", "", {}, "rope_freqs.weight", {"rope_freqs.weight", "'qwen2'"}, "qwen2");
+  expect_refused("partial_rotary", "llama.rope.dimension_count", gguf::Value::u32(8), "",
+                 {"llama.rope.dimension_count", "partial rotary is not supported for llama"});
   expect_refused("rope_freqs_zero", "", {}, "rope_freqs.weight", {"rope_freqs.weight", "not positive"});
 }
 

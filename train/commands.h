@@ -26,6 +26,7 @@ struct InitModelOptions {
   std::string arch = "llama", type = "q4_0", out;
   int64_t dim = 64, layers = 2, heads = 4, kv_heads = 2, ff = 128, ctx = 256;
   int64_t head_dim = 0;  // 0: dim / heads
+  int64_t rope_dims = 0;  // rotated dims of a head (0: all; fewer: partial rotary, not for llama)
   bool tied = false;
   bool rope_freqs = false;     // llama: a rope_freqs.weight of llama 3.1's factors (factor 8 over an original --ctx)
   std::string rope_scaling;    // "", or "linear:F" / "yarn:F" (original context --ctx)

@@ -113,6 +113,7 @@ int main(int argc, char** argv) {
   init_model->add_option("--ff", init_opt.ff, "feed-forward length")->capture_default_str();
   init_model->add_option("--ctx", init_opt.ctx, "context length")->capture_default_str();
   init_model->add_option("--head-dim", init_opt.head_dim, "head size (attention.key_length; default dim / heads)");
+  init_model->add_option("--rope-dims", init_opt.rope_dims, "rotated dims of a head (rope.dimension_count; default all; fewer: partial rotary as phi-4-mini, for phi3 and gemma)");
   init_model->add_option("--rope-base", init_opt.rope_base, "RoPE frequency base")->capture_default_str();
   init_model->add_flag("--rope-freqs", init_opt.rope_freqs, "llama: add a rope_freqs.weight of llama 3.1's per-pair factors (factor 8, original context --ctx)");
   init_model->add_option("--rope-scaling", init_opt.rope_scaling, "RoPE context scaling linear:FACTOR or yarn:FACTOR (original context --ctx)");

@@ -220,6 +220,11 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
     throw std::invalid_argument("init-model: --heads must divide --dim (or give --head-dim), and --kv-heads must divide --heads");
   const int64_t D = o.head_dim > 0 ? o.head_dim : o.dim / o.heads;
   if (D % 2 != 0) throw std::invalid_argument("init-model: the head size " + std::to_string(D) + " must be even");
+  const int64_t R = o.rope_dims > 0 ? o.rope_dims : D;  // rotated dims
+  const bool partial_ok = o.arch == "phi3" || o.arch == "gemma2" || o.arch == "gemma3";
+  if (R % 2 != 0 || R > D || o.rope_dims < 0 || (R != D && !partial_ok))
+    throw std::invalid_argument("--rope-dims: " + std::to_string(o.rope_dims) + " must be even, at most the head size " +
+                                std::to_string(D) + ", and less than it for phi3 and gemma only");
   if (o.rope_freqs && o.arch != "llama") throw std::invalid_argument("--rope-freqs: only llama models carry rope_freqs.weight");
   const bool gemma = o.arch == "gemma2" || o.arch == "gemma3";
   if (gemma && !o.tied && o.arch == "gemma2")
@@ -274,7 +279,7 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
   w.set(a + "feed_forward_length", Value::u32(uint32_t(F)));
   w.set(a + "attention.head_count", Value::u32(uint32_t(H)));
   w.set(a + "attention.head_count_kv", Value::u32(uint32_t(Hkv)));
-  w.set(a + "rope.dimension_count", Value::u32(uint32_t(D)));
+  w.set(a + "rope.dimension_count", Value::u32(uint32_t(R)));
   w.set(a + "rope.freq_base", Value::f32(float(o.rope_base)));
   w.set(a + "attention.layer_norm_rms_epsilon", Value::f32(1e-5f));
   if (gemma) {
@@ -301,14 +306,14 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
   }
   if (write_byte_vocab(w, extra_tokens) != V) throw std::logic_error("init-model: the vocabulary's size");
   if (o.rope_freqs) w.add_tensor("rope_freqs.weight", {D / 2}, GgmlType::F32, as_bytes(llama3_rope_factors(D, o.rope_base, o.ctx)));
-  if (o.longrope > 0) {  // short factors near 1, long ones growing to 8 over the pairs
-    std::vector<float> s(static_cast<size_t>(D / 2)), l(static_cast<size_t>(D / 2));
-    for (int64_t i = 0; i < D / 2; ++i) {
-      s[size_t(i)] = float(1.0 + 0.1 * double(i) / double(D / 2));
-      l[size_t(i)] = float(1.0 + 7.0 * double(i) / double(D / 2));
+  if (o.longrope > 0) {  // short factors near 1, long ones growing to 8 over the rotated pairs
+    std::vector<float> s(static_cast<size_t>(R / 2)), l(static_cast<size_t>(R / 2));
+    for (int64_t i = 0; i < R / 2; ++i) {
+      s[size_t(i)] = float(1.0 + 0.1 * double(i) / double(R / 2));
+      l[size_t(i)] = float(1.0 + 7.0 * double(i) / double(R / 2));
     }
-    w.add_tensor("rope_factors_long.weight", {D / 2}, GgmlType::F32, as_bytes(l));
-    w.add_tensor("rope_factors_short.weight", {D / 2}, GgmlType::F32, as_bytes(s));
+    w.add_tensor("rope_factors_long.weight", {R / 2}, GgmlType::F32, as_bytes(l));
+    w.add_tensor("rope_factors_short.weight", {R / 2}, GgmlType::F32, as_bytes(s));
   }
 
   add_matrix(w, "token_embd.weight", uniform(V * C, 1.0), V, C, type_of("token_embd.weight", C, o.tied));

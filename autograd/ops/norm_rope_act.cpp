@@ -133,11 +133,13 @@ void rms_norm_backward(OpContext& c) {
 }
 
 // --- rope: rotate pairs of each head of x [T, H*D] by theta_i = pos * freq[i], cos and sin times mscale ------
-// Inputs: x, freqs [D/2] (a constant), and for rope_at start [1] i32. Token t sits at pos = pos_offset + t, or
-// start[0] + t. params: i[0] = H, i[1] = D, i[2] = mode (RopeMode), i[3] = pos_offset; f[0] = mscale.
+// Inputs: x, freqs [R/2] (a constant), and for rope_at start [1] i32. Token t sits at pos = pos_offset + t, or
+// start[0] + t. Partial rotary (R < D): the first R dims of each head rotate (norm: pairs (2i, 2i+1), neox:
+// (i, i + R/2)), the other D − R pass through. params: i[0] = H, i[1] = D, i[2] = mode (RopeMode),
+// i[3] = pos_offset; f[0] = mscale.
 
 struct RopePush {
-  uint32_t n_pairs, n_head, head_dim, mode, pos_offset, has_start;
+  uint32_t n_pairs, n_head, head_dim, mode, pos_offset, has_start, n_rot;
   float mscale, sin_sign;
   uint32_t accumulate;
 };
@@ -156,9 +158,9 @@ Shape rope_shape(const Graph& g, const Node& n) {
   if (x.shape().size() != 2 || x.cols() != H * D)
     throw GraphError(std::string(op) + ": x " + shape_str(x.shape()) + " must be [T, n_head * head_dim] = [T, " +
                      std::to_string(H * D) + "] for " + dims);
-  if (!is_real(freqs.dtype()) || freqs.shape() != Shape{D / 2})
-    throw GraphError(std::string(op) + ": freqs " + shape_str(freqs.shape()) + " must be real [head_dim / 2] = [" +
-                     std::to_string(D / 2) + "]");
+  if (!is_real(freqs.dtype()) || freqs.shape().size() != 1 || freqs.shape()[0] < 1 || freqs.shape()[0] > D / 2)
+    throw GraphError(std::string(op) + ": freqs " + shape_str(freqs.shape()) + " must be real [rotated dims / 2], "
+                     "at most [head_dim / 2] = [" + std::to_string(D / 2) + "]");
   if (n.params.i[3] < 0)
     throw GraphError(std::string(op) + ": pos_offset " + std::to_string(n.params.i[3]) + " must be non-negative");
   if (rope_has_start(n)) {
@@ -176,24 +178,29 @@ Shape rope_shape(const Graph& g, const Node& n) {
 template <class T>
 void rope_cpu(const Tensor& out, const Tensor& in, const Tensor& freqs, int64_t first_pos, const OpParams& p,
               double sign, bool accumulate) {
-  const int64_t H = p.i[0], D = p.i[1], rows = in.rows();
+  const int64_t H = p.i[0], D = p.i[1], R = 2 * freqs.numel(), rows = in.rows();
   const bool norm = RopeMode(p.i[2]) == RopeMode::Norm;
   const T* x = in.data<T>();
   const T* f = freqs.data<T>();
   T* y = out.data<T>();
   for (int64_t t = 0; t < rows; ++t) {
     const double pos = double(first_pos + t);
-    for (int64_t i = 0; i < D / 2; ++i) {
+    for (int64_t i = 0; i < R / 2; ++i) {
       const double theta = pos * double(f[i]);
       const T cs = T(p.f[0] * std::cos(theta)), sn = T(p.f[0] * sign * std::sin(theta));
       for (int64_t h = 0; h < H; ++h) {
-        const int64_t ia = (t * H + h) * D + (norm ? 2 * i : i), ib = ia + (norm ? 1 : D / 2);
+        const int64_t ia = (t * H + h) * D + (norm ? 2 * i : i), ib = ia + (norm ? 1 : R / 2);
         const T a = x[ia], b = x[ib];
         const T ya = a * cs - b * sn, yb = a * sn + b * cs;
         y[ia] = accumulate ? y[ia] + ya : ya;
         y[ib] = accumulate ? y[ib] + yb : yb;
       }
     }
+    for (int64_t h = 0; h < H; ++h)  // the dims past the rotated ones pass through
+      for (int64_t d = R; d < D; ++d) {
+        const int64_t k = (t * H + h) * D + d;
+        y[k] = accumulate ? y[k] + x[k] : x[k];
+      }
   }
 }
 
@@ -212,7 +219,8 @@ void rope_run(OpContext& c, const Tensor& out, const Tensor& in, double sign, bo
     return rope_cpu<float>(out, in, c.in(1), first, p, sign, accumulate);
   }
   const RopePush push{uint32_t(in.numel() / 2), uint32_t(p.i[0]), uint32_t(p.i[1]), uint32_t(p.i[2]),
-                      uint32_t(p.i[3]), has_start ? 1u : 0u, float(p.f[0]), float(sign), accumulate ? 1u : 0u};
+                      uint32_t(p.i[3]), has_start ? 1u : 0u, uint32_t(2 * c.in(1).numel()), float(p.f[0]),
+                      float(sign), accumulate ? 1u : 0u};
   const auto& pl = c.be.pipeline("rope_rotate", 4, sizeof(push));
   const vk::Buffer& start = has_start ? c.in(2).buffer() : c.in(1).buffer();  // unread without a start
   c.seq->dispatch(pl, {&out.buffer(), &in.buffer(), &c.in(1).buffer(), &start}, push, groups_for(in.numel() / 2, 256));
@@ -452,6 +460,15 @@ GradcheckCase scaled_rope_case(RopeMode mode, int64_t H, int64_t D, int64_t T, i
           }};
 }
 
+// Partial rotary (phi-4-mini): the first R of D dims rotate, the rest pass through.
+GradcheckCase partial_rope_case(RopeMode mode, int64_t H, int64_t D, int64_t T, int64_t pos, int64_t R) {
+  return {std::string("rope ") + mode_name(mode) + " partial R=" + std::to_string(R) + " H=" + std::to_string(H) +
+              " D=" + std::to_string(D) + " T=" + std::to_string(T) + " pos=" + std::to_string(pos),
+          [=](Graph& g, std::mt19937& r) {
+            return rope(random_param(g, r, {T, H * D}, "x"), H, D, mode, RopeFreqs::plain(R, 10000.0), pos);
+          }};
+}
+
 GradcheckCase rope_at_case(RopeMode mode, int64_t H, int64_t D, int64_t T, int32_t start) {
   return {std::string("rope_at ") + mode_name(mode) + " H=" + std::to_string(H) + " D=" + std::to_string(D) +
               " T=" + std::to_string(T) + " start=" + std::to_string(start),
@@ -483,6 +500,8 @@ void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back(scaled_rope_case(RopeMode::Norm, 2, 8, 4, 3, false));
   out.push_back(scaled_rope_case(RopeMode::Neox, 3, 12, 3, 11, false));
   out.push_back(scaled_rope_case(RopeMode::Neox, 2, 8, 2, 5, true));
+  out.push_back(partial_rope_case(RopeMode::Neox, 3, 16, 4, 9, 12));
+  out.push_back(partial_rope_case(RopeMode::Norm, 2, 12, 3, 2, 8));
   out.push_back(rope_at_case(RopeMode::Norm, 3, 8, 5, 7));
   out.push_back(rope_at_case(RopeMode::Neox, 3, 8, 5, 0));
   out.push_back(rope_at_case(RopeMode::Neox, 2, 64, 1, 100));

@@ -482,7 +482,11 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, LlamaCppAgreement,
                                            Variant{"phi3", false, "q4_0", 32},
                                            Variant{"phi3", true, "q4_k_m", 33, "--longrope 32", "longrope_long", false},
                                            Variant{"phi3", false, "f32", 34, "--longrope 256 --ctx 1024", "longrope_short",
-                                                   false}),
+                                                   false},
+                                           // partial rotary (phi-4-mini rotates 3/4 of each head), with LongRoPE
+                                           Variant{"phi3", true, "q4_0", 35, "--rope-dims 12 --longrope 32", "partial", false},
+                                           Variant{"gemma3", false, "f32", 36,
+                                                   "--rope-dims 10 --swa-pattern 2 --sliding-window 9", "partial", false}),
                          [](const ::testing::TestParamInfo<Variant>& info) { return info.param.name(); });
 
 }  // namespace

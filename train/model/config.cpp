@@ -56,15 +56,15 @@ RopeScaling read_rope_scaling(const gguf::File& f, const std::string& a, int64_t
   return s;
 }
 
-// A tensor of one factor per rotated pair, f32 [head_dim / 2] and positive; empty when the file has none.
-std::vector<double> pair_factors(const gguf::File& f, const std::string& name, int64_t head_dim) {
+// A tensor of one factor per rotated pair, f32 [n_rot / 2] and positive; empty when the file has none.
+std::vector<double> pair_factors(const gguf::File& f, const std::string& name, int64_t n_rot) {
   const gguf::TensorInfo* t = f.tensor(name);
   if (!t) return {};
-  if (t->type != gguf::GgmlType::F32 || t->ne != std::vector<int64_t>{head_dim / 2})
-    throw gguf::FormatError(f.path() + ": tensor '" + name + "' must be f32 [" + std::to_string(head_dim / 2) +
-                            "] (head size / 2)");
+  if (t->type != gguf::GgmlType::F32 || t->ne != std::vector<int64_t>{n_rot / 2})
+    throw gguf::FormatError(f.path() + ": tensor '" + name + "' must be f32 [" + std::to_string(n_rot / 2) +
+                            "] (rotated dims / 2)");
   const float* v = reinterpret_cast<const float*>(t->data);
-  std::vector<double> out(v, v + head_dim / 2);
+  std::vector<double> out(v, v + n_rot / 2);
   for (double x : out)
     if (!(x > 0) || !std::isfinite(x))
       throw gguf::FormatError(f.path() + ": tensor '" + name + "' holds a factor that is not positive");
@@ -117,7 +117,8 @@ void read_gemma(const gguf::File& f, const std::string& a, ModelConfig& c) {
 // a ramp over the pairs between its two correction dims and multiplies cos and sin by its attention factor.
 // A local (sliding-window) layer has its own base and, in gemma3, no scaling (llama.cpp's freq_scale_swa of 1).
 ag::RopeFreqs ModelConfig::rope_freqs(int64_t layer, int64_t n_ctx) const {
-  const int64_t D = head_dim;
+  const int64_t D = n_rot > 0 ? n_rot : head_dim;  // ggml's n_dims: the rotated dims set the frequencies and
+                                                    // YaRN's correction dims
   const bool local = is_swa(layer);
   const double base = local ? rope_base_swa : rope_base;
   ag::RopeFreqs r = ag::RopeFreqs::plain(D, base);
@@ -132,8 +133,8 @@ ag::RopeFreqs ModelConfig::rope_freqs(int64_t layer, int64_t n_ctx) const {
     return r;
   }
   // The correction dims, in f32 as ggml computes them.
-  const auto corr_dim = [&](float n_rot) {
-    return float(D) * std::log(float(s.n_ctx_orig) / (n_rot * 2.0f * float(M_PI))) / (2.0f * std::log(float(base)));
+  const auto corr_dim = [&](float beta) {
+    return float(D) * std::log(float(s.n_ctx_orig) / (beta * 2.0f * float(M_PI))) / (2.0f * std::log(float(base)));
   };
   const float low = std::max(0.0f, std::floor(corr_dim(32.0f))), high = std::min(float(D - 1), std::ceil(corr_dim(1.0f)));
   for (size_t i = 0; i < r.freq.size(); ++i) {
@@ -189,10 +190,15 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   if (head_v != c.head_dim)
     bad(f, a + "attention.value_length", std::to_string(head_v) + " differs from attention.key_length " +
                                              std::to_string(c.head_dim) + " (not supported)");
-  const int64_t n_rot = int64_t(f.get_uint_or(a + "rope.dimension_count", uint64_t(c.head_dim)));
-  if (n_rot != c.head_dim)
-    bad(f, a + "rope.dimension_count", std::to_string(n_rot) + " differs from the head size " +
-                                           std::to_string(c.head_dim) + " (partial rotary is not supported)");
+  c.n_rot = int64_t(f.get_uint_or(a + "rope.dimension_count", uint64_t(c.head_dim)));
+  if (c.n_rot <= 0 || c.n_rot > c.head_dim || c.n_rot % 2 != 0)
+    bad(f, a + "rope.dimension_count", std::to_string(c.n_rot) + " must be even and at most the head size " +
+                                           std::to_string(c.head_dim));
+  // llama.cpp rotates part of a head for gemma and phi3 only (phi-4-mini) and refuses it for the others.
+  if (c.n_rot != c.head_dim && (c.arch == "llama" || c.arch == "qwen2" || c.arch == "qwen3"))
+    bad(f, a + "rope.dimension_count", std::to_string(c.n_rot) + " differs from the head size " +
+                                           std::to_string(c.head_dim) + " (partial rotary is not supported for " +
+                                           c.arch + ")");
   if (!(c.rms_eps > 0 && c.rms_eps < 1)) bad(f, a + "attention.layer_norm_rms_epsilon", "must be in (0, 1)");
   if (!(c.rope_base > 0)) bad(f, a + "rope.freq_base", "must be positive");
   c.rope_scaling = read_rope_scaling(f, a, c.n_ctx);
@@ -204,10 +210,10 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   // llama 3.1+: one factor per rotated pair (llama.cpp reads it for llama only); phi3: LongRoPE's two sets.
   if (f.tensor("rope_freqs.weight") && c.arch != "llama")
     throw gguf::FormatError(f.path() + ": tensor 'rope_freqs.weight' is not supported for architecture '" + c.arch + "'");
-  c.rope_factors = pair_factors(f, "rope_freqs.weight", c.head_dim);
+  c.rope_factors = pair_factors(f, "rope_freqs.weight", c.n_rot);
   if (c.arch == "phi3") {
-    c.rope_factors = pair_factors(f, "rope_factors_short.weight", c.head_dim);
-    c.rope_factors_long = pair_factors(f, "rope_factors_long.weight", c.head_dim);
+    c.rope_factors = pair_factors(f, "rope_factors_short.weight", c.n_rot);
+    c.rope_factors_long = pair_factors(f, "rope_factors_long.weight", c.n_rot);
     c.fused_qkv = f.tensor("blk.0.attn_qkv.weight") != nullptr;
     c.fused_gate_up = true;
   }

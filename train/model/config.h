@@ -25,6 +25,7 @@ struct RopeScaling {
 struct ModelConfig {
   std::string arch;  // one of supported_architectures()
   int64_t n_vocab = 0, n_embd = 0, n_layer = 0, n_ff = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ctx = 0;
+  int64_t n_rot = 0;  // rotated dims of a head (rope.dimension_count): head_dim, or fewer (phi-4-mini's partial rotary)
   double rope_base = 10000.0, rms_eps = 1e-5;
   ag::RopeMode rope_mode = ag::RopeMode::Norm;  // llama: adjacent pairs; the others: halves (neox)
   RopeScaling rope_scaling;
