@@ -60,9 +60,10 @@ PY
   # Trained on the GPU (30 steps of the demo data, the default mixed precision), exported, loaded by PEFT into the
   # Hugging Face class of its architecture built from the same weights: the f32 logits of q4tune with the run's
   # adapter.gguf.
-  for name in llama_ropefreqs qwen3_hd32 gemma2_caps gemma3_swa phi3_fused; do
+  # llama: a plain q4_0 one (Hugging Face's LlamaForCausalLM is built without llama 3.1's per-pair factors).
+  for name in llama_plain qwen3_hd32 gemma2_caps gemma3_swa phi3_fused; do
     case $name in
-      llama_ropefreqs) model=$dir/llama_plain.gguf; $q4tune init-model --arch llama --type q4_0 --seed 9 --out "$model" >/dev/null ;;
+      llama_plain) model=$dir/llama_plain.gguf; $q4tune init-model --arch llama --type q4_0 --seed 9 --out "$model" >/dev/null ;;
       *) model=$dir/$name.gguf ;;
     esac
     run=$dir/run_$name
@@ -72,7 +73,7 @@ PY
     $q4tune logits "$model" --ids-file "$dir/ids.json" --device vulkan --precision f32 --out "$dir/$name.base.json" 2>/dev/null
     $q4tune logits "$model" --ids-file "$dir/ids.json" --device vulkan --precision f32 --adapter "$run/adapter.gguf" \
       --out "$dir/$name.adapted.json" 2>/dev/null
-    echo "$name PEFT: $(python3 "$here/interop/peft_check.py" --model "$model" --peft "$run/peft" \
+    echo "$(basename "$model" .gguf) PEFT: $(python3 "$here/interop/peft_check.py" --model "$model" --peft "$run/peft" \
       --ids-file "$dir/ids.json" --logits "$dir/$name.adapted.json" --base-logits "$dir/$name.base.json" 2>&1 | tail -1)"
   done
   ;;
