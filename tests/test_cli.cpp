@@ -55,6 +55,47 @@ TEST(Cli, SelftestPassesOnVulkan) {
       EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
 }
 
+// Usage mistakes: a did-you-mean for commands and options, each one line, and exit code 2 for every usage error;
+// help with no arguments and from `q4tune help [COMMAND]`, with usage lines that start with q4tune.
+TEST(Cli, TyposGetADidYouMeanAndEveryUsageErrorExitsWith2) {
+  struct Case {
+    const char* args;
+    const char* message;
+  };
+  for (const Case& c : {
+           Case{"trian", "q4tune: error: unknown command 'trian' (did you mean 'train'?); q4tune help lists the commands"},
+           Case{"help trian", "q4tune: error: help: unknown command 'trian' (did you mean 'train'?)"},
+           Case{"init-model --out never.gguf --dimm 8",
+                "q4tune: error: q4tune init-model has no option '--dimm' (did you mean '--dim'?); q4tune help "
+                "init-model lists them"},
+           Case{"train --model never.gguf --lora-rnak 8", "has no option '--lora-rnak' (did you mean '--lora-rank'?)"},
+           Case{"bench train --shap small", "q4tune bench train has no option '--shap' (did you mean '--shape'?)"},
+           Case{"logits", "q4tune: error: logits: MODEL is required"},
+           Case{"--bogus", "q4tune: error: unknown option '--bogus'; q4tune help lists the commands"},
+           Case{"init-model --out never.gguf --qwerty 1", "q4tune init-model has no option '--qwerty'; q4tune help"},
+       }) {
+    const CmdResult r = run(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.message), std::string::npos) << c.args << "\n" << r.out;
+    EXPECT_EQ(count_lines(r.out), 1) << c.args << "\n" << r.out;
+  }
+  EXPECT_FALSE(std::filesystem::exists("never.gguf"));
+  struct Help {
+    const char* args;
+    const char* usage;
+    const char* mentions;
+  };
+  for (const Help& h : {Help{"", "Usage: q4tune [OPTIONS] SUBCOMMAND", "init-model"},
+                        Help{"help", "Usage: q4tune [OPTIONS] SUBCOMMAND", "generate"},
+                        Help{"help train", "Usage: q4tune train [OPTIONS]", "--lora-rank"},
+                        Help{"help bench train", "Usage: q4tune bench train [OPTIONS]", "--batch-sizes"}}) {
+    const CmdResult r = run(h.args);
+    EXPECT_EQ(r.code, 0) << h.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(h.usage), std::string::npos) << h.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(h.mentions), std::string::npos) << h.args << "\n" << r.out;
+  }
+}
+
 TEST(Cli, ABadDeviceStringIsOneClearError) {
   const CmdResult r = run("selftest --device gpu0");
   EXPECT_NE(r.code, 0);

@@ -69,6 +69,70 @@ std::vector<std::string> with_demo_config(int argc, char** argv) {
   return args;
 }
 
+// Levenshtein distance (insertions, deletions, substitutions).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// " (did you mean 'x'?)" for the name nearest to s (within a third of its length, at least 2 edits), or "".
+std::string did_you_mean(const std::string& s, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_d = std::max<size_t>(2, s.size() / 3) + 1;
+  for (const std::string& n : names) {
+    const size_t d = edit_distance(s, n);
+    if (d < best_d) best = n, best_d = d;
+  }
+  return best.empty() ? "" : " (did you mean '" + best + "'?)";
+}
+
+std::vector<CLI::App*> subcommands_of(CLI::App& app) {
+  return app.get_subcommands([](CLI::App*) { return true; });
+}
+
+std::vector<std::string> names_of(const std::vector<CLI::App*>& apps) {
+  std::vector<std::string> n;
+  for (const CLI::App* a : apps) n.push_back(a->get_name());
+  return n;
+}
+
+// The deepest subcommand the parse reached (app itself when none), and its words ("bench train") in *path.
+CLI::App* parsed_command(CLI::App& app, std::string* path) {
+  for (CLI::App* sub : subcommands_of(app))
+    if (sub->parsed()) {
+      *path += (path->empty() ? "" : " ") + sub->get_name();
+      return parsed_command(*sub, path);
+    }
+  return &app;
+}
+
+// The first argument after the command's own name that names no option of it: "--lr=1" is checked as "--lr".
+std::string first_unknown_option(CLI::App& cmd, const std::vector<std::string>& args,
+                                 std::vector<std::string>* option_names) {
+  for (const CLI::Option* o : cmd.get_options()) {
+    for (const std::string& l : o->get_lnames()) option_names->push_back("--" + l);
+    for (const std::string& sn : o->get_snames()) option_names->push_back("-" + sn);
+  }
+  for (const std::string& a : args) {
+    if (a.size() < 2 || a[0] != '-' || (a[1] >= '0' && a[1] <= '9') || a[1] == '.') continue;  // not negative numbers
+    const std::string name = a.substr(0, a.find('='));
+    if (std::find(option_names->begin(), option_names->end(), name) == option_names->end()) return name;
+  }
+  return "";
+}
+
+constexpr int kUsageError = 2;
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -254,15 +318,62 @@ int main(int argc, char** argv) {
   q4t::GenerateOptions gen_opt;
   auto* gen = q4t::add_generate_command(app, gen_opt);
 
+  std::vector<std::string> help_topic;
+  auto* help_cmd = app.add_subcommand("help", "Show the commands, or a command's options: q4tune help [COMMAND]");
+  help_cmd->add_option("COMMAND", help_topic, "a command (bench train: the training benchmark)");
+
   std::vector<std::string> args = with_demo_config(argc, argv);
   args.erase(args.begin());  // the program name
+  if (args.empty()) {  // no command: what there is to run
+    std::cout << app.get_formatter()->make_help(&app, "q4tune", CLI::AppFormatMode::Normal);
+    return 0;
+  }
+  // A first word that is no command is a typo far more often than anything else: say which command was meant.
+  const std::vector<std::string> commands = names_of(subcommands_of(app));
+  if (args[0][0] != '-' && std::find(commands.begin(), commands.end(), args[0]) == commands.end()) {
+    std::cerr << "q4tune: error: unknown command '" << args[0] << "'" << did_you_mean(args[0], commands)
+              << "; q4tune help lists the commands\n";
+    return kUsageError;
+  }
+  const std::vector<std::string> in_order = args;
   std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last first
   try {
     app.parse(args);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
-    std::cerr << "q4tune: error: " << e.what() << "\n";
-    return e.get_exit_code();
+    std::string path;
+    CLI::App* cmd = parsed_command(app, &path);
+    const std::string where = cmd == &app ? "q4tune" : "q4tune " + path;
+    const std::string what = cmd == &app ? "" : path + ": ";
+    std::vector<std::string> option_names;
+    const std::string unknown = first_unknown_option(*cmd, in_order, &option_names);
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) && !unknown.empty())
+      std::cerr << "q4tune: error: " << where << " has no option '" << unknown << "'"
+                << did_you_mean(unknown, option_names) << "; q4tune help"
+                << (cmd == &app ? std::string() : " " + path) << " lists them\n";
+    else if (cmd == &app && !unknown.empty())
+      std::cerr << "q4tune: error: unknown option '" << unknown << "'; q4tune help lists the commands\n";
+    else
+      std::cerr << "q4tune: error: " << what << e.what() << "\n";
+    return kUsageError;
+  }
+  if (*help_cmd) {
+    CLI::App* topic = &app;
+    std::string usage = "q4tune";
+    for (const std::string& word : help_topic) {
+      const std::vector<CLI::App*> subs = subcommands_of(*topic);
+      auto it = std::find_if(subs.begin(), subs.end(), [&](CLI::App* a) { return a->get_name() == word; });
+      if (it == subs.end()) {
+        std::cerr << "q4tune: error: help: unknown command '" << word << "'" << did_you_mean(word, names_of(subs))
+                  << "\n";
+        return kUsageError;
+      }
+      topic = *it;
+      usage += " " + word;
+    }
+    // The formatter itself: App::help() would describe the help command, the one parsed.
+    std::cout << topic->get_formatter()->make_help(topic, usage, CLI::AppFormatMode::Normal);
+    return 0;
   }
   try {
     if (*train) return q4t::run_train(train_opt, std::cout);
