@@ -10,7 +10,10 @@
 #include "train/commands.h"
 #include "train/device_choice.h"
 #include "train/generate.h"
+#include "train/suggest.h"
 #include "train/train.h"
+
+using q4t::did_you_mean;
 
 namespace {
 
@@ -67,33 +70,6 @@ std::vector<std::string> with_demo_config(int argc, char** argv) {
   args.push_back("--config");
   args.push_back(q4t::demo_config_path());
   return args;
-}
-
-// Levenshtein distance (insertions, deletions, substitutions).
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// " (did you mean 'x'?)" for the name nearest to s (within a third of its length, at least 2 edits), or "".
-std::string did_you_mean(const std::string& s, const std::vector<std::string>& names) {
-  std::string best;
-  size_t best_d = std::max<size_t>(2, s.size() / 3) + 1;
-  for (const std::string& n : names) {
-    const size_t d = edit_distance(s, n);
-    if (d < best_d) best = n, best_d = d;
-  }
-  return best.empty() ? "" : " (did you mean '" + best + "'?)";
 }
 
 std::vector<CLI::App*> subcommands_of(CLI::App& app) {
