@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PACKAGES=(cmake g++ make libvulkan-dev glslang-tools mesa-vulkan-drivers vulkan-validationlayers
-          libeigen3-dev libcli11-dev libgtest-dev nlohmann-json3-dev)
+          libeigen3-dev libcli11-dev libgtest-dev nlohmann-json3-dev libtomlplusplus-dev)
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 
@@ -35,16 +35,19 @@ install_node_if_missing() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends nodejs npm
 }
 
+# build [TARGET...]: configure (Release) and build the targets given, or everything.
 build() {
   echo "== building in $BUILD_DIR"
   cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release > /dev/null
-  cmake --build "$BUILD_DIR" -j "$JOBS"
+  local targets=()
+  for t in "$@"; do targets+=(--target "$t"); done
+  cmake --build "$BUILD_DIR" -j "$JOBS" "${targets[@]}"
 }
 
 case "${1:-}" in
   demo)
     install_missing
-    build
+    build q4tune  # the demo runs the binary alone, not the tests
     # The embedded default (configs/demo.toml): LoRA on a small random llama, written to ./q4tune-demo/, which
     # this script clears first (it is the demo's own output directory).
     rm -rf q4tune-demo

@@ -194,4 +194,43 @@ std::vector<Segment> render(Template t, const std::vector<Message>& msgs, const 
   return out;
 }
 
+std::string generation_prompt(Template t, const std::vector<Message>& msgs, const std::string& bos,
+                              const std::string& eos) {
+  std::string text;
+  for (const Segment& s : render(t, msgs, bos, eos)) text += s.text;
+  switch (t) {
+    case Template::chatml:
+      return text + "<|im_start|>assistant\n";
+    case Template::llama3:
+      return text + "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    case Template::gemma:
+      return text + "<start_of_turn>model\n";
+    case Template::phi3:
+    case Template::zephyr:
+      return text + "<|assistant|>\n";
+    case Template::llama2:
+    case Template::mistral:
+      return text;  // the user turn ends with [/INST]; the answer follows it
+  }
+  return text;
+}
+
+std::string turn_end(Template t, const std::string& eos) {
+  switch (t) {
+    case Template::chatml:
+      return "<|im_end|>";
+    case Template::llama3:
+      return "<|eot_id|>";
+    case Template::gemma:
+      return "<end_of_turn>";
+    case Template::phi3:
+      return "<|end|>";
+    case Template::zephyr:
+    case Template::llama2:
+    case Template::mistral:
+      return eos;
+  }
+  return eos;
+}
+
 }  // namespace q4t::chat

@@ -55,4 +55,12 @@ void check_conversation(Template t, const std::vector<Message>& msgs);
 std::vector<Segment> render(Template t, const std::vector<Message>& msgs, const std::string& bos,
                             const std::string& eos);
 
+// The text that asks for the next assistant turn: the conversation (ending with a user message) as render()
+// writes it, then the assistant's role header, so the model's continuation is the assistant's content.
+std::string generation_prompt(Template t, const std::vector<Message>& msgs, const std::string& bos,
+                              const std::string& eos);
+// The marker that ends an assistant turn ("<|im_end|>", "<|eot_id|>", ...; eos for the families that end a turn
+// with the end-of-sequence token).
+std::string turn_end(Template t, const std::string& eos);
+
 }  // namespace q4t::chat

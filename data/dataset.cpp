@@ -36,8 +36,9 @@ std::vector<std::vector<uint32_t>> pack_rows(const std::vector<Example>& ex, int
 }
 
 void report(std::ostream& log, const std::string& what, const TokenizedFile& f, const Dataset& d) {
-  log << what << ": " << d.examples().size() << " examples in " << d.size() << " rows of " << d.seq_len()
-      << " tokens" << (f.from_cache ? " (tokenized cache)" : "");
+  log << what << ": " << d.examples().size() << (d.examples().size() == 1 ? " example in " : " examples in ")
+      << d.size() << (d.size() == 1 ? " row of " : " rows of ") << d.seq_len() << " tokens"
+      << (f.from_cache ? " (tokenized cache)" : "");
   if (f.n_truncated) log << "; " << f.n_truncated << " truncated to the context";
   if (f.n_no_loss) log << "; " << f.n_no_loss << " dropped with no token in the loss";
   log << "\n";
@@ -76,7 +77,7 @@ int64_t Batch::n_label_tokens() const {
 }
 
 Dataset::Dataset(std::vector<Example> examples, const DatasetOptions& opt, int32_t pad_id)
-    : examples_(std::move(examples)), seq_len_(opt.seq_len), pad_id_(pad_id) {
+    : examples_(std::move(examples)), seq_len_(opt.seq_len), pack_(opt.pack), pad_id_(pad_id) {
   for (const Example& e : examples_) {
     if (e.ids.size() < 2 || e.ids.size() > size_t(seq_len_) + 1 || e.mask.size() != e.ids.size()) {
       throw DatasetError("an example of " + std::to_string(e.ids.size()) + " tokens does not fit rows of " +
@@ -86,6 +87,29 @@ Dataset::Dataset(std::vector<Example> examples, const DatasetOptions& opt, int32
   rows_ = pack_rows(examples_, seq_len_, opt.pack);
   cursor_.seed = opt.seed;
   order_ = epoch_order(0);
+}
+
+int64_t Dataset::real_positions() const {
+  int64_t n = 0;
+  for (const Example& e : examples_) n += int64_t(e.ids.size()) - 1;
+  return n;
+}
+
+size_t Dataset::packed_size() const { return pack_ ? rows_.size() : pack_rows(examples_, seq_len_, true).size(); }
+
+std::string padding_report(const Dataset& d) {
+  const int64_t slots = int64_t(d.size()) * d.seq_len();
+  if (slots == 0) return "rows: none";
+  const int64_t real = int64_t(std::llround(100.0 * double(d.real_positions()) / double(slots)));
+  std::string line = std::string("rows") + (d.packed() ? " (packed)" : "") + ": " + std::to_string(real) +
+                     "% real tokens, " + std::to_string(100 - real) + "% padding";
+  constexpr int64_t kAdvisePackBelow = 75;
+  const size_t packed = d.packed() || real >= kAdvisePackBelow ? d.size() : d.packed_size();
+  if (packed < d.size()) {
+    line += " (--pack would fit the same data in about " + std::to_string(packed) + (packed == 1 ? " row" : " rows") +
+            " instead of " + std::to_string(d.size()) + ")";
+  }
+  return line;
 }
 
 std::vector<uint32_t> Dataset::epoch_order(uint64_t epoch) const {
@@ -165,7 +189,7 @@ Datasets load_datasets(const std::string& path, const tok::Tokenizer& tok, const
     log << path << ": too few examples to hold some out for validation; training on all of them\n";
   }
   if (train_ex.empty()) throw DatasetError(path + ": no example has a token in the loss");
-  Datasets out{Dataset(std::move(train_ex), opt, pad), std::nullopt};
+  Datasets out{Dataset(std::move(train_ex), opt, pad), std::nullopt, train.chat_template};
   report(log, path, train, out.train);
   if (val && !val_ex.empty()) {
     out.val.emplace(std::move(val_ex), opt, pad);

@@ -10,8 +10,17 @@
 //                                                    train_on_prompt;
 //             {"messages": [{"role", "content"}...]} rendered with a chat template (data/chat_template.h);
 //                                                    only assistant turns counted, unless train_on_prompt.
+//             {"instruction", "input", "output"}     alpaca: a user turn (instruction, then "\n\n" + input when
+//                                                    input is non-empty) and an assistant turn (output), rendered
+//                                                    and counted like "messages";
+//             {"conversations": [{"from", "value"}...]} ShareGPT: from system, human or user, gpt or assistant;
+//                                                    rendered and counted like "messages".
 //           Each line is one example: BOS (when the tokenizer adds one and the text does not start with it) +
 //           tokens (+ EOS for text and prompt/completion).
+//   .json   a top-level array of the same records.
+// DataFormat picks the record shape (auto: per record, from the fields present, in the order messages,
+// conversations, instruction, prompt/completion, text; a list of turns is ShareGPT's when its first turn has
+// "from") and the names of the text, prompt, completion and turn-list fields.
 // Tokenization of an example whose parts count differently: the whole text is tokenized at once (so the ids are
 // exactly what inference on that text sees), then each token is mapped back to the bytes it covers and is
 // counted when any of them lies in a counted part. Chat text is tokenized with parse_special, so the template's
@@ -50,12 +59,25 @@ struct DatasetError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// How JSON records map onto examples. An empty messages_field means "messages" for chat records and
+// "conversations" for ShareGPT ones.
+struct DataFormat {
+  std::string format = "auto";  // auto, text, completion, chat, alpaca or sharegpt
+  std::string text_field = "text";
+  std::string prompt_field = "prompt";
+  std::string completion_field = "completion";
+  std::string messages_field;
+};
+// The values of DataFormat::format: auto, text, completion, chat, alpaca, sharegpt.
+std::vector<std::string> data_format_names();
+
 struct DatasetOptions {
   int64_t seq_len = 512;          // T: input positions per row
   bool pack = false;              // several examples per row (see above)
   bool train_on_prompt = false;   // count prompts and non-assistant turns too
   bool no_truncate = false;       // an over-long example is an error instead of being truncated
   std::string chat_template;      // "" = recognised from the GGUF's tokenizer.chat_template
+  DataFormat format;              // record shapes and field names of .jsonl/.json files
   double val_fraction = 0.0;      // examples held out for validation (ignored when val_file is set)
   std::string val_file;           // a separate validation file, read with the same options
   uint64_t seed = 42;             // the validation split and the shuffles
@@ -73,10 +95,11 @@ struct TokenizedFile {
   std::vector<Example> examples;
   int64_t n_truncated = 0;  // examples cut to seq_len + 1 tokens
   int64_t n_no_loss = 0;    // examples with no counted token after truncation (dropped)
+  std::string chat_template;  // the template its conversation records were rendered with ("" when none)
   bool from_cache = false;
 };
 
-// Tokenizes a .txt or .jsonl file (no cache). Throws DatasetError.
+// Tokenizes a .txt, .jsonl or .json file (no cache). Throws DatasetError.
 TokenizedFile tokenize_file(const std::string& path, const tok::Tokenizer& tok, const DatasetOptions& opt);
 
 struct Batch {
@@ -103,6 +126,11 @@ class Dataset {
   size_t size() const { return rows_.size(); }  // rows per epoch
   const std::vector<Example>& examples() const { return examples_; }
   int64_t seq_len() const { return seq_len_; }
+  bool packed() const { return pack_; }
+  // Input positions holding a real token (each example of n tokens fills n - 1); the rows have size() * seq_len.
+  int64_t real_positions() const;
+  // Rows that packing these examples would take (size() when already packed).
+  size_t packed_size() const;
 
   // The next B rows in this epoch's shuffled order; crosses into the next epoch (a new order) when needed.
   Batch next_batch(int64_t B);
@@ -120,6 +148,7 @@ class Dataset {
   std::vector<Example> examples_;
   std::vector<std::vector<uint32_t>> rows_;  // example indices per row
   int64_t seq_len_;
+  bool pack_;
   int32_t pad_id_;
   Cursor cursor_;
   std::vector<uint32_t> order_;  // rows of cursor_.epoch
@@ -128,11 +157,16 @@ class Dataset {
 struct Datasets {
   Dataset train;
   std::optional<Dataset> val;
+  std::string chat_template;  // the template the training file's conversations were rendered with ("": none)
 };
 
 // Tokenizes (through the cache), splits off validation and reports counts to log. Throws DatasetError.
 Datasets load_datasets(const std::string& path, const tok::Tokenizer& tok, const DatasetOptions& opt,
                        std::ostream& log);
+
+// One line on how full the rows are, e.g. "rows: 51% real tokens, 49% padding (--pack would fit the same data
+// in about 12 rows instead of 40)"; the --pack advice only when unpacked rows are under 75% real tokens.
+std::string padding_report(const Dataset& d);
 
 // The example's text with the counted tokens in [brackets] (runs of counted tokens share one pair), control
 // tokens written as their token text: for showing users what the loss sees.

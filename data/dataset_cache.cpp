@@ -14,7 +14,7 @@ namespace q4t::data {
 
 namespace {
 
-constexpr char kMagic[8] = {'Q', '4', 'T', 'D', 'A', 'T', 'A', '1'};
+constexpr char kMagic[8] = {'Q', '4', 'T', 'D', 'A', 'T', 'A', '2'};
 // Bumped whenever tokenization or the entry layout changes, so old entries stop matching.
 constexpr uint64_t kFormatVersion = 1;
 
@@ -46,6 +46,8 @@ std::string serialise(uint64_t key, const TokenizedFile& f) {
   put_u64(s, key);
   put_u64(s, uint64_t(f.n_truncated));
   put_u64(s, uint64_t(f.n_no_loss));
+  put_u64(s, f.chat_template.size());
+  s += f.chat_template;
   put_u64(s, f.examples.size());
   for (const Example& e : f.examples) {
     uint32_t n = uint32_t(e.ids.size());
@@ -88,6 +90,10 @@ TokenizedFile deserialise(const std::string& s, uint64_t key) {
   TokenizedFile f;
   f.n_truncated = int64_t(r.u64("counts"));
   f.n_no_loss = int64_t(r.u64("counts"));
+  const uint64_t n_tmpl = r.u64("template length");
+  r.need(n_tmpl, "template");
+  f.chat_template = s.substr(r.at, n_tmpl);
+  r.at += n_tmpl;
   uint64_t n_ex = r.u64("example count");
   if (n_ex > s.size() / 4) throw DatasetError("impossible example count");
   f.examples.resize(n_ex);
@@ -128,6 +134,11 @@ uint64_t cache_key(const std::string& file_bytes, const std::string& path, const
   h.u64(uint64_t(opt.seq_len));
   h.u64(uint64_t(opt.train_on_prompt) | uint64_t(opt.no_truncate) << 1);
   h.str(opt.chat_template);
+  h.str(opt.format.format);
+  h.str(opt.format.text_field);
+  h.str(opt.format.prompt_field);
+  h.str(opt.format.completion_field);
+  h.str(opt.format.messages_field);
   return h.h;
 }
 

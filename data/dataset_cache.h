@@ -14,7 +14,8 @@
 namespace q4t::data {
 
 // Hash of the file's contents, the tokenizer (content_hash, BOS/EOS and their add flags, chat template) and
-// the options that change tokenized examples (seq_len, train_on_prompt, no_truncate, chat_template).
+// the options that change tokenized examples (seq_len, train_on_prompt, no_truncate, chat_template, and the
+// record format with its field names).
 uint64_t cache_key(const std::string& file_bytes, const std::string& path, const tok::Tokenizer& tok,
                    const DatasetOptions& opt);
 // opt.cache_dir, else $XDG_CACHE_HOME/q4tune, else $HOME/.cache/q4tune.

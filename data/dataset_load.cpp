@@ -1,8 +1,11 @@
-// Files → examples: the .txt and .jsonl formats, and the byte alignment that gives each token its loss mask.
+// Files → examples: the .txt, .jsonl and .json formats, the record shapes, and the byte alignment that gives
+// each token its loss mask.
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <sstream>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -122,7 +125,7 @@ Example tokenize_parts(const tok::Tokenizer& tok, const std::vector<chat::Segmen
 
 std::string where(const std::string& path, size_t line) { return path + ":" + std::to_string(line) + ": "; }
 
-const std::string& string_field(const json& obj, const char* key, const std::string& at) {
+const std::string& string_field(const json& obj, const std::string& key, const std::string& at) {
   auto it = obj.find(key);
   if (it == obj.end()) throw DatasetError(at + "missing field '" + key + "'");
   if (!it->is_string()) {
@@ -131,43 +134,117 @@ const std::string& string_field(const json& obj, const char* key, const std::str
   return it->get_ref<const std::string&>();
 }
 
-std::vector<chat::Message> parse_messages(const json& msgs, const std::string& at) {
-  if (!msgs.is_array()) throw DatasetError(at + "field 'messages' is " + std::string(msgs.type_name()) +
-                                           ", expected an array of {\"role\", \"content\"} objects");
+// kFormatNames[i] names Format(i).
+enum class Format { auto_detect, text, completion, chat, alpaca, sharegpt };
+constexpr const char* kFormatNames[] = {"auto", "text", "completion", "chat", "alpaca", "sharegpt"};
+
+Format format_by_name(const std::string& name) {
+  for (size_t i = 0; i < std::size(kFormatNames); ++i) {
+    if (name == kFormatNames[i]) return Format(i);
+  }
+  std::string known;
+  for (const char* n : kFormatNames) known += (known.empty() ? "" : ", ") + std::string(n);
+  throw DatasetError("unknown data format '" + name + "'; known: " + known);
+}
+
+// ShareGPT's "from" values and the roles they stand for, in the order errors list them.
+constexpr std::pair<const char*, const char*> kShareGptRoles[] = {
+    {"system", "system"}, {"human", "user"}, {"user", "user"}, {"gpt", "assistant"}, {"assistant", "assistant"}};
+
+std::string sharegpt_role(const std::string& from, const std::string& at) {
+  std::string accepted;
+  for (const auto& [name, role] : kShareGptRoles) {
+    if (from == name) return role;
+    accepted += (accepted.empty() ? "" : ", ") + std::string(name);
+  }
+  throw DatasetError(at + "unknown 'from' value '" + from + "'; accepted: " + accepted);
+}
+
+// ShareGPT turns are {"from", "value"}; chat turns are {"role", "content"}. Auto-detection looks at the first.
+bool looks_like_sharegpt(const json& turns) {
+  return turns.is_array() && !turns.empty() && turns[0].is_object() && turns[0].contains("from");
+}
+
+// The conversation in obj[field]: {"role", "content"} turns, or ShareGPT's {"from", "value"} ones.
+std::vector<chat::Message> parse_turns(const json& obj, const std::string& field, bool sharegpt,
+                                       const std::string& at) {
+  auto it = obj.find(field);
+  if (it == obj.end()) throw DatasetError(at + "missing field '" + field + "'");
+  const json& turns = *it;
+  if (!turns.is_array()) {
+    throw DatasetError(at + "field '" + field + "' is " + std::string(turns.type_name()) + ", expected an array of " +
+                       (sharegpt ? "{\"from\", \"value\"}" : "{\"role\", \"content\"}") + " objects");
+  }
   std::vector<chat::Message> out;
-  for (size_t i = 0; i < msgs.size(); ++i) {
-    const json& m = msgs[i];
-    std::string mat = at + "messages[" + std::to_string(i) + "]: ";
+  for (size_t i = 0; i < turns.size(); ++i) {
+    const json& m = turns[i];
+    std::string mat = at + field + "[" + std::to_string(i) + "]: ";
     if (!m.is_object()) throw DatasetError(mat + "is " + std::string(m.type_name()) + ", expected an object");
-    out.push_back({string_field(m, "role", mat), string_field(m, "content", mat)});
+    if (sharegpt) {
+      std::string role = sharegpt_role(string_field(m, "from", mat), mat);
+      out.push_back({role, string_field(m, "value", mat)});
+    } else {
+      out.push_back({string_field(m, "role", mat), string_field(m, "content", mat)});
+    }
   }
   return out;
 }
 
-// Parses one JSONL record into an example; `tmpl` is resolved on the first chat record.
-class JsonlReader {
- public:
-  JsonlReader(const tok::Tokenizer& tok, const DatasetOptions& opt) : tok_(tok), opt_(opt) {}
+// Alpaca: the instruction (and the input, when there is one) is the user's turn, the output the assistant's.
+std::vector<chat::Message> parse_alpaca(const json& obj, const std::string& at) {
+  std::string user = string_field(obj, "instruction", at);
+  auto input = obj.find("input");
+  if (input != obj.end() && !input->is_null()) {
+    const std::string& in = string_field(obj, "input", at);
+    if (!in.empty()) user += "\n\n" + in;
+  }
+  return {{"user", user}, {"assistant", string_field(obj, "output", at)}};
+}
 
-  Example read(const std::string& line, const std::string& at) {
-    json obj;
-    try {
-      obj = json::parse(line);
-    } catch (const json::parse_error& e) {
-      throw DatasetError(at + "malformed JSON: " + e.what());
-    }
+// Parses one JSON record into an example; `tmpl` is resolved on the first conversation record.
+class RecordReader {
+ public:
+  RecordReader(const tok::Tokenizer& tok, const DatasetOptions& opt)
+      : tok_(tok), opt_(opt), fields_(opt.format), format_(format_by_name(opt.format.format)) {}
+
+  Example read(const json& obj, const std::string& at) {
     if (!obj.is_object()) throw DatasetError(at + "expected a JSON object, got " + std::string(obj.type_name()));
-    if (obj.contains("messages")) return chat(parse_messages(obj["messages"], at), at);
-    if (obj.contains("prompt") || obj.contains("completion")) {
-      const std::string& p = string_field(obj, "prompt", at);
-      const std::string& c = string_field(obj, "completion", at);
-      return tokenize_parts(tok_, {{p, opt_.train_on_prompt}, {c, true}}, false, true);
+    switch (format_) {
+      case Format::text: return text(obj, at);
+      case Format::completion: return completion(obj, at);
+      case Format::chat: return chat(parse_turns(obj, messages_field(), false, at), at);
+      case Format::sharegpt: return chat(parse_turns(obj, conversations_field(), true, at), at);
+      case Format::alpaca: return chat(parse_alpaca(obj, at), at);
+      case Format::auto_detect: break;
     }
-    if (obj.contains("text")) return tokenize_parts(tok_, {{string_field(obj, "text", at), true}}, false, true);
-    throw DatasetError(at + "expected a field 'text', 'prompt' + 'completion', or 'messages'");
+    for (const std::string& list : {messages_field(), conversations_field()}) {
+      if (obj.contains(list)) return chat(parse_turns(obj, list, looks_like_sharegpt(obj[list]), at), at);
+    }
+    if (obj.contains("instruction")) return chat(parse_alpaca(obj, at), at);
+    if (obj.contains(fields_.prompt_field) || obj.contains(fields_.completion_field)) return completion(obj, at);
+    if (obj.contains(fields_.text_field)) return text(obj, at);
+    std::string lists = "'" + messages_field() + "'";
+    if (conversations_field() != messages_field()) lists += ", '" + conversations_field() + "'";
+    throw DatasetError(at + "expected a field '" + fields_.text_field + "', '" + fields_.prompt_field + "' + '" +
+                       fields_.completion_field + "', " + lists + " or 'instruction' + 'output'");
   }
 
  private:
+  std::string messages_field() const { return fields_.messages_field.empty() ? "messages" : fields_.messages_field; }
+  std::string conversations_field() const {
+    return fields_.messages_field.empty() ? "conversations" : fields_.messages_field;
+  }
+
+  Example text(const json& obj, const std::string& at) {
+    return tokenize_parts(tok_, {{string_field(obj, fields_.text_field, at), true}}, false, true);
+  }
+
+  Example completion(const json& obj, const std::string& at) {
+    const std::string& p = string_field(obj, fields_.prompt_field, at);
+    const std::string& c = string_field(obj, fields_.completion_field, at);
+    return tokenize_parts(tok_, {{p, opt_.train_on_prompt}, {c, true}}, false, true);
+  }
+
   Example chat(const std::vector<chat::Message>& msgs, const std::string& at) {
     try {
       if (!tmpl_) {
@@ -188,7 +265,13 @@ class JsonlReader {
 
   const tok::Tokenizer& tok_;
   const DatasetOptions& opt_;
+  const DataFormat& fields_;
+  Format format_;
   std::optional<chat::Template> tmpl_;
+
+ public:
+  // The template conversation records were rendered with, "" when there were none.
+  std::string chat_template() const { return tmpl_ ? chat::template_name(*tmpl_) : ""; }
 };
 
 // Cuts to seq_len + 1 tokens, or rejects; false when nothing is left to learn from.
@@ -214,17 +297,86 @@ bool fit_example(Example& ex, const DatasetOptions& opt, const std::string& at, 
 TokenizedFile read_jsonl(const std::string& path, const std::string& body, const tok::Tokenizer& tok,
                          const DatasetOptions& opt) {
   TokenizedFile out;
-  JsonlReader reader(tok, opt);
+  RecordReader reader(tok, opt);
   std::istringstream in(body);
   std::string line;
   for (size_t n = 1; std::getline(in, line); ++n) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     std::string at = where(path, n);
-    Example ex = reader.read(line, at);
+    json obj;
+    try {
+      obj = json::parse(line);
+    } catch (const json::parse_error& e) {
+      throw DatasetError(at + "malformed JSON: " + e.what());
+    }
+    Example ex = reader.read(obj, at);
     if (fit_example(ex, opt, at, out)) out.examples.push_back(std::move(ex));
   }
+  out.chat_template = reader.chat_template();
   if (out.examples.empty() && out.n_no_loss == 0) throw DatasetError(path + ": no examples (the file is empty)");
+  return out;
+}
+
+// The line on which each element of the top-level array in body starts (body parses as a JSON array): one pass
+// that skips strings and counts depth.
+std::vector<size_t> element_lines(const std::string& body) {
+  std::vector<size_t> lines;
+  size_t line = 1;
+  int depth = 0;
+  bool in_string = false, expect_element = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (c == '\n') ++line;
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == ' ' || c == '\t' || c == '\r' || c == '\n') continue;
+    if (depth == 1 && expect_element && c != ']') lines.push_back(line);
+    expect_element = false;
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      expect_element = ++depth == 1;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    } else if (c == ',' && depth == 1) {
+      expect_element = true;
+    }
+  }
+  return lines;
+}
+
+// A top-level array of records, each read like a JSONL line; errors name the line and the record's index.
+TokenizedFile read_json_array(const std::string& path, const std::string& body, const tok::Tokenizer& tok,
+                              const DatasetOptions& opt) {
+  json records;
+  try {
+    records = json::parse(body);
+  } catch (const json::parse_error& e) {
+    throw DatasetError(path + ": malformed JSON: " + e.what());
+  }
+  if (!records.is_array()) {
+    throw DatasetError(path + ": expected a top-level JSON array of records, got " +
+                       std::string(records.type_name()) + " (a file of one record per line is read as .jsonl)");
+  }
+  const std::vector<size_t> lines = element_lines(body);
+  TokenizedFile out;
+  RecordReader reader(tok, opt);
+  for (size_t i = 0; i < records.size(); ++i) {
+    std::string at = path;
+    if (lines.size() == records.size()) at.append(":").append(std::to_string(lines[i]));
+    at.append(": record [").append(std::to_string(i)).append("]: ");
+    Example ex = reader.read(records[i], at);
+    if (fit_example(ex, opt, at, out)) out.examples.push_back(std::move(ex));
+  }
+  if (out.examples.empty() && out.n_no_loss == 0) throw DatasetError(path + ": no examples (the array is empty)");
+  out.chat_template = reader.chat_template();
   return out;
 }
 
@@ -250,11 +402,15 @@ TokenizedFile read_txt(const std::string& path, const std::string& body, const t
 
 TokenizedFile tokenize_file(const std::string& path, const tok::Tokenizer& tok, const DatasetOptions& opt) {
   if (opt.seq_len < 1) throw DatasetError("seq_len must be at least 1");
+  format_by_name(opt.format.format);
   std::string body = read_all(path);
   if (ends_with(path, ".jsonl")) return read_jsonl(path, body, tok, opt);
+  if (ends_with(path, ".json")) return read_json_array(path, body, tok, opt);
   if (ends_with(path, ".txt")) return read_txt(path, body, tok, opt);
-  throw DatasetError(path + ": unknown dataset format; expected a .txt or .jsonl file");
+  throw DatasetError(path + ": unknown dataset format; expected a .txt, .jsonl or .json file");
 }
+
+std::vector<std::string> data_format_names() { return {std::begin(kFormatNames), std::end(kFormatNames)}; }
 
 std::string show_mask(const tok::Tokenizer& tok, const Example& ex) {
   std::string out;

@@ -193,4 +193,24 @@ uint64_t File::get_uint_or(const std::string& key, uint64_t def) const { return 
 double File::get_float_or(const std::string& key, double def) const { return find(key) ? get_float(key) : def; }
 bool File::get_bool_or(const std::string& key, bool def) const { return find(key) ? get_bool(key) : def; }
 
+bool File::is_adapter() const {
+  const Value* t = find("general.type");
+  return t && t->type == ValueType::STRING && std::get<std::string>(t->v) == "adapter";
+}
+
+void File::expect_model() const {
+  if (is_adapter())
+    throw FormatError(path_ + " is a LoRA adapter (general.type = adapter), not a model: give it as --adapter (or "
+                      "--lora) and the base model it was trained on as --model");
+}
+
+void File::expect_adapter() const {
+  if (is_adapter()) return;
+  if (tensor("token_embd.weight") || find("tokenizer.ggml.model"))
+    throw FormatError(path_ + " is a model (it has " +
+                      std::string(tensor("token_embd.weight") ? "token_embd.weight" : "a tokenizer") +
+                      "), not a LoRA adapter: give it as --model; an adapter is the adapter.gguf a training run "
+                      "writes (general.type = adapter)");
+}
+
 }  // namespace q4t::gguf

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -94,6 +95,13 @@ class File {
   double get_float_or(const std::string& key, double def) const;
   bool get_bool_or(const std::string& key, bool def) const;
 
+  // A LoRA adapter (general.type "adapter") rather than a model.
+  bool is_adapter() const;
+  // Throw FormatError saying what the file is and where it goes when a LoRA adapter is given as the model, or a
+  // model (no general.type "adapter", a token_embd.weight or a tokenizer) as the adapter.
+  void expect_model() const;
+  void expect_adapter() const;
+
  private:
   File() = default;
   std::string path_;
@@ -112,6 +120,10 @@ class Writer {
   void set(const std::string& key, Value v);  // replaces an existing key, keeps first-insertion order
   // data must hold exactly the bytes of a tensor of this type and ne (checked).
   void add_tensor(const std::string& name, std::vector<int64_t> ne, GgmlType type, std::vector<uint8_t> data);
+  // A tensor whose bytes `produce` makes while write() streams the file, one tensor at a time, so that a file
+  // larger than memory can be written (checked for size then).
+  void add_tensor(const std::string& name, std::vector<int64_t> ne, GgmlType type,
+                  std::function<std::vector<uint8_t>()> produce);
   // Writes version 3 with general.alignment (default 32) atomically; throws std::runtime_error naming the path.
   void write(const std::string& path) const;
 
@@ -120,8 +132,11 @@ class Writer {
     std::string name;
     std::vector<int64_t> ne;
     GgmlType type;
-    std::vector<uint8_t> data;
+    uint64_t bytes;
+    std::vector<uint8_t> data;                      // or, when empty and produce is set,
+    std::function<std::vector<uint8_t>()> produce;  // what makes it at write time
   };
+  uint64_t checked_bytes(const std::string& name, const std::vector<int64_t>& ne, GgmlType type) const;
   std::vector<std::pair<std::string, Value>> kv_;
   std::vector<PendingTensor> tensors_;
 };

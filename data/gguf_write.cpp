@@ -1,6 +1,7 @@
 // Writing a GGUF v3 file: the header (metadata in insertion order, tensor infos with offsets padded to the
-// alignment) is serialised in memory and checked first; then header and tensor data stream into PATH.tmp-XXXXXXXX
-// in the same directory, which is fsynced and renamed over PATH. On any failure the temp file is removed, so an
+// alignment) is serialised in memory and checked first; then header and tensor data (each produced tensor made
+// just before it is written) stream into PATH.tmp-XXXXXXXX in the same directory, which is fsynced and renamed
+// over PATH. On any failure the temp file is removed, so an
 // existing PATH is never touched.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -180,21 +181,30 @@ void Writer::set(const std::string& key, Value v) {
   kv_.emplace_back(key, std::move(v));
 }
 
-void Writer::add_tensor(const std::string& name, std::vector<int64_t> ne, GgmlType type, std::vector<uint8_t> data) {
+uint64_t Writer::checked_bytes(const std::string& name, const std::vector<int64_t>& ne, GgmlType type) const {
   const std::string what = "gguf writer: tensor '" + name + "'";
   if (name.empty()) throw std::invalid_argument("gguf writer: empty tensor name");
   for (const PendingTensor& t : tensors_)
     if (t.name == name) throw std::invalid_argument(what + " added twice");
-  uint64_t want;
   try {
-    want = tensor_bytes(type, ne);
+    return tensor_bytes(type, ne);
   } catch (const FormatError& e) {
     throw std::invalid_argument(what + ": " + e.what());
   }
+}
+
+void Writer::add_tensor(const std::string& name, std::vector<int64_t> ne, GgmlType type, std::vector<uint8_t> data) {
+  const uint64_t want = checked_bytes(name, ne, type);
   if (data.size() != want)
-    throw std::invalid_argument(what + " (" + type_name(type) + ", ne = " + ne_string(ne) + ") needs " +
-                                std::to_string(want) + " bytes of data, got " + std::to_string(data.size()));
-  tensors_.push_back({name, std::move(ne), type, std::move(data)});
+    throw std::invalid_argument("gguf writer: tensor '" + name + "' (" + type_name(type) + ", ne = " + ne_string(ne) +
+                                ") needs " + std::to_string(want) + " bytes of data, got " + std::to_string(data.size()));
+  tensors_.push_back({name, std::move(ne), type, want, std::move(data), nullptr});
+}
+
+void Writer::add_tensor(const std::string& name, std::vector<int64_t> ne, GgmlType type,
+                        std::function<std::vector<uint8_t>()> produce) {
+  const uint64_t want = checked_bytes(name, ne, type);
+  tensors_.push_back({name, std::move(ne), type, want, {}, std::move(produce)});
 }
 
 void Writer::write(const std::string& path) const {
@@ -225,15 +235,23 @@ void Writer::write(const std::string& path) const {
     for (int64_t d : t.ne) put<int64_t>(head, d);
     put<uint32_t>(head, uint32_t(t.type));
     put<uint64_t>(head, offset);
-    offset = align_up(offset + t.data.size(), alignment);
+    offset = align_up(offset + t.bytes, alignment);
   }
   head.resize(align_up(head.size(), alignment), 0);
 
   TempFile out(path);
   out.write(head.data(), head.size());
   for (const PendingTensor& t : tensors_) {
-    out.write(t.data.data(), t.data.size());
-    out.write_zeros(align_up(t.data.size(), alignment) - t.data.size());
+    if (t.produce) {
+      const std::vector<uint8_t> data = t.produce();
+      if (data.size() != t.bytes)
+        throw std::runtime_error(path + ": tensor '" + t.name + "' was made with " + std::to_string(data.size()) +
+                                 " bytes, not its " + std::to_string(t.bytes));
+      out.write(data.data(), data.size());
+    } else {
+      out.write(t.data.data(), t.data.size());
+    }
+    out.write_zeros(align_up(t.bytes, alignment) - t.bytes);
   }
   out.commit();
 }

@@ -9,6 +9,7 @@
 namespace q4t::tok {
 
 std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {
+  f.expect_model();
   if (!f.find("tokenizer.ggml.model"))
     throw TokenizerError(f.path() + ": no tokenizer.ggml.model key: the file carries no tokenizer");
   const std::string model = f.get_string("tokenizer.ggml.model");

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <thread>
@@ -64,6 +65,7 @@ CheckpointState make_state(int64_t step, uint64_t seed, int64_t rows = 16, int64
   s.rng_state.push_back(std::numeric_limits<uint64_t>::max());
   s.cursor = {2, 17 + uint64_t(step), seed};
   s.config_json = R"({"rank":4,"alpha":8,"model":"m.gguf"})";
+  s.elapsed_s = std::nextafter(1234.5 + double(step), 1e9);
   return s;
 }
 
@@ -91,6 +93,7 @@ void expect_states_bitwise_equal(const CheckpointState& a, const CheckpointState
   EXPECT_EQ(a.cursor.index, b.cursor.index);
   EXPECT_EQ(a.cursor.seed, b.cursor.seed);
   EXPECT_EQ(a.config_json, b.config_json);
+  EXPECT_EQ(0, std::memcmp(&a.elapsed_s, &b.elapsed_s, sizeof(double)));
 }
 
 std::vector<std::string> entries(const std::string& dir) {
@@ -126,6 +129,22 @@ TEST_F(CheckpointTest, SavedCheckpointLoadsBackBitwiseExact) {
   q4t::save_checkpoint(out_, s, 3);
   EXPECT_EQ(entries(root_), std::vector<std::string>{"step-7"});
   expect_states_bitwise_equal(s, q4t::load_checkpoint(step_dir(7)));
+}
+
+TEST_F(CheckpointTest, ElapsedTrainingTimeSurvivesTheRoundTrip) {
+  CheckpointState s = make_state(3, 9);
+  s.elapsed_s = 98765.4321;
+  q4t::save_checkpoint(out_, s, 0);
+  EXPECT_EQ(q4t::load_checkpoint(step_dir(3)).elapsed_s, 98765.4321);
+  std::ifstream state(step_dir(3) + "/state.json");
+  const std::string text((std::istreambuf_iterator<char>(state)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"elapsed_s\": 98765.4321"), std::string::npos) << text;
+
+  // JSON has no NaN: a non-finite time is saved as 0 rather than as a null that would not load.
+  s.step = 4;
+  s.elapsed_s = std::nan("");
+  q4t::save_checkpoint(out_, s, 0);
+  EXPECT_EQ(q4t::load_checkpoint(step_dir(4)).elapsed_s, 0.0);
 }
 
 TEST_F(CheckpointTest, SavingTheSameStepAgainReplacesIt) {

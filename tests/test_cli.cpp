@@ -1,36 +1,26 @@
 // The q4tune binary as a user runs it: exit codes, one-line errors, selftest and the bench's JSON.
 #include <cmath>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <string>
 
 #include "data/gguf.h"
 #include "malformed_gguf.h"
+#include "shell.h"
 
 namespace {
 
-struct CmdResult {
-  int code;
-  std::string out;  // stdout and stderr together
-};
+using q4t::test::CmdResult;
 
 CmdResult run(const std::string& args, const std::string& env = "") {
-  const std::string cmd = env + " " + std::string(Q4TUNE_BIN) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return q4t::test::run_shell(env + " " + std::string(Q4TUNE_BIN) + " " + args);
 }
 
 int count_lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
@@ -70,7 +60,7 @@ TEST(Cli, TyposGetADidYouMeanAndEveryUsageErrorExitsWith2) {
                 "init-model lists them"},
            Case{"train --model never.gguf --lora-rnak 8", "has no option '--lora-rnak' (did you mean '--lora-rank'?)"},
            Case{"bench train --shap small", "q4tune bench train has no option '--shap' (did you mean '--shape'?)"},
-           Case{"logits", "q4tune: error: logits: MODEL is required"},
+           Case{"logits", "q4tune: error: logits: a model: -m/--model FILE.gguf (or MODEL) is required"},
            Case{"--bogus", "q4tune: error: unknown option '--bogus'; q4tune help lists the commands"},
            Case{"init-model --out never.gguf --qwerty 1", "q4tune init-model has no option '--qwerty'; q4tune help"},
        }) {
@@ -383,6 +373,42 @@ TEST(Cli, AMatrixInATypeTheTableLacksIsOneErrorNamingTheTensorAndItsType) {
   r = run("info " + bad);
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("not supported by q4tune (iq2_xxs)"), std::string::npos) << r.out;
+  std::filesystem::remove_all(dir);
+}
+
+// Train and eval say what share of the rows is real tokens; unpacked rows that are mostly padding get the advice
+// to --pack, with the rows packing would take.
+TEST(Cli, TrainAndEvalReportHowMuchOfTheRowsIsPadding) {
+  const auto dir = std::filesystem::temp_directory_path() / ("q4t-cli-padding-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string model = (dir / "tiny.gguf").string(), data = (dir / "pairs.json").string();
+  ASSERT_EQ(run("init-model --out " + model).code, 0);
+  {
+    std::ofstream f(data);
+    f << "[\n";
+    for (int i = 0; i < 8; ++i)
+      f << (i ? ",\n" : "") << "  {\"instruction\": \"Echo " << i << "\", \"input\": \"\", \"output\": \"" << i << "\"}";
+    f << "\n]\n";
+  }
+  const std::string env = "XDG_CACHE_HOME=" + (dir / "cache").string();
+  const std::string common =
+      " --model " + model + " --data " + data + " --data-format alpaca --chat-template chatml --seq-len 140 --device cpu";
+  const CmdResult train = run("train" + common + " --steps 1 --out " + (dir / "run").string(), env);
+  ASSERT_EQ(train.code, 0) << train.out;
+  std::smatch m;
+  const std::regex advice(R"(rows: (\d+)% real tokens, (\d+)% padding \(--pack would fit the same data in about (\d+) rows? instead of 8\))");
+  ASSERT_TRUE(std::regex_search(train.out, m, advice)) << train.out;
+  EXPECT_LT(std::stoi(m[1]), 75);
+  EXPECT_EQ(std::stoi(m[1]) + std::stoi(m[2]), 100);
+  EXPECT_EQ(std::stoi(m[3]), 4);  // each example takes about 70 of the 140 positions
+
+  const CmdResult eval = run("eval" + common + " --pack", env);
+  ASSERT_EQ(eval.code, 0) << eval.out;
+  const std::regex packed(R"(rows \(packed\): (\d+)% real tokens, (\d+)% padding\n)");
+  ASSERT_TRUE(std::regex_search(eval.out, m, packed)) << eval.out;
+  EXPECT_GE(std::stoi(m[1]), 75);
+  EXPECT_EQ(eval.out.find("--pack would"), std::string::npos) << eval.out;
   std::filesystem::remove_all(dir);
 }
 

@@ -117,6 +117,26 @@ Rendered render(chat::Template t, const std::string& bos = "<s>", const std::str
   return r;
 }
 
+// generate --chat's prompt: for every family, the conversation up to the last user turn plus the assistant header
+// is where the training rendering of the whole conversation continues with the answer, which ends with turn_end.
+TEST(ChatTemplate, TheGenerationPromptIsWhereTheTrainedAnswerBegins) {
+  const std::vector<chat::Message> asked(kConversation.begin(), kConversation.end() - 1);
+  for (chat::Template t : {chat::Template::chatml, chat::Template::llama3, chat::Template::llama2,
+                           chat::Template::mistral, chat::Template::zephyr, chat::Template::gemma,
+                           chat::Template::phi3}) {
+    const std::string full = render(t).text, prompt = chat::generation_prompt(t, asked, "<s>", "</s>");
+    ASSERT_EQ(full.rfind(prompt, 0), 0u) << chat::template_name(t) << "\n" << prompt << "\n" << full;
+    const std::string answer = full.substr(prompt.size()), end = chat::turn_end(t, "</s>");
+    // llama2: "[/INST] Bye! </s>", the spaces belong to the answer.
+    const std::string want = t == chat::Template::llama2 ? " Bye! " + end : "Bye!" + end;
+    EXPECT_EQ(answer.rfind(want, 0), 0u) << chat::template_name(t) << ": " << answer;
+  }
+  EXPECT_EQ(chat::generation_prompt(chat::Template::chatml, {{"system", "S"}, {"user", "U"}}, "<s>", "</s>"),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(chat::turn_end(chat::Template::gemma, "</s>"), "<end_of_turn>");
+  EXPECT_EQ(chat::turn_end(chat::Template::mistral, "</s>"), "</s>");
+}
+
 TEST(ChatTemplate, ChatmlRendersAThreeTurnConversation) {
   Rendered r = render(chat::Template::chatml);
   EXPECT_EQ(r.text,
@@ -297,6 +317,130 @@ TEST(Dataset, TextFilesArePackedIntoOverlappingWindows) {
   EXPECT_EQ(ds.batch_at(0, int64_t(ds.size())).n_label_tokens(), int64_t(stream.size()) - 1);
 }
 
+std::unique_ptr<tok::Tokenizer> chatml_tokenizer(const fs::path& dir) {
+  return chat_tokenizer(dir, {"<|im_start|>", "<|im_end|>"}, "{{ '<|im_start|>' + message['role'] }}");
+}
+
+void expect_same_examples(const TokenizedFile& got, const TokenizedFile& want) {
+  ASSERT_EQ(got.examples.size(), want.examples.size());
+  for (size_t i = 0; i < got.examples.size(); ++i) {
+    EXPECT_EQ(got.examples[i].ids, want.examples[i].ids) << "example " << i;
+    EXPECT_EQ(got.examples[i].mask, want.examples[i].mask) << "example " << i;
+  }
+}
+
+TEST(Formats, AlpacaRecordsAreAUserTurnAndAnAssistantTurn) {
+  fs::path d = fresh_dir("alpaca");
+  auto tok = chatml_tokenizer(d);
+  std::string alpaca = write(d / "a.jsonl",
+                             "{\"instruction\": \"Add\", \"input\": \"2 and 3\", \"output\": \"5\"}\n"
+                             "{\"instruction\": \"Say hi\", \"input\": \"\", \"output\": \"hi\"}\n"
+                             "{\"instruction\": \"Say yo\", \"output\": \"yo\"}\n");
+  std::string msgs = write(d / "m.jsonl",
+                           "{\"messages\": [{\"role\": \"user\", \"content\": \"Add\\n\\n2 and 3\"}, "
+                           "{\"role\": \"assistant\", \"content\": \"5\"}]}\n"
+                           "{\"messages\": [{\"role\": \"user\", \"content\": \"Say hi\"}, "
+                           "{\"role\": \"assistant\", \"content\": \"hi\"}]}\n"
+                           "{\"messages\": [{\"role\": \"user\", \"content\": \"Say yo\"}, "
+                           "{\"role\": \"assistant\", \"content\": \"yo\"}]}\n");
+  DatasetOptions o = opts(d, 256);
+  TokenizedFile a = tokenize_file(alpaca, *tok, o);
+  expect_same_examples(a, tokenize_file(msgs, *tok, o));
+  EXPECT_EQ(show_mask(*tok, a.examples.at(0)),
+            "<s><|im_start|> user\nAdd\n\n2 and 3<|im_end|> \n<|im_start|> assistant\n[5<|im_end|>] \n");
+  o.format.format = "alpaca";
+  expect_same_examples(tokenize_file(alpaca, *tok, o), a);
+  o.format.format = "auto";
+  o.train_on_prompt = true;
+  TokenizedFile all = tokenize_file(alpaca, *tok, o);
+  expect_same_examples(all, tokenize_file(msgs, *tok, o));
+  EXPECT_GT(std::count(all.examples[0].mask.begin(), all.examples[0].mask.end(), 1),
+            std::count(a.examples[0].mask.begin(), a.examples[0].mask.end(), 1));
+}
+
+TEST(Formats, ShareGptConversationsMapHumanAndGptToUserAndAssistant) {
+  fs::path d = fresh_dir("sharegpt");
+  auto tok = chatml_tokenizer(d);
+  std::string sharegpt = write(d / "s.jsonl",
+                               "{\"conversations\": [{\"from\": \"system\", \"value\": \"Be brief.\"}, "
+                               "{\"from\": \"human\", \"value\": \"Hi\"}, {\"from\": \"gpt\", \"value\": \"Hey\"}, "
+                               "{\"from\": \"user\", \"value\": \"Bye\"}, {\"from\": \"assistant\", \"value\": \"Bye!\"}]}\n");
+  std::string msgs = write(d / "m.jsonl",
+                           "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, "
+                           "{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Hey\"}, "
+                           "{\"role\": \"user\", \"content\": \"Bye\"}, {\"role\": \"assistant\", \"content\": \"Bye!\"}]}\n");
+  DatasetOptions o = opts(d, 256);
+  TokenizedFile s = tokenize_file(sharegpt, *tok, o);
+  expect_same_examples(s, tokenize_file(msgs, *tok, o));
+  EXPECT_EQ(show_mask(*tok, s.examples.at(0)),
+            "<s><|im_start|> system\nBe brief.<|im_end|> \n<|im_start|> user\nHi<|im_end|> \n"
+            "<|im_start|> assistant\n[Hey<|im_end|>] \n<|im_start|> user\nBye<|im_end|> \n"
+            "<|im_start|> assistant\n[Bye!<|im_end|>] \n");
+  o.format.format = "sharegpt";
+  expect_same_examples(tokenize_file(sharegpt, *tok, o), s);
+}
+
+TEST(Formats, JsonArraysReadEachElementLikeAJsonlLine) {
+  fs::path d = fresh_dir("jsonarray");
+  auto tok = chatml_tokenizer(d);
+  const std::vector<std::string> records = {
+      "{\"text\": \"plain [text], {with} \\\"brackets\\\"\"}",
+      "{\"prompt\": \"Q?\", \"completion\": \" A\"}",
+      "{\"instruction\": \"Add\", \"input\": \"1 and 1\", \"output\": \"2\"}",
+      "{\"conversations\": [{\"from\": \"human\", \"value\": \"Hi\"}, {\"from\": \"gpt\", \"value\": \"Yo\"}]}",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Yo\"}]}"};
+  std::string lines, array = "[\n";
+  for (size_t i = 0; i < records.size(); ++i) {
+    lines += records[i] + "\n";
+    array += "  " + records[i] + (i + 1 < records.size() ? ",\n" : "\n");
+  }
+  array += "]\n";
+  DatasetOptions o = opts(d, 256);
+  TokenizedFile from_array = tokenize_file(write(d / "r.json", array), *tok, o);
+  EXPECT_EQ(from_array.examples.size(), records.size());
+  expect_same_examples(from_array, tokenize_file(write(d / "r.jsonl", lines), *tok, o));
+}
+
+TEST(Formats, FieldNamesAndTheFormatCanBeMapped) {
+  fs::path d = fresh_dir("mapping");
+  auto tok = chatml_tokenizer(d);
+  DatasetOptions o = opts(d, 256);
+  std::string turns = "[{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Yo\"}]";
+  TokenizedFile standard = tokenize_file(write(d / "standard.jsonl",
+                                               "{\"text\": \"abc\"}\n{\"prompt\": \"Q?\", \"completion\": \" A\"}\n"
+                                               "{\"messages\": " + turns + "}\n"),
+                                         *tok, o);
+  DatasetOptions mapped = o;
+  mapped.format.text_field = "body";
+  mapped.format.prompt_field = "q";
+  mapped.format.completion_field = "a";
+  mapped.format.messages_field = "dialog";
+  std::string renamed = write(d / "renamed.jsonl",
+                              "{\"body\": \"abc\"}\n{\"q\": \"Q?\", \"a\": \" A\"}\n{\"dialog\": " + turns + "}\n");
+  expect_same_examples(tokenize_file(renamed, *tok, mapped), standard);
+
+  // --messages-field also names the list of ShareGPT turns.
+  mapped.format.format = "sharegpt";
+  std::string sharegpt = write(d / "sharegpt.jsonl",
+                               "{\"dialog\": [{\"from\": \"human\", \"value\": \"Hi\"}, {\"from\": \"gpt\", "
+                               "\"value\": \"Yo\"}]}\n");
+  const Example& chat = standard.examples.at(2);
+  EXPECT_EQ(tokenize_file(sharegpt, *tok, mapped).examples.at(0).ids, chat.ids);
+
+  // A fixed format reads its own fields even where auto would pick another shape.
+  std::string both = write(d / "both.jsonl", "{\"messages\": " + turns + ", \"text\": \"abc\", \"prompt\": \"Q?\", "
+                                             "\"completion\": \" A\"}\n");
+  TokenizedFile auto_read = tokenize_file(both, *tok, o);
+  EXPECT_EQ(auto_read.examples.at(0).ids, chat.ids);
+  DatasetOptions fixed = o;
+  fixed.format.format = "text";
+  EXPECT_EQ(tokenize_file(both, *tok, fixed).examples.at(0).ids, standard.examples.at(0).ids);
+  fixed.format.format = "completion";
+  TokenizedFile pc = tokenize_file(both, *tok, fixed);
+  EXPECT_EQ(pc.examples.at(0).ids, standard.examples.at(1).ids);
+  EXPECT_EQ(pc.examples.at(0).mask, standard.examples.at(1).mask);
+}
+
 std::vector<Example> hand_examples() {
   return {{{10, 11, 12, 13}, {0, 0, 1, 1}}, {{20, 21, 22}, {0, 1, 1}}};
 }
@@ -432,7 +576,8 @@ TEST(BadData, EveryCaseNamesFileAndLine) {
   e = err("e.txt", "\n\n", o);
   EXPECT_EQ(e, p + "e.txt: the file is empty");
   e = err("f.jsonl", "{\"title\": \"x\"}\n", o);
-  EXPECT_EQ(e, p + "f.jsonl:1: expected a field 'text', 'prompt' + 'completion', or 'messages'");
+  EXPECT_EQ(e, p + "f.jsonl:1: expected a field 'text', 'prompt' + 'completion', 'messages', 'conversations' or "
+                   "'instruction' + 'output'");
   e = err("g.jsonl", "[1, 2]\n", o);
   EXPECT_EQ(e, p + "g.jsonl:1: expected a JSON object, got array");
   e = err("h.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": 3}]}\n", o);
@@ -464,6 +609,67 @@ TEST(BadData, LongExamplesAreTruncatedAndCountedOrRejected) {
   std::string e = error_of([&] { tokenize_file(f, *tok, o); });
   // BOS + "▁" (the dummy prefix, one token) + 40 x + EOS = 43
   EXPECT_EQ(e, f + ":2: example has 43 tokens, more than the context of 16 + 1 (no_truncate is set)");
+}
+
+TEST(BadData, FormatErrorsNameTheFileTheLineTheRecordAndTheField) {
+  fs::path d = fresh_dir("badformat");
+  auto tok = chatml_tokenizer(d);
+  DatasetOptions o = opts(d, 64);
+  auto err = [&](const std::string& name, const std::string& body, const DatasetOptions& with) {
+    std::string f = write(d / name, body);
+    return error_of([&] { tokenize_file(f, *tok, with); });
+  };
+  std::string p = (d / "").string();
+  std::string e = err("a.jsonl",
+                      "{\"conversations\": [{\"from\": \"human\", \"value\": \"Hi\"}, {\"from\": \"gpt\", \"value\": "
+                      "\"Yo\"}]}\n{\"conversations\": [{\"from\": \"human\", \"value\": \"Hi\"}, {\"from\": \"bot\", "
+                      "\"value\": \"Yo\"}]}\n",
+                      o);
+  EXPECT_EQ(e, p + "a.jsonl:2: conversations[1]: unknown 'from' value 'bot'; accepted: system, human, user, gpt, "
+                   "assistant");
+  e = err("b.jsonl", "{\"instruction\": \"Add\", \"input\": \"1 and 1\"}\n", o);
+  EXPECT_EQ(e, p + "b.jsonl:1: missing field 'output'");
+  e = err("c.jsonl", "{\"instruction\": \"Add\", \"input\": 7, \"output\": \"2\"}\n", o);
+  EXPECT_EQ(e, p + "c.jsonl:1: field 'input' is number, expected a string");
+
+  DatasetOptions sharegpt = o;
+  sharegpt.format.format = "sharegpt";
+  e = err("d.jsonl", "{\"conversations\": [{\"role\": \"user\", \"content\": \"Hi\"}]}\n", sharegpt);
+  EXPECT_EQ(e, p + "d.jsonl:1: conversations[0]: missing field 'from'");
+  e = err("e.jsonl", "{\"messages\": []}\n", sharegpt);
+  EXPECT_EQ(e, p + "e.jsonl:1: missing field 'conversations'");
+
+  DatasetOptions mapped = o;
+  mapped.format.format = "completion";
+  mapped.format.prompt_field = "question";
+  e = err("f.jsonl", "{\"text\": \"x\"}\n{\"prompt\": \"p\", \"completion\": \"c\"}\n", mapped);
+  EXPECT_EQ(e, p + "f.jsonl:1: missing field 'question'");
+  mapped.format.format = "text";
+  mapped.format.text_field = "body";
+  e = err("g.jsonl", "{\"text\": \"x\"}\n", mapped);
+  EXPECT_EQ(e, p + "g.jsonl:1: missing field 'body'");
+  mapped.format.format = "chat";
+  mapped.format.messages_field = "dialog";
+  e = err("h.jsonl", "{\"dialog\": \"hello\"}\n", mapped);
+  EXPECT_EQ(e, p + "h.jsonl:1: field 'dialog' is string, expected an array of {\"role\", \"content\"} objects");
+  mapped.format.format = "xml";
+  e = err("i.jsonl", "{\"text\": \"x\"}\n", mapped);
+  EXPECT_EQ(e, "unknown data format 'xml'; known: auto, text, completion, chat, alpaca, sharegpt");
+
+  e = err("j.json", "{\"text\": \"x\"}\n", o);
+  EXPECT_EQ(e, p + "j.json: expected a top-level JSON array of records, got object (a file of one record per line "
+                   "is read as .jsonl)");
+  // The line of a record is found past strings holding brackets, commas and escaped quotes.
+  e = err("k.json", "[\n  {\"text\": \"a [x], {y} \\\"q\\\" \\\\\"},\n  {\"text\": \"b\"},\n\n  {\"prompt\": \"p\"}\n]\n", o);
+  EXPECT_EQ(e, p + "k.json:5: record [2]: missing field 'completion'");
+  e = err("l.json", "[{\"text\": \"a\"}, 3]", o);
+  EXPECT_EQ(e, p + "l.json:1: record [1]: expected a JSON object, got number");
+  e = err("m.json", "[{\"text\": \"a\"},\n", o);
+  EXPECT_EQ(e.rfind(p + "m.json: malformed JSON", 0), 0u) << e;
+  e = err("n.json", " [ ]\n", o);
+  EXPECT_EQ(e, p + "n.json: no examples (the array is empty)");
+  e = err("o.csv", "text\nx\n", o);
+  EXPECT_EQ(e, p + "o.csv: unknown dataset format; expected a .txt, .jsonl or .json file");
 }
 
 TEST(Cache, SecondLoadHitsAndCorruptionIsRebuilt) {
@@ -516,6 +722,43 @@ TEST(Cache, KeyChangesWithTheTokenizerTheOptionsAndTheFile) {
   EXPECT_NE(cache_entry_path(f, *tok, prompt), base);
   write(d / "c.jsonl", numbered_jsonl(3));
   EXPECT_NE(cache_entry_path(f, *tok, o), base);
+}
+
+TEST(Cache, KeyChangesWithTheDataFormatAndEachFieldName) {
+  fs::path d = fresh_dir("cachekeyformat");
+  auto tok = byte_tokenizer(d);
+  std::string f = write(d / "c.jsonl", numbered_jsonl(2));
+  DatasetOptions o = opts(d);
+  std::set<std::string> entries = {cache_entry_path(f, *tok, o)};
+  const std::vector<std::function<void(DataFormat&)>> changes = {
+      [](DataFormat& m) { m.format = "text"; },           [](DataFormat& m) { m.text_field = "body"; },
+      [](DataFormat& m) { m.prompt_field = "q"; },        [](DataFormat& m) { m.completion_field = "a"; },
+      [](DataFormat& m) { m.messages_field = "dialog"; }};
+  for (const auto& change : changes) {
+    DatasetOptions changed = o;
+    change(changed.format);
+    entries.insert(cache_entry_path(f, *tok, changed));
+  }
+  EXPECT_EQ(entries.size(), changes.size() + 1);
+  // A .json file of the same records has its own entry.
+  std::string array = write(d / "c.json", "[{\"text\": \"example 0\"}, {\"text\": \"example 1\"}]");
+  EXPECT_EQ(entries.count(cache_entry_path(array, *tok, o)), 0u);
+}
+
+TEST(Batching, PaddingReportGivesTheRealShareAndWhenPackingHelps) {
+  DatasetOptions o;
+  o.seq_len = 5;  // 3 + 2 input positions in 2 rows of 5
+  EXPECT_EQ(padding_report(Dataset(hand_examples(), o, 2)),
+            "rows: 50% real tokens, 50% padding (--pack would fit the same data in about 1 row instead of 2)");
+  o.seq_len = 4;  // 3 + 2 of 8: packing would not fit both examples in one row, so no advice
+  EXPECT_EQ(padding_report(Dataset(hand_examples(), o, 2)), "rows: 63% real tokens, 37% padding");
+  o.seq_len = 3;  // 3 + 2 of 6: above the 75% where packing is advised
+  EXPECT_EQ(padding_report(Dataset(hand_examples(), o, 2)), "rows: 83% real tokens, 17% padding");
+  o.seq_len = 6;
+  o.pack = true;
+  EXPECT_EQ(padding_report(Dataset(hand_examples(), o, 2)), "rows (packed): 83% real tokens, 17% padding");
+  o.seq_len = 4;  // packed, yet one example per row
+  EXPECT_EQ(padding_report(Dataset(hand_examples(), o, 2)), "rows (packed): 63% real tokens, 37% padding");
 }
 
 }  // namespace

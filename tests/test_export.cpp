@@ -313,6 +313,37 @@ TEST(SafetensorsFile, RoundTripsWithAlignedHeaderAndRejectsBadFiles) {
   EXPECT_THROW(safetensors::read(p.string()), safetensors::FormatError);
 }
 
+// PEFT's base_model_name_or_path: the Hugging Face id a GGUF names in its source or base-model keys (first match
+// in this order), else its general.name, else its path.
+TEST(PeftExport, BaseModelIdComesFromTheSourceKeysThenTheName) {
+  TempDir dir;
+  auto name_of = [&](const std::vector<std::pair<std::string, std::string>>& keys) {
+    gguf::Writer w;
+    w.set("general.architecture", gguf::Value::str("llama"));
+    for (const auto& [k, v] : keys) w.set(k, gguf::Value::str(v));
+    const std::string path = (dir / "keys.gguf").string();
+    w.write(path);
+    return base_model_name(*gguf::File::open(path));
+  };
+  EXPECT_EQ(name_of({}), (dir / "keys.gguf").string());
+  EXPECT_EQ(name_of({{"general.name", "TinyLlama Chat"}}), "TinyLlama Chat");
+  EXPECT_EQ(name_of({{"general.name", "x"}, {"general.base_model.0.repo_url", "https://huggingface.co/org/base"}}),
+            "org/base");
+  EXPECT_EQ(name_of({{"general.base_model.0.repo_url", "https://huggingface.co/org/base"},
+                     {"general.source.url", "https://huggingface.co/org/source/"}}),
+            "org/source");
+  EXPECT_EQ(name_of({{"general.source.url", "https://example.com/org/source"},
+                     {"general.source.repo_url", "https://huggingface.co/TinyLlama/TinyLlama-1.1B-Chat-v1.0"}}),
+            "TinyLlama/TinyLlama-1.1B-Chat-v1.0");
+  EXPECT_EQ(name_of({{"general.source.repo_url", "https://huggingface.co/a/b"},
+                     {"general.source.huggingface.repository", "Qwen/Qwen2.5-0.5B"}}),
+            "Qwen/Qwen2.5-0.5B");
+  // Addresses that are not a Hugging Face repository are passed over.
+  EXPECT_EQ(name_of({{"general.name", "n"}, {"general.source.url", "https://github.com/org/repo"},
+                     {"general.base_model.0.repo_url", "https://huggingface.co/just-a-name"}}),
+            "n");
+}
+
 TEST(ExportFailures, LeaveNothingBehindAndExistingFilesUntouched) {
   TempDir dir;
   Fixture f(dir / "m.gguf", "llama", "f32", 0.5);

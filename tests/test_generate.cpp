@@ -557,7 +557,7 @@ TEST(Generate, TheCommandPrintsThePromptAndItsContinuation) {
   auto [m, tok] = load("qwen2", *devices().cpu);
   Decoder dec(*m);
   EXPECT_EQ(out.str(), "Once" + generate(dec, *tok, "Once", greedy(6)).text + "\n");
-  o.ctx = 3;
+  o.seq_len = 3;
   std::ostringstream none;
   EXPECT_THROW(run_generate(o, none), std::length_error);
   EXPECT_EQ(none.str(), "") << "a prompt that does not fit fails before anything is printed";

@@ -1,5 +1,6 @@
-// The run log: metrics.jsonl lines and their truncation on resume, the loss chart's SVG for 0, 1, flat and very
-// many points, and the progress display on a terminal and on a plain stream.
+// The run log: metrics.jsonl lines and their truncation on resume, the TensorBoard events files (read back by a
+// reader of the test's own), the loss chart's SVG for 0, 1, flat and very many points with its smoothed curve and
+// learning-rate axis, and the progress display on a terminal and on a plain stream.
 #include "train/run_log.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -84,7 +87,23 @@ TEST_F(RunLogTest, EveryMetricsLineIsAJsonObjectWithItsFields) {
   EXPECT_EQ(eval["type"], "eval");
   EXPECT_EQ(eval["step"], 1);
   EXPECT_DOUBLE_EQ(eval["val_loss"].get<double>(), 2.0);
-  EXPECT_NEAR(eval["val_ppl"].get<double>(), std::exp(2.0), 1e-12);
+  EXPECT_NEAR(eval["val_ppl"].get<double>(), std::exp(2.0), 1e-5);  // 6 significant digits
+}
+
+TEST_F(RunLogTest, MetricsFloatsAreWrittenWithAtMostSixSignificantDigits) {
+  MetricsLog log = MetricsLog::open(metrics_);
+  const double lr = 0.0002 * 3;  // 0.0006000000000000001 in full
+  log.log_train(1, 2.123456789, lr, 1234.5678, {{"grad_norm", 1.0 / 3}, {"tokens", 512}, {"tiny", 1.5e-5}});
+  log.log_eval(1, 2.0, {{"val_tokens", 77}});
+  const std::vector<std::string> lines = lines_of(read_file(metrics_));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0], R"({"type":"train","step":1,"loss":2.12346,"lr":0.0006,"tokens_per_s":1234.57,)"
+                      R"("grad_norm":0.333333,"tiny":1.5e-05,"tokens":512})");
+  EXPECT_EQ(lines[1], R"({"type":"eval","step":1,"val_loss":2,"val_ppl":7.38906,"val_tokens":77})");
+  // Still numbers to a JSON reader; the series in memory keeps the full values.
+  EXPECT_DOUBLE_EQ(json::parse(lines[0])["lr"].get<double>(), 0.0006);
+  EXPECT_DOUBLE_EQ(log.series().lr.at(0).value, lr);
+  EXPECT_DOUBLE_EQ(read_loss_series(metrics_).lr.at(0).value, 0.0006);
 }
 
 TEST_F(RunLogTest, ANonFiniteLossIsWrittenAsNullAndLeftOutOfTheSeries) {
@@ -242,7 +261,10 @@ TEST_F(RunLogTest, ChartDrawsBothCurvesWithTheirPointsAndALegend) {
   const std::string svg = read_file(path);
   const SvgSummary sum = check_svg(svg);
   EXPECT_EQ(sum.polyline_points.at("train"), 100u);
+  EXPECT_EQ(sum.polyline_points.at("smoothed"), 100u);
   EXPECT_EQ(sum.polyline_points.at("val"), 10u);
+  EXPECT_EQ(sum.polyline_points.count("lr"), 0u);
+  EXPECT_EQ(svg.find("lr-axis"), std::string::npos) << "no lr points, no lr axis";
   EXPECT_EQ(sum.circles, 10u + 1u);  // a marker per val point, one in the legend
   EXPECT_NE(svg.find("run &lt;a&gt; &amp; &quot;b&quot;"), std::string::npos);
   EXPECT_NE(svg.find(">train</text>"), std::string::npos);
@@ -304,7 +326,7 @@ TEST_F(RunLogTest, ChartOfALongRunIsThinnedKeepingTheFirstAndLastPoints) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(svg, m, std::regex(R"re(id="train"[^>]*points="([0-9.]+),[^"]* ([0-9.]+),[0-9.]+")re")));
   EXPECT_EQ(m[1], "76.0");
-  EXPECT_EQ(m[2], "776.0");
+  EXPECT_EQ(m[2], "716.0");
 }
 
 TEST_F(RunLogTest, ChartRedrawnFromMetricsMatchesTheLoggedCurves) {
@@ -320,6 +342,105 @@ TEST_F(RunLogTest, ChartRedrawnFromMetricsMatchesTheLoggedCurves) {
   const SvgSummary sum = check_svg(loss_chart_svg(series.train, series.val, "redrawn"));
   EXPECT_EQ(sum.polyline_points.at("train"), 20u);
   EXPECT_EQ(sum.polyline_points.at("val"), 4u);
+}
+
+// The pixel points of the polyline with the given id.
+std::vector<std::pair<double, double>> polyline(const std::string& svg, const std::string& id) {
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(svg, m, std::regex("<polyline id=\"" + id + "\"[^>]*points=\"([^\"]*)\"")));
+  std::vector<std::pair<double, double>> points;
+  std::istringstream in(m[1].str());
+  double x, y;
+  char comma;
+  while (in >> x >> comma >> y) points.emplace_back(x, y);
+  return points;
+}
+
+// The value -> pixel map of an axis, read from the first and last of its tick labels (value and baseline y; a
+// label's baseline sits 4 px below its tick). Both are rounded to 0.1 px, so a mapped value is good to ~0.15 px.
+struct TickScale {
+  double v0 = 0, y0 = 0, v1 = 1, y1 = 1;
+  double to_pixel(double v) const { return y0 + (v - v0) / (v1 - v0) * (y1 - y0); }
+};
+TickScale tick_scale(const std::string& svg_part, const std::string& label_attrs) {
+  const std::regex label("<text x=\"[0-9.]+\" y=\"([0-9.]+)\"" + label_attrs + ">([-0-9.e+]+)</text>");
+  std::vector<std::pair<double, double>> ticks;  // (value, pixel)
+  for (auto it = std::sregex_iterator(svg_part.begin(), svg_part.end(), label); it != std::sregex_iterator(); ++it)
+    ticks.emplace_back(std::stod((*it)[2]), std::stod((*it)[1]) - 4);
+  EXPECT_GE(ticks.size(), 2u);
+  if (ticks.size() < 2) return {};
+  return {ticks.front().first, ticks.front().second, ticks.back().first, ticks.back().second};
+}
+
+TEST_F(RunLogTest, ChartSmoothsTheTrainCurveAndDrawsTheLearningRateOnItsOwnAxis) {
+  const std::vector<LossPoint> train{{1, 2.0}, {2, 0.0}, {3, 2.0}, {4, 0.0}, {5, 2.0}};
+  const std::vector<LossPoint> lr{{1, 1e-4}, {2, 2e-4}, {3, 2e-4}, {4, 1.5e-4}, {5, 5e-5}};
+  const std::string svg = loss_chart_svg(train, {}, "smooth", lr);
+  const SvgSummary sum = check_svg(svg);
+  EXPECT_EQ(sum.polyline_points.at("train"), 5u);
+  EXPECT_EQ(sum.polyline_points.at("smoothed"), 5u);
+  EXPECT_EQ(sum.polyline_points.at("lr"), 5u);
+
+  // The raw curve is faint and thin, the smoothed one bold and drawn after it (on top).
+  std::smatch raw, smooth;
+  ASSERT_TRUE(std::regex_search(svg, raw, std::regex(R"re(<polyline id="train"[^>]*stroke-width="([0-9.]+)" stroke-opacity="([0-9.]+)")re")));
+  ASSERT_TRUE(std::regex_search(svg, smooth, std::regex(R"re(<polyline id="smoothed"[^>]*stroke-width="([0-9.]+)")re")));
+  EXPECT_LT(std::stod(raw[2]), 0.5);
+  EXPECT_GT(std::stod(smooth[1]), std::stod(raw[1]));
+  EXPECT_LT(svg.find("id=\"train\""), svg.find("id=\"smoothed\""));
+  EXPECT_NE(svg.find(">train (smoothed)</text>"), std::string::npos);
+
+  // The steps span the frame exactly: step 1 at the left edge (76), step 5 at the right (716).
+  const std::vector<double> xs{76, 236, 396, 556, 716};
+  // The smoothed values as weighted averages: point k averages v_1..v_k with weights 0.9^(k-i), normalised.
+  const TickScale loss_scale = tick_scale(svg, R"( text-anchor="end")");
+  const std::vector<std::pair<double, double>> smoothed = polyline(svg, "smoothed");
+  ASSERT_EQ(smoothed.size(), 5u);
+  for (size_t k = 0; k < 5; ++k) {
+    double sum_wv = 0, sum_w = 0;
+    for (size_t i = 0; i <= k; ++i) {
+      const double w = std::pow(0.9, double(k - i));
+      sum_wv += w * train[i].value;
+      sum_w += w;
+    }
+    EXPECT_NEAR(smoothed[k].first, xs[k], 0.051) << k;
+    EXPECT_NEAR(smoothed[k].second, loss_scale.to_pixel(sum_wv / sum_w), 0.15) << k;
+  }
+  EXPECT_NEAR(smoothed[0].second, loss_scale.to_pixel(2.0), 0.15) << "the first point is not pulled towards 0";
+
+  // The lr axis: its own labels at the right, from 0, titled; the lr curve follows it, not the loss axis.
+  const size_t axis_begin = svg.find("<g id=\"lr-axis\"");
+  ASSERT_NE(axis_begin, std::string::npos);
+  const std::string axis = svg.substr(axis_begin, svg.find("</g>", axis_begin) - axis_begin);
+  EXPECT_NE(axis.find(">learning rate</text>"), std::string::npos);
+  EXPECT_NE(axis.find(">0</text>"), std::string::npos);
+  const TickScale lr_scale = tick_scale(axis, "");
+  EXPECT_EQ(lr_scale.v0, 0.0);
+  EXPECT_GE(lr_scale.v1, 2e-4);
+  EXPECT_NEAR(lr_scale.y0, 392, 0.051) << "0 sits on the frame's bottom";
+  const std::vector<std::pair<double, double>> lr_points = polyline(svg, "lr");
+  ASSERT_EQ(lr_points.size(), 5u);
+  for (size_t k = 0; k < 5; ++k) {
+    EXPECT_NEAR(lr_points[k].first, xs[k], 0.051) << k;
+    EXPECT_NEAR(lr_points[k].second, lr_scale.to_pixel(lr[k].value), 0.15) << k;
+  }
+}
+
+TEST(EmaSmoothed, MatchesTensorBoardsDebiasedAverageAndSkipsNonFiniteValues) {
+  const std::vector<LossPoint> s = ema_smoothed({{1, 4.0}, {2, std::nan("")}, {3, 2.0}, {4, 1.0}}, 0.5);
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[1].step, 3);
+  EXPECT_DOUBLE_EQ(s[0].value, 4.0);
+  EXPECT_DOUBLE_EQ(s[1].value, (0.5 * 4.0 + 2.0) / 1.5);
+  EXPECT_DOUBLE_EQ(s[2].value, (0.25 * 4.0 + 0.5 * 2.0 + 1.0) / 1.75);
+  EXPECT_EQ(ema_smoothed({{1, 3.0}}, 0.0)[0].value, 3.0);
+  EXPECT_THROW(ema_smoothed({}, 1.0), std::invalid_argument);
+}
+
+TEST(Plural, SaysOneStepAndTwoSteps) {
+  EXPECT_EQ(plural(1, "step"), "1 step");
+  EXPECT_EQ(plural(2, "step"), "2 steps");
+  EXPECT_EQ(plural(0, "checkpoint"), "0 checkpoints");
 }
 
 // ---- progress ----
@@ -408,6 +529,20 @@ TEST(Progress, EtaExtrapolatesOnlyTheStepsOfThisRun) {
   EXPECT_NE(cap.text().find("elapsed 0:20  eta 16:20"), std::string::npos) << cap.text();
 }
 
+TEST(Progress, ElapsedTimeContinuesFromTheResumedRuns) {
+  ProgressCapture cap;
+  ProgressOptions o = cap.options(ProgressOptions::Mode::Plain, 1000, 1);
+  o.start_step = 500;
+  o.elapsed_before = 125;  // 2:05 of training before the resume
+  Progress p(cap.stream, o);
+  cap.time += 20;
+  p.update(510, 1.0, 1e-4, 100.0);  // 10 steps in 20 s, 490 to go
+  EXPECT_NE(cap.text().find("elapsed 2:25  eta 16:20"), std::string::npos) << cap.text();
+  EXPECT_DOUBLE_EQ(p.elapsed_s(), 145.0);
+  o.elapsed_before = -1;
+  EXPECT_THROW(Progress(cap.stream, o), std::invalid_argument);
+}
+
 TEST(Progress, TerminalRedrawsOneLineThrottledAndAlwaysShowsTheLastStep) {
   ProgressCapture cap;
   {
@@ -465,6 +600,217 @@ TEST(Progress, RejectsImpossibleOptions) {
   ProgressOptions o = cap.options(ProgressOptions::Mode::Plain, 10, 1);
   o.start_step = 11;
   EXPECT_THROW(Progress(cap.stream, o), std::invalid_argument);
+}
+
+// ---- TensorBoard events ----
+
+// A reader of events files written for these tests alone, bit by bit from the TFRecord and protobuf formats.
+
+uint32_t bitwise_crc32c(std::string_view data) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (unsigned char byte : data) {
+    crc ^= byte;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc & 1) ? (crc >> 1) ^ 0x82F63B78u : crc >> 1;
+  }
+  return ~crc;
+}
+
+uint32_t masked(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
+
+uint64_t little_endian(std::string_view bytes) {
+  uint64_t v = 0;
+  for (size_t i = bytes.size(); i-- > 0;) v = v << 8 | static_cast<unsigned char>(bytes[i]);
+  return v;
+}
+
+// The records' data, each checked against its two CRCs.
+std::vector<std::string> read_tfrecords(const std::string& contents) {
+  std::vector<std::string> records;
+  size_t pos = 0;
+  while (pos < contents.size()) {
+    EXPECT_GE(contents.size() - pos, 12u) << "a cut-off record header at byte " << pos;
+    if (contents.size() - pos < 12) break;
+    const std::string_view header(contents.data() + pos, 8);
+    const uint64_t length = little_endian(header);
+    EXPECT_EQ(little_endian(std::string_view(contents.data() + pos + 8, 4)), masked(bitwise_crc32c(header)));
+    EXPECT_GE(contents.size() - pos - 12, length + 4) << "a cut-off record at byte " << pos;
+    if (contents.size() - pos - 12 < length + 4) break;
+    const std::string data = contents.substr(pos + 12, length);
+    EXPECT_EQ(little_endian(std::string_view(contents.data() + pos + 12 + length, 4)), masked(bitwise_crc32c(data)));
+    records.push_back(data);
+    pos += 12 + length + 4;
+  }
+  return records;
+}
+
+struct ProtoField {
+  uint32_t number = 0;
+  uint64_t scalar = 0;  // a varint, or the bits of a fixed64 / fixed32
+  std::string bytes;    // a length-delimited field
+};
+
+uint64_t read_varint(const std::string& msg, size_t& pos) {
+  uint64_t v = 0;
+  for (int shift = 0; pos < msg.size(); shift += 7) {
+    const auto byte = static_cast<unsigned char>(msg[pos++]);
+    v |= uint64_t(byte & 0x7f) << shift;
+    if (!(byte & 0x80)) return v;
+  }
+  ADD_FAILURE() << "a varint runs past the message";
+  return v;
+}
+
+std::vector<ProtoField> read_proto(const std::string& msg) {
+  std::vector<ProtoField> fields;
+  size_t pos = 0;
+  while (pos < msg.size()) {
+    const uint64_t key = read_varint(msg, pos);
+    ProtoField f;
+    f.number = uint32_t(key >> 3);
+    const size_t width = (key & 7) == 1 ? 8 : (key & 7) == 5 ? 4 : 0;
+    if ((key & 7) == 0) {
+      f.scalar = read_varint(msg, pos);
+    } else if (width > 0 && pos + width <= msg.size()) {
+      f.scalar = little_endian(std::string_view(msg.data() + pos, width));
+      pos += width;
+    } else if ((key & 7) == 2) {
+      const uint64_t n = read_varint(msg, pos);
+      f.bytes = msg.substr(pos, n);
+      pos += n;
+    } else {
+      ADD_FAILURE() << "unexpected wire type " << (key & 7);
+      break;
+    }
+    fields.push_back(f);
+  }
+  return fields;
+}
+
+struct DecodedEvent {
+  double wall_time = 0;
+  int64_t step = -1;
+  std::string file_version;
+  std::map<std::string, float> scalars;  // by tag
+  int64_t session_status = -1;           // SessionLog.status, when the event is one
+};
+
+DecodedEvent decode_event(const std::string& data) {
+  DecodedEvent e;
+  for (const ProtoField& f : read_proto(data)) {
+    if (f.number == 1) std::memcpy(&e.wall_time, &f.scalar, 8);
+    if (f.number == 2) e.step = int64_t(f.scalar);
+    if (f.number == 3) e.file_version = f.bytes;
+    if (f.number == 7) e.session_status = int64_t(read_proto(f.bytes).at(0).scalar);
+    if (f.number != 5) continue;
+    for (const ProtoField& value : read_proto(f.bytes)) {
+      EXPECT_EQ(value.number, 1u);
+      std::string tag;
+      float v = NAN;
+      for (const ProtoField& vf : read_proto(value.bytes)) {
+        if (vf.number == 1) tag = vf.bytes;
+        const auto bits = uint32_t(vf.scalar);
+        if (vf.number == 2) std::memcpy(&v, &bits, 4);
+      }
+      e.scalars[tag] = v;
+    }
+  }
+  return e;
+}
+
+std::vector<std::string> events_files(const std::string& dir) {
+  std::vector<std::string> files;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+TEST(TfEvents, Crc32cHasTheStandardCheckValue) {
+  EXPECT_EQ(bitwise_crc32c("123456789"), 0xE3069283u) << "the test's own reference";
+  EXPECT_EQ(crc32c("123456789"), 0xE3069283u);
+  EXPECT_EQ(crc32c(""), 0u);
+  EXPECT_EQ(crc32c("56789", crc32c("1234")), 0xE3069283u) << "continuing a CRC";
+  const std::string bytes("\x00\xff\x80 events", 10);
+  EXPECT_EQ(masked_crc32c(bytes), masked(bitwise_crc32c(bytes)));
+}
+
+TEST_F(RunLogTest, TensorBoardEventsHoldTheMetricsScalarsInValidRecords) {
+  const std::string tb = dir_ + "/tb/run";  // created with its parents
+  const double before = double(std::time(nullptr));
+  {
+    MetricsLog log = MetricsLog::open(metrics_);
+    log.tee_tensorboard(TfEventsWriter::create(tb));
+    log.log_train(1, 2.5, 3e-4, 1234.5, {{"grad_norm", 0.75}, {"tokens", 512}});
+    // Written through: a reader sees the event before the log is closed.
+    EXPECT_EQ(read_tfrecords(read_file(events_files(tb).at(0))).size(), 2u);
+    log.log_eval(1, 2.25, {{"val_tokens", 100}});
+    log.log_train(2, std::nan(""), 2e-4, 1000.0);
+  }
+  const std::vector<std::string> files = events_files(tb);
+  ASSERT_EQ(files.size(), 1u);
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
+  const std::string name = fs::path(files[0]).filename().string();
+  EXPECT_TRUE(std::regex_match(name, std::regex(R"(events\.out\.tfevents\.[0-9]{10}\.)" + std::string(host))))
+      << name;
+
+  const std::vector<std::string> records = read_tfrecords(read_file(files[0]));
+  ASSERT_EQ(records.size(), 4u);
+  const DecodedEvent version = decode_event(records[0]);
+  EXPECT_EQ(version.file_version, "brain.Event:2");
+  EXPECT_GE(version.wall_time, before);
+  EXPECT_LT(version.wall_time, before + 60);
+
+  const DecodedEvent train = decode_event(records[1]);
+  EXPECT_EQ(train.step, 1);
+  EXPECT_GE(train.wall_time, version.wall_time);
+  const std::map<std::string, float> train_scalars{{"train/loss", 2.5f},          {"train/lr", float(3e-4)},
+                                                   {"train/tokens_per_s", 1234.5f}, {"train/grad_norm", 0.75f},
+                                                   {"train/tokens", 512.f}};
+  EXPECT_EQ(train.scalars, train_scalars);
+
+  const DecodedEvent eval = decode_event(records[2]);
+  EXPECT_EQ(eval.step, 1);
+  const std::map<std::string, float> eval_scalars{
+      {"eval/loss", 2.25f}, {"eval/ppl", float(std::exp(2.25))}, {"eval/tokens", 100.f}};
+  EXPECT_EQ(eval.scalars, eval_scalars);
+
+  // A non-finite loss (null in metrics.jsonl) is left out, like the chart leaves it out.
+  const DecodedEvent second = decode_event(records[3]);
+  EXPECT_EQ(second.step, 2);
+  EXPECT_EQ(second.scalars.count("train/loss"), 0u);
+  EXPECT_FLOAT_EQ(second.scalars.at("train/lr"), 2e-4f);
+}
+
+TEST_F(RunLogTest, ResumedTensorBoardEventsGoToANewFileThatRestartsAtTheResumeStep) {
+  const std::string tb = dir_ + "/tb";
+  {
+    TfEventsWriter first = TfEventsWriter::create(tb);
+    first.write_scalars(5, {{"train/loss", 1.0f}});
+  }
+  TfEventsWriter resumed = TfEventsWriter::create(tb, 3);
+  resumed.write_scalars(4, {{"train/loss", 0.5f}});
+  const std::vector<std::string> files = events_files(tb);
+  ASSERT_EQ(files.size(), 2u) << "within the same second too";
+  EXPECT_EQ(read_tfrecords(read_file(files[0])).size() + read_tfrecords(read_file(files[1])).size(), 2u + 3u);
+
+  const std::vector<std::string> records = read_tfrecords(read_file(resumed.path()));
+  ASSERT_EQ(records.size(), 3u);
+  EXPECT_EQ(decode_event(records[0]).file_version, "brain.Event:2");
+  const DecodedEvent restart = decode_event(records[1]);
+  EXPECT_EQ(restart.step, 3);
+  EXPECT_EQ(restart.session_status, 1) << "SessionLog START";
+  EXPECT_EQ(decode_event(records[2]).step, 4);
+  EXPECT_FLOAT_EQ(decode_event(records[2]).scalars.at("train/loss"), 0.5f);
+}
+
+TEST_F(RunLogTest, TensorBoardDirectoryThatCannotBeCreatedIsNamed) {
+  write_file(dir_ + "/file", "x");
+  try {
+    TfEventsWriter::create(dir_ + "/file/tb");
+    FAIL() << "expected an exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir_ + "/file/tb"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

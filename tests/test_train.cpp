@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -452,21 +454,21 @@ TEST_F(TrainErrors, UnknownConfigKey) {
   const fs::path c = write("c.toml", "lora-rank = 8\nlearning-rate = 0.1\n");
   auto a = base();
   a.insert(a.end(), {"--config", c.string()});
-  expect_error(a, {"c.toml", "learning-rate", "unknown key"});
+  expect_error(a, {"c.toml:2:1: unknown key 'learning-rate'"});
 }
 
 TEST_F(TrainErrors, WrongTypeInConfig) {
   const fs::path c = write("c.toml", "lora-rank = \"eight\"\n");
   auto a = base();
   a.insert(a.end(), {"--config", c.string()});
-  expect_error(a, {"c.toml", "lora-rank"});
+  expect_error(a, {"c.toml:1:13: 'lora-rank' wants an integer, not the string \"eight\""});
 }
 
 TEST_F(TrainErrors, FlagGivenANumberInConfig) {
   const fs::path c = write("c.toml", "pack = 3\n");
   auto a = base();
   a.insert(a.end(), {"--config", c.string()});
-  expect_error(a, {"c.toml", "pack", "true or false"});
+  expect_error(a, {"c.toml:1:8: 'pack' wants true or false, not the integer 3"});
 }
 
 TEST_F(TrainErrors, RankZero) {
@@ -479,7 +481,7 @@ TEST_F(TrainErrors, RankZeroInConfig) {
   const fs::path c = write("c.toml", "lora-rank = 0\n");
   auto a = base();
   a.insert(a.end(), {"--config", c.string()});
-  expect_error(a, {"c.toml", "lora-rank"});
+  expect_error(a, {"c.toml:1:13: 'lora-rank': ", "65536"});
 }
 
 TEST_F(TrainErrors, MissingModelFile) {
@@ -490,7 +492,7 @@ TEST_F(TrainErrors, MissingModelFile) {
 TEST_F(TrainErrors, MissingConfigFile) {
   auto a = base();
   a.insert(a.end(), {"--config", (dir / "none.toml").string()});
-  expect_error(a, {"none.toml"});
+  expect_error(a, {"none.toml: no such config file"});
 }
 
 TEST_F(TrainErrors, KeepFfnLayersWithoutGradCheckpoint) {
@@ -589,29 +591,43 @@ TEST(Configs, EveryShippedConfigParses) {
   EXPECT_EQ(o.lora_rank, 3) << "the command line wins over the file";
   EXPECT_EQ(o.seq_len, 96);
   EXPECT_EQ(o.model, "builtin:demo-model");
-  EXPECT_EQ(o.sample_prompt, "Q: What color is snow?\nA:") << "\\n in the file is a newline";
+  ASSERT_EQ(o.sample_prompts.size(), 5u) << "a multi-line array with comments";
+  EXPECT_EQ(o.sample_prompts[0], "Q: 0j\nA:") << "\\n in the file is a newline";
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// The embedded demo (README command (a) runs it with its full step count): the loss halves, the adapters are
-// written, a sample is printed.
-TEST(Demo, EmbeddedDefaultTrainsAndSamples) {
+// The embedded demo as README command (a) runs it, on the CPU: the validation loss (pairs the training never shows)
+// falls by far more than 30% from its first evaluation, and the held-out sample prompts are answered right with
+// the adapter (the letter in capitals, the digit plus one) while the base model does not answer them.
+TEST(Demo, EmbeddedDefaultLearnsARuleThatHoldsOnHeldOutPrompts) {
   const fs::path dir = temp_dir("demo");
-  const Result r = run({"train", "--out", (dir / "demo").string(), "--steps", "120", "--device", "cpu"}, dir, "demo",
+  const Result r = run({"train", "--out", (dir / "demo").string(), "--device", "cpu"}, dir, "demo",
                        {{"XDG_CACHE_HOME", (dir / "cache").string()}});
   ASSERT_EQ(r.code, 0) << r.err << r.out;
-  std::vector<double> losses;
+  std::vector<double> val;
   std::ifstream in(dir / "demo" / "metrics.jsonl");
   for (std::string l; std::getline(in, l);) {
     const json j = json::parse(l);
-    if (j["type"] == "train") losses.push_back(j["loss"].get<double>());
+    if (j["type"] == "eval") val.push_back(j["val_loss"].get<double>());
   }
-  ASSERT_EQ(losses.size(), 120u);
-  EXPECT_LE(losses.back(), 0.5 * losses.front()) << "first " << losses.front() << " last " << losses.back();
+  ASSERT_GE(val.size(), 2u);
+  EXPECT_LE(val.back(), 0.7 * val.front()) << "first " << val.front() << " last " << val.back();
   for (const char* f : {"adapter.gguf", "peft/adapter_model.safetensors", "peft/adapter_config.json", "loss.svg"})
     EXPECT_TRUE(fs::exists(dir / "demo" / f)) << f;
-  EXPECT_NE(r.out.find("sample with the adapter"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("Q: What color is snow?"), std::string::npos) << r.out;
+  // "  Q: 0j\nA:\n    base model:   ...\n    with adapter:  J1\n" per prompt.
+  const std::regex sample(R"(  Q: (\w)(\w)\\nA:\n    base model:   (.*)\n    with adapter: (.*)\n)");
+  int prompts = 0, right = 0, base_right = 0;
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), sample), end; it != end; ++it) {
+    const std::string a = (*it)[1], b = (*it)[2];
+    const char letter = std::isalpha(a[0]) ? a[0] : b[0], digit = std::isalpha(a[0]) ? b[0] : a[0];
+    const std::string want = std::string(" ") + char(std::toupper(letter)) + char('0' + (digit - '0' + 1) % 10);
+    ++prompts;
+    right += (*it)[4] == want;
+    base_right += (*it)[3] == want;
+  }
+  EXPECT_EQ(prompts, 5) << r.out;
+  EXPECT_GE(right, 3) << r.out;
+  EXPECT_EQ(base_right, 0) << r.out;
   fs::remove_all(dir);
 }
 

@@ -129,7 +129,7 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
   const double model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_model).count();
   out << "bench train on " << dev.name();
   if (dev.is_cpu()) out << " (" << cpu::num_threads() << " threads)";
-  out << ": " << opt.shape << " (dim " << cfg.n_embd << ", " << cfg.n_layer << " layers, " << cfg.n_head << "/"
+  out << ": " << opt.shape << " (dim " << cfg.n_embd << ", " << train::plural(cfg.n_layer, "layer") << ", " << cfg.n_head << "/"
       << cfg.n_head_kv << " heads, ff " << cfg.n_ff << ", vocab " << cfg.n_vocab << "), random " << opt.type << " weights "
       << train::fmt_bytes(model->weight_bytes()) << " (made in " << std::fixed << std::setprecision(1) << model_s
       << " s); LoRA r=" << opt.lora_rank << " on q,k,v,o,gate,up,down; seq " << opt.seq_len << "; " << opt.warmup

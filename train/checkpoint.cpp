@@ -8,6 +8,7 @@
 #include <bit>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -307,6 +308,7 @@ std::string encode_state(const CheckpointState& s) {
   j["cursor"] = {{"epoch", s.cursor.epoch}, {"index", s.cursor.index}, {"seed", s.cursor.seed}};
   j["schedule_json"] = s.schedule_json;
   j["config_json"] = s.config_json;
+  j["elapsed_s"] = std::isfinite(s.elapsed_s) ? s.elapsed_s : 0.0;  // JSON has no NaN or infinity
   return j.dump(2) + "\n";
 }
 
@@ -344,6 +346,7 @@ void parse_state(const std::string& path, const std::string& text, CheckpointSta
   s->cursor.seed = json_field<uint64_t>(cursor, "seed", path);
   s->schedule_json = json_field<std::string>(j, "schedule_json", path);
   s->config_json = json_field<std::string>(j, "config_json", path);
+  s->elapsed_s = j.contains("elapsed_s") ? json_field<double>(j, "elapsed_s", path) : 0.0;
 }
 
 // ---- the marker and verification ----

@@ -1,7 +1,7 @@
 // Training checkpoints for an exact resume: LoRA weights, Adam moments, the schedule, the RNG and the data
 // cursor, bitwise as they were. A checkpoint is the directory OUT/checkpoints/step-N/ holding
 //   state.json                      step, adam_t, lr_base (as its bit pattern), rng_state, cursor, the two
-//                                   opaque JSON strings
+//                                   opaque JSON strings, elapsed_s
 //   lora.bin, adam_m.bin, adam_v.bin  tensors: "Q4TTENS1", u64 count, then per tensor u32 name length, name,
 //                                   u32 rank, i64 shape[rank], f32 values (little-endian, row-major)
 //   complete                        written last: JSON listing every file with its size and 64-bit hash
@@ -34,6 +34,8 @@ struct CheckpointState {
   std::vector<uint64_t> rng_state;          // a serialised generator (mt19937_64 or similar)
   data::Cursor cursor;
   std::string config_json;                  // the run's options, compared by the caller on resume
+  double elapsed_s = 0;                     // training seconds up to this step, over every resumed run; a
+                                            // state.json without it (an older checkpoint) reads as 0
 };
 
 // Writes OUT/checkpoints/step-<s.step>/ atomically (replacing an existing step-N directory), then deletes all

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "data/gguf.h"
 #include "kernels/precision.h"
 
 namespace q4t {
@@ -40,6 +41,16 @@ struct InitModelOptions {
 };
 // Writes a small random-initialised GGUF of one of the supported architectures with a byte-level vocabulary.
 int run_init_model(const InitModelOptions& o, std::ostream& out);
+// The type a llama-quantize file type or format name (q4_k_m, q8_0, f16, ...; `flag` names it in errors) gives
+// each tensor of f, as llama-quantize chooses them: its 2-D matrices (only the F32 and F16 ones unless
+// `requantize`) by the mix, every other tensor its own type; and the file's general.file_type.
+struct TypePlan {
+  std::vector<gguf::GgmlType> types;  // one per tensor of f, in file order
+  gguf::GgmlType base;                // the type of most matrices
+  uint32_t file_type = 0;
+};
+TypePlan plan_types(const gguf::File& f, const std::string& flag, const std::string& type_name, bool requantize);
+
 // Converts the 2-D F32/F16 weights of a GGUF to `type` (q4_0, q4_k_m, q8_0) as llama-quantize picks the type of
 // each matrix; everything else is copied. Every type is chosen before anything is written.
 int run_quantize(const std::string& in, const std::string& out_path, const std::string& type, std::ostream& out);

@@ -5,8 +5,10 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 
+#include "data/chat_template.h"
 #include "data/gguf.h"
 #include "data/tokenizer.h"
 #include "train/checkpoint.h"
@@ -20,7 +22,17 @@ using nlohmann::json;
 
 namespace q4t {
 
-int run_eval(const EvalOptions& o, const DeviceChoice& dev, std::ostream& out) {
+int run_eval(const EvalOptions& opt, const DeviceChoice& dev, std::ostream& out) {
+  EvalOptions o = opt;
+  std::optional<RunInfo> run;
+  if (!o.run.empty()) {
+    run = read_run(o.run);
+    if (o.model.empty()) o.model = run->model;
+    if (o.chat_template.empty()) o.chat_template = run->chat_template;
+    if (o.seq_len == 0) o.seq_len = run->seq_len;
+  }
+  if (o.seq_len == 0) o.seq_len = 512;
+  if (o.model.empty()) throw std::invalid_argument("a model: -m/--model FILE.gguf, or --run DIR of a training run");
   if (!fs::is_regular_file(o.model)) throw std::invalid_argument("--model: '" + o.model + "' does not exist or is not a file");
   if (!fs::is_regular_file(o.data)) throw std::invalid_argument("--data: '" + o.data + "' does not exist or is not a file");
   if (!o.adapter.empty() && !fs::is_regular_file(o.adapter))
@@ -37,68 +49,131 @@ int run_eval(const EvalOptions& o, const DeviceChoice& dev, std::ostream& out) {
   dopt.pack = o.pack;
   dopt.train_on_prompt = o.train_on_prompt;
   dopt.chat_template = o.chat_template;
+  dopt.format = o.data_format;
   data::Datasets ds = data::load_datasets(o.data, *tok, dopt, out);
+  out << data::padding_report(ds.train) << "\n";
   LossGraph lg(*model, o.batch_size, o.seq_len, 4096);
-  if (!o.adapter.empty()) lg.model_graph().load_adapters(*gguf::File::open(o.adapter), o.adapter_scale);
+  std::string adapter = "no adapter";
+  if (!o.adapter.empty()) {
+    lg.model_graph().load_adapters(*gguf::File::open(o.adapter), o.adapter_scale);
+    adapter = "adapter " + o.adapter;
+  } else if (run) {
+    load_run_adapters(lg.model_graph(), *run, o.adapter_scale);
+    adapter = "adapters of " + run->checkpoint;
+  }
   lg.build();
-  const EvalResult r = evaluate(lg, ds.train, o.max_batches);
+  const EvalResult r = evaluate(lg, ds.train, o.eval_batches);
   if (r.tokens == 0) throw std::runtime_error(o.data + ": no counted tokens to evaluate");
   char line[200];
   std::snprintf(line, sizeof line, "loss %.4f  perplexity %.3f  (%lld counted tokens, %lld batches, %s)", r.loss,
                 std::exp(r.loss), static_cast<long long>(r.tokens), static_cast<long long>(r.batches),
-                o.adapter.empty() ? "no adapter" : ("adapter " + o.adapter).c_str());
+                adapter.c_str());
   out << line << "\n";
   return 0;
+}
+
+namespace {
+
+json run_config(const CheckpointState& s, const std::string& dir) {
+  try {
+    return json::parse(s.config_json);
+  } catch (const json::exception& e) {
+    throw std::runtime_error(dir + "/state.json: config is not JSON: " + e.what());
+  }
+}
+
+std::string config_string(const json& cfg, const char* key) {
+  auto it = cfg.find(key);
+  return it != cfg.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+}  // namespace
+
+RunInfo read_run(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw std::invalid_argument("--run: '" + dir + "' is not a directory");
+  RunInfo r;
+  r.dir = dir;
+  if (fs::exists(fs::path(dir) / "complete", ec)) {  // a checkpoint itself
+    r.checkpoint = dir;
+  } else {
+    std::vector<std::string> warnings;
+    const auto newest = newest_checkpoint(dir, &warnings);
+    if (!newest)
+      throw std::invalid_argument(dir + ": no complete checkpoint under " + dir +
+                                  "/checkpoints (is it the --out of q4tune train?)" +
+                                  (warnings.empty() ? "" : "; " + warnings.front()));
+    r.checkpoint = *newest;
+  }
+  r.state = load_checkpoint(r.checkpoint);
+  r.config = run_config(r.state, r.checkpoint);
+  r.model = config_string(r.config, "model");
+  r.chat_template = config_string(r.config, "chat-template");
+  if (auto it = r.config.find("seq-len"); it != r.config.end() && it->is_number_integer()) r.seq_len = it->get<int64_t>();
+  return r;
+}
+
+void load_run_adapters(model::ModelGraph& mg, const RunInfo& run, double scale) {
+  model::LoraSpec spec;
+  try {
+    spec.targets = run.config.at("lora-targets").get<std::vector<std::string>>();
+    spec.cfg.rank = run.config.at("lora-rank").get<int64_t>();
+    spec.cfg.alpha = run.config.at("lora-alpha").get<double>();
+    spec.cfg.rslora = run.config.at("rslora").get<bool>();
+    spec.cfg.dropout = run.config.at("lora-dropout").get<double>();
+  } catch (const json::exception& e) {
+    throw std::runtime_error(run.checkpoint + "/state.json: the run's LoRA options are missing: " + e.what());
+  }
+  spec.cfg.alpha *= scale;
+  std::mt19937 rng(0);
+  mg.add_adapters(spec, rng);
+  ag::Graph& g = mg.graph();
+  const std::vector<ag::Var> params = g.params();
+  const auto values = checkpoint_values(run.checkpoint, "lora.bin", g, params, run.state.lora);
+  for (size_t i = 0; i < params.size(); ++i) g.backend().upload(g.node(params[i].id).value, values[i]);
+}
+
+std::string run_chat_template(const RunInfo& run, const tok::Tokenizer& tok) {
+  if (!run.chat_template.empty()) return run.chat_template;
+  if (tok.chat_template().empty()) return "";
+  try {
+    return chat::template_name(chat::detect_template(tok.chat_template()));
+  } catch (const chat::TemplateError&) {
+    return "";
+  }
 }
 
 int run_export(const ExportOptions& o, std::ostream& out) {
   if (o.format != "gguf" && o.format != "peft")
     throw std::invalid_argument("--format: '" + o.format + "' is not gguf or peft");
-  const CheckpointState s = load_checkpoint(o.checkpoint);
-  json cfg;
-  try {
-    cfg = json::parse(s.config_json);
-  } catch (const json::exception& e) {
-    throw std::runtime_error(o.checkpoint + "/state.json: config is not JSON: " + e.what());
-  }
-  const std::string model_path = o.model.empty() ? cfg.value("model", std::string()) : o.model;
+  const RunInfo run = read_run(o.checkpoint);
+  const std::string model_path = o.model.empty() ? run.model : o.model;
   if (!fs::is_regular_file(model_path))
-    throw std::invalid_argument("the base model '" + model_path + "' (recorded in " + o.checkpoint +
+    throw std::invalid_argument("the base model '" + model_path + "' (recorded in " + run.checkpoint +
                                 ") does not exist: pass --model");
   auto be = ag::Backend::cpu();
   auto file = gguf::File::open(model_path);
   auto model = model::Model::load(model_path, *be);
+  auto tok = tok::Tokenizer::from_gguf(*file);
   ag::Graph g(*be);
   model::ModelGraph mg(*model, g);
-  model::LoraSpec spec;
-  try {
-    spec.targets = cfg.at("lora-targets").get<std::vector<std::string>>();
-    spec.cfg.rank = cfg.at("lora-rank").get<int64_t>();
-    spec.cfg.alpha = cfg.at("lora-alpha").get<double>();
-    spec.cfg.rslora = cfg.at("rslora").get<bool>();
-    spec.cfg.dropout = cfg.at("lora-dropout").get<double>();
-  } catch (const json::exception& e) {
-    throw std::runtime_error(o.checkpoint + "/state.json: the run's LoRA options are missing: " + e.what());
-  }
-  std::mt19937 rng(0);
-  mg.add_adapters(spec, rng);
-  // The adapters' tensors, by name, from the checkpoint.
-  const std::vector<ag::Var> params = g.params();
-  const auto values = checkpoint_values(o.checkpoint, "lora.bin", g, params, s.lora);
-  for (size_t i = 0; i < params.size(); ++i) be->upload(g.node(params[i].id).value, values[i]);
+  load_run_adapters(mg, run);
+  const double alpha = run.config.at("lora-alpha").get<double>();
+  const int64_t step = run.state.step;
   if (o.format == "gguf") {
-    const std::string path = o.out.empty() ? (fs::path(o.checkpoint) / "adapter.gguf").string() : o.out;
-    export_gguf_adapter(mg, spec.cfg.alpha, path);
-    out << "wrote " << path << " (GGUF LoRA, step " << s.step << ")\n";
+    const std::string path = o.out.empty() ? (fs::path(run.checkpoint) / "adapter.gguf").string() : o.out;
+    export_gguf_adapter(mg, alpha, path, run_chat_template(run, *tok));
+    out << "wrote " << path << " (GGUF LoRA, " << run.checkpoint << ", step " << step << ")\n";
   } else {
-    const std::string dir = o.out.empty() ? (fs::path(o.checkpoint) / "peft").string() : o.out;
+    const std::string dir = o.out.empty() ? (fs::path(run.checkpoint) / "peft").string() : o.out;
     ExportInfo info;
-    info.alpha = spec.cfg.alpha;
-    info.rslora = spec.cfg.rslora;
-    info.dropout = spec.cfg.dropout;
-    info.base_model = base_model_name(*file);
+    info.alpha = alpha;
+    info.rslora = run.config.at("rslora").get<bool>();
+    info.dropout = run.config.at("lora-dropout").get<double>();
+    info.base_model = o.hf_base_model.empty() ? base_model_name(*file) : o.hf_base_model;
     export_peft(mg, info, dir);
-    out << "wrote " << dir << "/adapter_model.safetensors and adapter_config.json (PEFT, step " << s.step << ")\n";
+    out << "wrote " << dir << "/adapter_model.safetensors and adapter_config.json (PEFT, " << run.checkpoint
+        << ", step " << step << "; base_model_name_or_path " << info.base_model << ")\n";
   }
   return 0;
 }

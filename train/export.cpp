@@ -1,5 +1,6 @@
 #include "train/export.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -111,7 +112,8 @@ std::vector<float> rope_unpermute_rows(const std::vector<float>& gguf_rows, int6
   return out;
 }
 
-void export_gguf_adapter(const model::ModelGraph& mg, double alpha, const std::string& path) {
+void export_gguf_adapter(const model::ModelGraph& mg, double alpha, const std::string& path,
+                         const std::string& chat_template) {
   const float alpha_f32 = float(alpha);
   if (!(alpha_f32 > 0) || !std::isfinite(alpha_f32))
     throw std::invalid_argument("export: LoRA alpha " + std::to_string(alpha) + " must be positive and finite");
@@ -120,6 +122,7 @@ void export_gguf_adapter(const model::ModelGraph& mg, double alpha, const std::s
   w.set("general.architecture", gguf::Value::str(mg.model().config().arch));
   w.set("adapter.type", gguf::Value::str("lora"));
   w.set("adapter.lora.alpha", gguf::Value::f32(alpha_f32));
+  if (!chat_template.empty()) w.set(kAdapterChatTemplateKey, gguf::Value::str(chat_template));
   for (HostAdapter& h : host_adapters(mg)) {
     fold_scale(h.b, h.scale, double(alpha_f32) / double(h.r));
     const std::string base = model::target_tensor_name(h.layer, h.target);
@@ -130,12 +133,28 @@ void export_gguf_adapter(const model::ModelGraph& mg, double alpha, const std::s
 }
 
 std::string base_model_name(const gguf::File& model) {
-  const gguf::Value* name = model.find("general.name");
-  if (name && name->type == gguf::ValueType::STRING) {
-    const std::string& s = std::get<std::string>(name->v);
-    if (!s.empty()) return s;
+  auto str = [&](const char* key) {
+    const gguf::Value* v = model.find(key);
+    return v && v->type == gguf::ValueType::STRING ? std::get<std::string>(v->v) : std::string();
+  };
+  // "https://huggingface.co/org/name" (or the id itself, for the repository key) → "org/name".
+  auto hf_id = [](std::string s) {
+    for (const char* prefix : {"https://huggingface.co/", "http://huggingface.co/", "huggingface.co/", "hf://"})
+      if (s.rfind(prefix, 0) == 0) {
+        s = s.substr(std::string(prefix).size());
+        while (!s.empty() && s.back() == '/') s.pop_back();
+        return std::count(s.begin(), s.end(), '/') == 1 ? s : std::string();
+      }
+    return std::string();
+  };
+  const std::string repo = str("general.source.huggingface.repository");
+  if (std::count(repo.begin(), repo.end(), '/') == 1 && repo.find(':') == std::string::npos) return repo;
+  for (const char* key : {"general.source.repo_url", "general.source.url", "general.base_model.0.repo_url"}) {
+    const std::string id = hf_id(str(key));
+    if (!id.empty()) return id;
   }
-  return model.path();
+  const std::string name = str("general.name");
+  return name.empty() ? model.path() : name;
 }
 
 void export_peft(const model::ModelGraph& mg, const ExportInfo& info, const std::string& dir) {

@@ -23,8 +23,12 @@ std::vector<float> rope_unpermute_rows(const std::vector<float>& gguf_rows, int6
 
 // Writes mg's adapters as a GGUF LoRA that llama.cpp applies as W·x + (alpha/r)·B·(A·x). alpha is written as
 // adapter.lora.alpha; an adapter whose own scale differs from alpha/r (rsLoRA, another rank) gets the ratio
-// folded into its B, so llama.cpp computes exactly what q4tune does. Atomic; throws std::runtime_error.
-void export_gguf_adapter(const model::ModelGraph& mg, double alpha, const std::string& path);
+// folded into its B, so llama.cpp computes exactly what q4tune does. A chat template family name (chatml, ...)
+// is recorded as q4tune.chat_template, for generate --chat. Atomic; throws std::runtime_error.
+void export_gguf_adapter(const model::ModelGraph& mg, double alpha, const std::string& path,
+                         const std::string& chat_template = "");
+// The key of an adapter file that names the chat template its run trained with.
+inline constexpr const char* kAdapterChatTemplateKey = "q4tune.chat_template";
 
 struct ExportInfo {
   double alpha = 32;      // lora_alpha; PEFT's scale is alpha/r, or alpha/sqrt(r) with rslora
@@ -32,7 +36,10 @@ struct ExportInfo {
   double dropout = 0;     // lora_dropout (training only; recorded for the config)
   std::string base_model; // base_model_name_or_path
 };
-// general.name of a model file, or its path when it has none (for ExportInfo::base_model).
+// The Hugging Face id a model file was converted from, for ExportInfo::base_model: the first of
+// general.source.huggingface.repository, general.source.repo_url, general.source.url and
+// general.base_model.0.repo_url that names a Hugging Face repository (https://huggingface.co/ID), else
+// general.name, else the file's path.
 std::string base_model_name(const gguf::File& model);
 
 // Writes dir/adapter_model.safetensors and dir/adapter_config.json (each atomically; dir created if missing).

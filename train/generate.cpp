@@ -1,14 +1,22 @@
 #include "train/generate.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <numeric>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <stdexcept>
 
+#include "data/chat_template.h"
 #include "kernels/cpu/threads.h"
 #include "train/device_choice.h"
+#include "train/export.h"
+#include "train/run_log.h"
+#include "train/train.h"
 
 namespace q4t {
 
@@ -92,22 +100,39 @@ namespace {
 // rest is the continuation; decoding the ids together keeps byte-fallback tokens of one character together.
 class TextStream {
  public:
-  TextStream(const tok::Tokenizer& tok, const std::vector<int32_t>& prompt_ids, std::ostream* out)
-      : tok_(tok), ids_(prompt_ids), prompt_bytes_(tok.decode(prompt_ids).size()), out_(out) {}
+  TextStream(const tok::Tokenizer& tok, const std::vector<int32_t>& prompt_ids, std::string stop, std::ostream* out)
+      : tok_(tok), ids_(prompt_ids), prompt_bytes_(tok.decode(prompt_ids).size()), stop_(std::move(stop)), out_(out) {}
 
-  void push(int32_t id) {
+  // Adds a token; false once the text holds the stop string (the text then ends before it).
+  bool push(int32_t id) {
     ids_.push_back(id);
     const std::string all = tok_.decode(ids_);
     text_ = all.size() >= prompt_bytes_ ? all.substr(prompt_bytes_) : std::string();
-    write(complete_utf8_prefix(text_));
+    if (!stop_.empty()) {
+      const size_t at = text_.find(stop_);
+      if (at != std::string::npos) {
+        text_.resize(at);
+        return false;
+      }
+    }
+    write(complete_utf8_prefix(text_.substr(0, text_.size() - held_back())));
+    return true;
   }
   // The whole continuation, an unfinished character at the end included.
+  // A text cut off inside what may be the stop string loses that tail.
   const std::string& finish() {
+    text_.resize(text_.size() - held_back());
     write(text_.size());
     return text_;
   }
 
  private:
+  // The bytes at the end of the text that could begin the stop string: not printed until they are decided.
+  size_t held_back() const {
+    for (size_t k = std::min(stop_.size() - (stop_.empty() ? 0 : 1), text_.size()); k > 0; --k)
+      if (text_.compare(text_.size() - k, k, stop_, 0, k) == 0) return k;
+    return 0;
+  }
   void write(size_t upto) {
     if (!out_ || upto <= printed_) return;
     out_->write(text_.data() + printed_, std::streamsize(upto - printed_));
@@ -118,40 +143,43 @@ class TextStream {
   const tok::Tokenizer& tok_;
   std::vector<int32_t> ids_;
   size_t prompt_bytes_, printed_ = 0;
-  std::string text_;
+  std::string stop_, text_;
   std::ostream* out_;
 };
 
 }  // namespace
 
-std::vector<int32_t> encode_prompt(const tok::Tokenizer& tok, const std::string& prompt, const model::Decoder& dec) {
-  std::vector<int32_t> ids;
-  if (tok.add_bos() && tok.bos() >= 0) ids.push_back(tok.bos());
-  const std::vector<int32_t> text_ids = tok.encode(prompt);
-  ids.insert(ids.end(), text_ids.begin(), text_ids.end());
+std::vector<int32_t> encode_prompt(const tok::Tokenizer& tok, const std::string& prompt, const model::Decoder& dec,
+                                   bool parse_special) {
+  std::vector<int32_t> ids = tok.encode(prompt, parse_special);
+  if (tok.add_bos() && tok.bos() >= 0 && (ids.empty() || ids[0] != tok.bos())) ids.insert(ids.begin(), tok.bos());
   if (ids.empty()) throw std::invalid_argument("the prompt is empty (and the tokenizer adds no BOS)");
   if (int64_t(ids.size()) > dec.max_context())
-    throw std::length_error("the prompt is " + std::to_string(ids.size()) + " tokens, more than the context of " +
-                            std::to_string(dec.max_context()) + " (--ctx, at most the model's context length)");
+    throw std::length_error("the prompt is " + train::plural(int64_t(ids.size()), "token") + ", more than the context of " +
+                            std::to_string(dec.max_context()) + " (--seq-len, at most the model's context length)");
   return ids;
 }
 
 Generation generate(model::Decoder& dec, const tok::Tokenizer& tok, const std::string& prompt, const SampleOptions& o,
-                    std::ostream* stream) {
+                    std::ostream* stream, const PromptOptions& p) {
   check_sample_options(o);
   Generation gen;
-  gen.prompt_ids = encode_prompt(tok, prompt, dec);
+  gen.prompt_ids = encode_prompt(tok, prompt, dec, p.parse_special);
 
   std::mt19937_64 rng(o.seed);
-  TextStream text(tok, gen.prompt_ids, stream);
+  TextStream text(tok, gen.prompt_ids, p.stop, stream);
   dec.reset();
   std::vector<float> logits = dec.feed(gen.prompt_ids);
   for (int64_t i = 0; i < o.max_tokens; ++i) {
     const int32_t id = sample_token(logits, o, rng);
     gen.ids.push_back(id);
-    text.push(id);
+    const bool go_on = text.push(id);
     if (o.stop_at_eos && id == tok.eos()) {
       gen.stopped_at_eos = true;
+      break;
+    }
+    if (!go_on) {
+      gen.stopped_at_stop = true;
       break;
     }
     if (i + 1 == o.max_tokens || dec.position() == dec.max_context()) break;
@@ -161,20 +189,101 @@ Generation generate(model::Decoder& dec, const tok::Tokenizer& tok, const std::s
   return gen;
 }
 
-int run_generate(const GenerateOptions& o, const DeviceChoice& dev, std::ostream& out) {
+namespace {
+
+// The chat template generate --chat uses: --chat-template, else the one the adapter (or run) records, else the
+// model's own.
+chat::Template chat_template_for(const GenerateOptions& o, const std::string& adapter_template,
+                                 const tok::Tokenizer& tok) {
+  try {
+    if (!o.chat_template.empty()) return chat::template_by_name(o.chat_template);
+    if (!adapter_template.empty()) return chat::template_by_name(adapter_template);
+    if (!tok.chat_template().empty()) return chat::detect_template(tok.chat_template());
+  } catch (const chat::TemplateError& e) {
+    throw std::invalid_argument(std::string("--chat: ") + e.what() + "; pass --chat-template NAME");
+  }
+  throw std::invalid_argument("--chat: the model carries no chat template and " +
+                              std::string(o.adapter.empty() && o.run.empty() ? "no adapter is given"
+                                                                             : "the adapter records none") +
+                              ": pass --chat-template NAME (" + chat::known_template_names() + ")");
+}
+
+}  // namespace
+
+int run_generate(const GenerateOptions& opt, const DeviceChoice& dev, std::ostream& out, std::istream& input) {
+  GenerateOptions o = opt;
   check_sample_options(o.sample);
-  if (o.ctx < 0) throw std::invalid_argument("--ctx must be non-negative (0: the model's context length)");
+  if (o.seq_len < 0) throw std::invalid_argument("--seq-len must be non-negative (0: the model's context length)");
+  std::optional<RunInfo> run;
+  if (!o.run.empty()) {
+    run = read_run(o.run);
+    if (o.model.empty()) o.model = run->model;
+  }
+  if (o.model.empty()) throw std::invalid_argument("a model: -m/--model FILE.gguf, or --run DIR of a training run");
+  if (!o.chat && o.prompt.empty()) throw std::invalid_argument("-p/--prompt: the text to continue (or --chat)");
+  if (!o.chat && !o.system.empty()) throw std::invalid_argument("--system is for --chat");
   auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan, dev.precision);
+  const auto file = gguf::File::open(o.model);
   auto m = model::Model::load(o.model, *be);
-  const auto tok = tok::Tokenizer::from_gguf(*gguf::File::open(o.model));
+  const auto tok = tok::Tokenizer::from_gguf(*file);
   model::AdapterSet adapters;
-  if (!o.adapter.empty()) adapters = model::load_adapter_weights(*m, *gguf::File::open(o.adapter), o.adapter_scale);
-  model::Decoder dec(*m, std::move(adapters), o.ctx);
-  encode_prompt(*tok, o.prompt, dec);  // a prompt that does not fit fails before anything is printed
-  out << o.prompt;
-  out.flush();
-  generate(dec, *tok, o.prompt, o.sample, &out);
-  out << "\n";
+  std::string adapter_template;
+  if (!o.adapter.empty()) {
+    const auto af = gguf::File::open(o.adapter);
+    adapters = model::load_adapter_weights(*m, *af, o.adapter_scale);
+    const gguf::Value* v = af->find(kAdapterChatTemplateKey);
+    if (v && v->type == gguf::ValueType::STRING) adapter_template = std::get<std::string>(v->v);
+  } else if (run) {
+    ag::Graph g(*be);
+    model::ModelGraph mg(*m, g);
+    load_run_adapters(mg, *run, o.adapter_scale);
+    adapters = model::adapter_weights(mg);
+    adapter_template = run_chat_template(*run, *tok);
+  }
+  model::Decoder dec(*m, std::move(adapters), o.seq_len);
+  if (!o.chat) {
+    encode_prompt(*tok, o.prompt, dec);  // a prompt that does not fit fails before anything is printed
+    out << o.prompt;
+    out.flush();
+    generate(dec, *tok, o.prompt, o.sample, &out);
+    out << "\n";
+    return 0;
+  }
+  const chat::Template t = chat_template_for(o, adapter_template, *tok);
+  auto text_of = [&](int32_t id) { return id >= 0 ? tok->token_text(id) : std::string(); };
+  const std::string bos = text_of(tok->bos()), eos = text_of(tok->eos());
+  const PromptOptions p{true, chat::turn_end(t, eos)};
+  std::vector<chat::Message> msgs;
+  if (!o.system.empty()) msgs.push_back({"system", o.system});
+  auto reply = [&](const std::string& user) {
+    msgs.push_back({"user", user});
+    std::string prompt;
+    try {
+      chat::check_conversation(t, msgs);
+      prompt = chat::generation_prompt(t, msgs, bos, eos);
+    } catch (const chat::TemplateError& e) {
+      throw std::invalid_argument(std::string("--chat: ") + e.what());
+    }
+    const Generation g = generate(dec, *tok, prompt, o.sample, &out, p);
+    out << "\n";
+    out.flush();
+    msgs.push_back({"assistant", g.text});
+  };
+  if (!o.prompt.empty()) {
+    reply(o.prompt);
+    return 0;
+  }
+  // Interactive: one user message per line until the input ends (Ctrl-D).
+  const bool tty = &input == &std::cin && isatty(STDIN_FILENO);
+  if (tty) out << "chat with " << o.model << " (" << chat::template_name(t) << " template); Ctrl-D ends\n";
+  std::string line;
+  while (true) {
+    if (tty) out << "> " << std::flush;
+    if (!std::getline(input, line)) break;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    reply(line);
+  }
+  if (tty) out << "\n";
   return 0;
 }
 
@@ -182,7 +291,7 @@ int run_generate(const GenerateOptions& o, std::ostream& out) {
   cpu::set_num_threads(o.threads);
   DeviceChoice dev = choose_device(o.device);
   dev.set_precision(o.precision);
-  return run_generate(o, dev, out);
+  return run_generate(o, dev, out, std::cin);
 }
 
 }  // namespace q4t

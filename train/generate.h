@@ -47,30 +47,44 @@ struct Generation {
   std::vector<int32_t> ids;         // the generated tokens, EOS included when it stopped there
   std::string text;                 // the generated text (the continuation, without the prompt)
   bool stopped_at_eos = false;
+  bool stopped_at_stop = false;     // the text reached PromptOptions::stop (not part of text)
 };
 
-// The prompt's ids: BOS first when tok.add_bos(), then the text's. Throws std::length_error when they do not fit
-// in dec's context (and std::invalid_argument when there are none).
-std::vector<int32_t> encode_prompt(const tok::Tokenizer& tok, const std::string& prompt, const model::Decoder& dec);
+struct PromptOptions {
+  bool parse_special = false;  // control tokens written in the prompt ("<|im_start|>") are read as such
+  std::string stop;            // generation ends where the text would contain this (a chat turn's end marker)
+};
+
+// The prompt's ids: BOS first when tok.add_bos() (unless the text's first token is BOS), then the text's. Throws
+// std::length_error when they do not fit in dec's context (and std::invalid_argument when there are none).
+std::vector<int32_t> encode_prompt(const tok::Tokenizer& tok, const std::string& prompt, const model::Decoder& dec,
+                                   bool parse_special = false);
 
 // Resets dec and feeds it the prompt (encode_prompt), then samples up to o.max_tokens tokens (fewer when EOS comes
-// or the context is full). Each piece of text goes to *stream (when given) as soon as it forms complete UTF-8
-// characters.
+// or the context is full, or the text reaches p.stop). Each piece of text goes to *stream (when given) as soon as
+// it forms complete UTF-8 characters that cannot be the start of p.stop.
 Generation generate(model::Decoder& dec, const tok::Tokenizer& tok, const std::string& prompt, const SampleOptions& o,
-                    std::ostream* stream = nullptr);
+                    std::ostream* stream = nullptr, const PromptOptions& p = {});
 
 struct GenerateOptions {
   std::string model, prompt, adapter;
+  std::string run;  // a training run's --out (or a checkpoint): its model, chat template and newest adapters
   double adapter_scale = 1.0;
-  int64_t ctx = 0;  // 0: the model's context length
+  int64_t seq_len = 0;  // context: prompt + generated tokens; 0: the model's context length
+  // Chat: the prompt is a user message in the chat template (chat_template, else the adapter's or run's, else
+  // the model's), after a system message when `system` is given; with no prompt, user messages come from
+  // `input`, one per line, and the conversation is kept.
+  bool chat = false;
+  std::string system, chat_template;
   SampleOptions sample;
   std::string device = "auto";  // as --device of the other commands (see choose_device)
   std::string precision = "auto";  // as --precision of the other commands (DeviceChoice::set_precision)
   int threads = 0;              // CPU worker threads; 0: one per core
 };
-// q4tune generate on dev: prints the prompt, then the generated text as it comes, then a newline.
-int run_generate(const GenerateOptions& o, const DeviceChoice& dev, std::ostream& out);
-// The same on the device that o.device and o.threads name.
+// q4tune generate on dev: prints the prompt, then the generated text as it comes, then a newline. With o.chat,
+// prints only the assistant's replies; an interactive chat reads user lines from `input` until its end.
+int run_generate(const GenerateOptions& o, const DeviceChoice& dev, std::ostream& out, std::istream& input);
+// The same on the device that o.device and o.threads name, reading std::cin.
 int run_generate(const GenerateOptions& o, std::ostream& out);
 
 // The `generate` subcommand with all its options (device flags included) bound to opt (train/generate_cli.cpp).

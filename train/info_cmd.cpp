@@ -11,6 +11,7 @@
 #include "data/gguf.h"
 #include "kernels/formats.h"
 #include "train/commands.h"
+#include "train/run_log.h"
 
 namespace q4t {
 
@@ -121,7 +122,8 @@ int run_info(const std::string& path, std::ostream& out) {
   uint64_t data_bytes = 0;
   for (const auto& t : f->tensors()) data_bytes += t.bytes;
   out << path << ": GGUF version " << f->version() << ", alignment " << f->alignment() << ", "
-      << f->metadata().size() << " metadata keys, " << f->tensors().size() << " tensors (" << data_bytes
+      << train::plural(int64_t(f->metadata().size()), "metadata key") << ", "
+      << train::plural(int64_t(f->tensors().size()), "tensor") << " (" << data_bytes
       << " bytes of tensor data)\n";
   print_metadata(*f, out);
   print_tensors(*f, out);

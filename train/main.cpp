@@ -9,6 +9,7 @@
 #include "kernels/vulkan/device.h"
 #include "train/commands.h"
 #include "train/device_choice.h"
+#include "train/cli_common.h"
 #include "train/generate.h"
 #include "train/suggest.h"
 #include "train/train.h"
@@ -64,6 +65,7 @@ std::vector<std::string> with_demo_config(int argc, char** argv) {
   for (size_t i = 2; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") return args;
+    if (a == "-m" || a.rfind("-m=", 0) == 0) return args;
     for (const char* name : {"--config", "--model"})
       if (a == name || a.rfind(std::string(name) + "=", 0) == 0) return args;
   }
@@ -117,12 +119,14 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "q4tune 0.1.0");
 
   auto* devices = app.add_subcommand("devices", "List the devices --device can name");
+  q4t::set_examples(devices, "  q4tune devices");
 
   DeviceFlags selftest_dev;
   auto* selftest = app.add_subcommand("selftest",
                                       "Check every kernel on a device against a double-precision reference; "
                                       "exits non-zero on any failure");
   selftest_dev.add(selftest);
+  q4t::set_examples(selftest, "  q4tune selftest --device vulkan");
 
   DeviceFlags gradcheck_dev;
   auto* gradcheck = app.add_subcommand("gradcheck",
@@ -135,15 +139,17 @@ int main(int argc, char** argv) {
                         "gradients in mixed precision against f32 on the device, within the case's stated bound")
       ->check(CLI::IsMember({"f32", "mixed"}))
       ->capture_default_str();
+  q4t::set_examples(gradcheck, "  q4tune gradcheck --device cpu");
 
   std::string info_path;
   auto* info = app.add_subcommand("info", "Print a GGUF file's metadata and tensors, and which tensor types q4tune supports");
-  info->add_option("MODEL", info_path, "GGUF file")->required();
+  q4t::add_model_argument(info, info_path, "GGUF file (a model or an adapter)");
+  q4t::set_examples(info, "  q4tune info -m model.gguf");
 
   q4t::InitModelOptions init_opt;
   auto* init_model = app.add_subcommand("init-model",
                                         "Write a small random-initialised GGUF of a supported architecture (byte-level vocabulary)");
-  init_model->add_option("--out", init_opt.out, "output GGUF file")->required();
+  init_model->add_option("-o,--out", init_opt.out, "output GGUF file")->required();
   init_model->add_option("--arch", init_opt.arch, "llama, qwen2, qwen3, gemma2, gemma3 or phi3")->capture_default_str();
   init_model->add_option("--type", init_opt.type, "weight types: f32 or a format (every matrix: " + q4t::format_list() + "), or a mix as llama-quantize writes it (q2_k, q3_k_m, q4_k_m, q5_k_s, q5_k_m: the output matrix Q6_K, attn_v/ffn_down/attn_output as llama-quantize picks them; rows that are not whole super-blocks fall back as it does)")->capture_default_str();
   init_model->add_option("--dim", init_opt.dim, "embedding length")->capture_default_str();
@@ -151,12 +157,12 @@ int main(int argc, char** argv) {
   init_model->add_option("--heads", init_opt.heads, "attention heads")->capture_default_str();
   init_model->add_option("--kv-heads", init_opt.kv_heads, "key/value heads (grouped-query attention)")->capture_default_str();
   init_model->add_option("--ff", init_opt.ff, "feed-forward length")->capture_default_str();
-  init_model->add_option("--ctx", init_opt.ctx, "context length")->capture_default_str();
+  init_model->add_option("--context-length", init_opt.ctx, "the model's context length")->capture_default_str();
   init_model->add_option("--head-dim", init_opt.head_dim, "head size (attention.key_length; default dim / heads)");
   init_model->add_option("--rope-dims", init_opt.rope_dims, "rotated dims of a head (rope.dimension_count; default all; fewer: partial rotary as phi-4-mini, for phi3 and gemma)");
   init_model->add_option("--rope-base", init_opt.rope_base, "RoPE frequency base")->capture_default_str();
-  init_model->add_flag("--rope-freqs", init_opt.rope_freqs, "llama: add a rope_freqs.weight of llama 3.1's per-pair factors (factor 8, original context --ctx)");
-  init_model->add_option("--rope-scaling", init_opt.rope_scaling, "RoPE context scaling linear:FACTOR or yarn:FACTOR (original context --ctx)");
+  init_model->add_flag("--rope-freqs", init_opt.rope_freqs, "llama: add a rope_freqs.weight of llama 3.1's per-pair factors (factor 8, original context --context-length)");
+  init_model->add_option("--rope-scaling", init_opt.rope_scaling, "RoPE context scaling linear:FACTOR or yarn:FACTOR (original context --context-length)");
   init_model->add_option("--sliding-window", init_opt.sliding_window, "gemma: the local layers' attention window (0: the architecture's default; gemma3: no local layers)")->capture_default_str();
   init_model->add_option("--swa-pattern", init_opt.swa_pattern, "gemma: every N-th layer is global, the others local (default gemma2 2, gemma3 6)");
   init_model->add_option("--attn-softcap", init_opt.attn_softcap, "gemma2: attention-logit soft-cap (default 50)");
@@ -164,22 +170,25 @@ int main(int argc, char** argv) {
   init_model->add_option("--longrope", init_opt.longrope, "phi3: LongRoPE factors (rope_factors_short/long) for this original context (longer contexts take the long ones)");
   init_model->add_flag("--tied", init_opt.tied, "no output.weight: token_embd is the output matrix");
   init_model->add_option("--seed", init_opt.seed, "random seed")->capture_default_str();
+  q4t::set_examples(init_model, "  q4tune init-model -o tiny.gguf --dim 256 --layers 4 --heads 8 --kv-heads 4 --ff 704 --type q4_k_m");
 
   std::string quant_in, quant_out, quant_type = "q4_0";
   auto* quantize = app.add_subcommand("quantize", "Convert the 2-D F32/F16 weights of a GGUF as llama-quantize would (other tensors are copied)");
-  quantize->add_option("IN", quant_in, "input GGUF")->required();
-  quantize->add_option("OUT", quant_out, "output GGUF")->required();
+  q4t::add_model_argument(quantize, quant_in, "input GGUF");
+  auto* quant_out_pos = quantize->add_option("OUT", quant_out, "output GGUF (or -o)");
+  quantize->add_option("-o,--out", quant_out, "output GGUF")->excludes(quant_out_pos);
   quantize->add_option("--type", quant_type, "a llama-quantize file type, with its choice of type per matrix (the output matrix Q6_K but in q8_0 and bf16; attn_v, ffn_down and attn_output per mix): q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k_m, q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, iq4_xs, bf16, or another format for every matrix; rows that are not whole super-blocks fall back as llama-quantize does (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K to Q4_0, IQ4_XS to IQ4_NL), rows that are not whole blocks stay F32")->capture_default_str();
+  q4t::set_examples(quantize, "  q4tune quantize -m model-f16.gguf -o model-q4_k_m.gguf --type q4_k_m");
 
   DeviceFlags logits_dev;
   q4t::LogitsOptions logits_opt;
   auto* logits = app.add_subcommand("logits", "Run the model on token ids and write the logits at every position as JSON");
   logits_dev.add(logits);
   logits_dev.add_precision(logits);
-  logits->add_option("MODEL", logits_opt.model, "GGUF model")->required();
+  q4t::add_model_argument(logits, logits_opt.model, "GGUF model");
   auto* ids_opt = logits->add_option("--ids", logits_opt.ids, "comma-separated token ids")->delimiter(',');
   logits->add_option("--ids-file", logits_opt.ids_file, "JSON array of token ids")->excludes(ids_opt);
-  logits->add_option("--adapter", logits_opt.adapter, "GGUF LoRA adapter to apply");
+  logits->add_option("--adapter,--lora", logits_opt.adapter, "GGUF LoRA adapter to apply");
   logits->add_option("--adapter-scale", logits_opt.adapter_scale, "scale of the adapter")->capture_default_str();
   logits->add_flag("--llama-cpp-numerics", logits_opt.llama_cpp_numerics,
                    "round the input of each quantized matrix to 8-bit blocks as llama.cpp's CPU matmuls do (Q8_0 or Q8_K, "
@@ -188,20 +197,22 @@ int main(int argc, char** argv) {
                    "8-bit step, which the two may then round to neighbouring steps; gemma's GELU, which llama.cpp "
                    "looks up in an f16 table, is computed exactly, so gemma models agree to about 1e-2 (the default "
                    "keeps f32 activations, as training does)");
-  logits->add_option("--out", logits_opt.out, "write {\"logits\": [[...], ...]} here instead of stdout");
+  logits->add_option("-o,--out", logits_opt.out, "write {\"logits\": [[...], ...]} here instead of stdout");
+  q4t::set_examples(logits, "  q4tune logits -m model.gguf --ids 1,15043,3186 -o logits.json");
 
   q4t::TokenizeOptions tok_opt;
   auto* tokenize = app.add_subcommand("tokenize", "Print the token ids of a text with the model's tokenizer");
-  tokenize->add_option("MODEL", tok_opt.model, "GGUF model")->required();
+  q4t::add_model_argument(tokenize, tok_opt.model, "GGUF model", &tok_opt.text);
   auto* tok_text = tokenize->add_option("TEXT", tok_opt.text, "text to tokenize");
   auto* tok_file = tokenize->add_option("--file", tok_opt.file, "tokenize this file's contents")->excludes(tok_text);
   tokenize->add_option("--json-in", tok_opt.json_in, "JSON array of strings: write a JSON array of id arrays")
       ->excludes(tok_text)
       ->excludes(tok_file);
-  tokenize->add_option("--out", tok_opt.out, "with --json-in: write here instead of stdout");
+  tokenize->add_option("-o,--out", tok_opt.out, "with --json-in: write here instead of stdout");
   tokenize->add_flag("--decode", tok_opt.decode, "also print the text the ids decode to");
   tokenize->add_flag("--parse-special", tok_opt.parse_special, "recognise control tokens (\"<s>\", ...) written in the text");
   tokenize->add_flag("--add-special", tok_opt.add_special, "add BOS/EOS as the model's add_bos_token/add_eos_token say");
+  q4t::set_examples(tokenize, "  q4tune tokenize -m model.gguf \"Hello world\" --decode");
 
   DeviceFlags bench_dev;
   q4t::BenchOptions bench_opt;
@@ -227,6 +238,7 @@ int main(int argc, char** argv) {
   bench->add_option("--seconds", bench_opt.seconds_per_case, "time budget per case")
       ->check(CLI::Range(0.01, 60.0))
       ->capture_default_str();
+  q4t::set_examples(bench, "  q4tune bench --kernels copy,q4_k_gemv,q4_k_gemm --shapes 4096x4096 --precision mixed");
   DeviceFlags bench_train_dev;
   q4t::BenchTrainOptions bt_opt;
   auto* bench_train = bench->add_subcommand(
@@ -259,6 +271,7 @@ int main(int argc, char** argv) {
                           "recomputing them")
       ->capture_default_str();
   bench_train->add_option("--json", bt_opt.json_path, "also write the results as a JSON array to this file");
+  q4t::set_examples(bench_train, "  q4tune bench train --shape tinyllama-1.1b --type q4_k_m --batch-sizes 1,4 --grad-checkpoint");
 
   q4t::TrainOptions train_opt;
   auto* train = app.add_subcommand("train",
@@ -266,30 +279,48 @@ int main(int argc, char** argv) {
                                    "loss.svg and checkpoints/ under --out. With no --model and no --config, runs the "
                                    "embedded demo (configs/demo.toml)");
   q4t::add_train_options(train, train_opt);
+  q4t::set_examples(train, "  q4tune train                                   (the embedded demo)\n"
+                           "  q4tune train -m model.gguf --data chats.jsonl -o my-run --lora-rank 16 --steps 500\n"
+                           "  q4tune train --config configs/tiny.toml --data my.jsonl\n"
+                           "  q4tune train --config my-run.toml --resume");
 
   DeviceFlags eval_dev;
   q4t::EvalOptions eval_opt;
   auto* eval = app.add_subcommand("eval", "Loss and perplexity of a model, with or without an adapter, on a dataset");
   eval_dev.add(eval);
   eval_dev.add_precision(eval);
-  eval->add_option("--model", eval_opt.model, "GGUF base model")->required();
-  eval->add_option("--data", eval_opt.data, "data: .txt or .jsonl, read as by train")->required();
-  eval->add_option("--adapter", eval_opt.adapter, "GGUF LoRA adapter to apply");
+  q4t::add_model_argument(eval, eval_opt.model, "GGUF base model", nullptr, /*required=*/false);
+  eval->add_option("--run", eval_opt.run,
+                   "a training run's --out directory (or one of its checkpoints): its model, chat template, seq-len "
+                   "and newest complete checkpoint's adapters, for what is not given");
+  eval->add_option("--data", eval_opt.data, "data: .txt, .jsonl or .json, read as by train")->required();
+  eval->add_option("--adapter,--lora", eval_opt.adapter, "GGUF LoRA adapter to apply");
   eval->add_option("--adapter-scale", eval_opt.adapter_scale, "scale of the adapter")->capture_default_str();
-  eval->add_option("--seq-len", eval_opt.seq_len, "tokens per row")->capture_default_str();
+  eval->add_option("-c,--seq-len", eval_opt.seq_len, "tokens per row (default: the run's, else 512)");
   eval->add_option("--batch-size", eval_opt.batch_size, "rows per forward pass")->capture_default_str();
-  eval->add_option("--max-batches", eval_opt.max_batches, "stop after this many batches (0: all)")->capture_default_str();
+  eval->add_option("--eval-batches", eval_opt.eval_batches, "stop after this many batches (0: all)")->capture_default_str();
   eval->add_flag("--pack", eval_opt.pack, "pack several examples into each row");
   eval->add_flag("--train-on-prompt", eval_opt.train_on_prompt, "count prompts and non-assistant turns too");
   eval->add_option("--chat-template", eval_opt.chat_template, "chat template for messages data");
+  q4t::add_data_format_options(eval, eval_opt.data_format, "Options");
+  q4t::set_examples(eval, "  q4tune eval -m model.gguf --data val.jsonl --lora my-run/adapter.gguf\n"
+                          "  q4tune eval --run my-run --data val.jsonl      (the run's model, seq-len and newest adapters)");
 
   q4t::ExportOptions export_opt;
   auto* exp = app.add_subcommand("export", "Write a checkpoint's adapters as a GGUF LoRA (llama.cpp --lora) or a PEFT folder");
-  exp->add_option("CHECKPOINT", export_opt.checkpoint, "checkpoint directory (OUT/checkpoints/step-N)")->required();
+  auto* exp_ckpt = exp->add_option("CHECKPOINT", export_opt.checkpoint,
+                                   "a training run's --out directory (its newest complete checkpoint) or a checkpoint "
+                                   "(OUT/checkpoints/step-N)");
+  exp->add_option("--run", export_opt.checkpoint, "the same as CHECKPOINT")->excludes(exp_ckpt);
   exp->add_option("--format", export_opt.format, "gguf or peft")->capture_default_str();
-  exp->add_option("--out", export_opt.out,
+  exp->add_option("-o,--out", export_opt.out,
                   "output file (gguf) or directory (peft); default CHECKPOINT/adapter.gguf or CHECKPOINT/peft");
-  exp->add_option("--model", export_opt.model, "the base model, when it has moved since training");
+  exp->add_option("-m,--model", export_opt.model, "the base model, when it has moved since training");
+  exp->add_option("--hf-base-model", export_opt.hf_base_model,
+                  "peft: base_model_name_or_path, the Hugging Face id of the base model (default: the model file's "
+                  "general.source.* or general.base_model.* repository, else its general.name)");
+  q4t::set_examples(exp, "  q4tune export my-run --format peft -o my-adapter-peft\n"
+                         "  q4tune export my-run/checkpoints/step-200 -o step200.gguf");
 
   q4t::GenerateOptions gen_opt;
   auto* gen = q4t::add_generate_command(app, gen_opt);
@@ -297,6 +328,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> help_topic;
   auto* help_cmd = app.add_subcommand("help", "Show the commands, or a command's options: q4tune help [COMMAND]");
   help_cmd->add_option("COMMAND", help_topic, "a command (bench train: the training benchmark)");
+  q4t::set_examples(help_cmd, "  q4tune help train");
 
   std::vector<std::string> args = with_demo_config(argc, argv);
   args.erase(args.begin());  // the program name
@@ -370,6 +402,11 @@ int main(int argc, char** argv) {
       return q4t::run_bench_train(bench_train_dev.open(), bt_opt, std::cout);
     }
     if (*bench) return q4t::run_bench(bench_dev.open(), bench_opt, std::cout);
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::cerr << "q4tune: error: out of host memory: the model, --seq-len or --batch-size asks for more than this "
+                 "machine has\n";
+    return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::cerr << "q4tune: error: " << e.what() << "\n";

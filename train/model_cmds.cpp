@@ -17,9 +17,10 @@
 #include "kernels/quant/q4_0.h"
 #include "kernels/quant/q8_0.h"
 #include "train/commands.h"
-#include "train/model/weight_mix.h"
 #include "train/device_choice.h"
 #include "train/model/model.h"
+#include "train/model/weight_mix.h"
+#include "train/run_log.h"
 
 namespace q4t {
 
@@ -187,6 +188,23 @@ int64_t layer_of(const std::string& name) {
 
 }  // namespace
 
+TypePlan plan_types(const gguf::File& f, const std::string& flag, const std::string& type_name, bool requantize) {
+  const Recipe recipe = parse_recipe(flag, type_name, false);
+  const std::string arch = f.find("general.architecture") ? f.get_string("general.architecture") : "";
+  const int64_t n_layers = int64_t(f.get_uint_or(arch + ".block_count", 0));
+  const int64_t n_head = int64_t(f.get_uint_or(arch + ".attention.head_count", 1));
+  const int64_t n_gqa = n_head / std::max<int64_t>(1, int64_t(f.get_uint_or(arch + ".attention.head_count_kv", n_head)));
+  const bool tied = f.tensor("output.weight") == nullptr;
+  TypePlan plan{{}, recipe.base, recipe.file_type};
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    const bool weight = t.ne.size() == 2 && (requantize || t.type == GgmlType::F32 || t.type == GgmlType::F16);
+    const bool output = t.name == "output.weight" || (tied && t.name == "token_embd.weight");
+    plan.types.push_back(weight ? matrix_type(recipe, t.name, t.ne[0], layer_of(t.name), n_layers, n_gqa, output)
+                                : t.type);
+  }
+  return plan;
+}
+
 // Llama 3.1's per-pair RoPE factors (its converter's formula): factor 8 for the pairs whose wavelength exceeds the
 // original context, 1 for those below a quarter of it, and a smooth blend between.
 std::vector<float> llama3_rope_factors(int64_t head_dim, double base, int64_t n_ctx_orig) {
@@ -351,33 +369,22 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
   norm("output_norm.weight", w, C);
   if (!o.tied) matrix("output.weight", V, C, w);
   w.write(o.out);
-  out << "wrote " << o.out << ": " << o.arch << ", dim " << C << ", " << o.layers << " layers, " << H << " heads ("
+  out << "wrote " << o.out << ": " << o.arch << ", dim " << C << ", " << train::plural(o.layers, "layer") << ", " << H << " heads ("
       << Hkv << " kv) of " << D << ", ff " << F << ", vocab " << V << ", " << o.type << (o.tied ? ", tied output" : "") << "\n";
   return 0;
 }
 
 int run_quantize(const std::string& in, const std::string& out_path, const std::string& type_name, std::ostream& out) {
-  const Recipe recipe = parse_recipe("--type", type_name, false);
-  if (recipe.base == GgmlType::F32 || recipe.base == GgmlType::F16)
+  auto f = gguf::File::open(in);
+  const TypePlan plan = plan_types(*f, "--type", type_name, false);
+  if (plan.base == GgmlType::F32 || plan.base == GgmlType::F16)
     throw std::invalid_argument("quantize: --type " + type_name + " is not a quantized type (one of " +
                                 recipe_names() + " but f32 and f16)");
-  auto f = gguf::File::open(in);
-  const std::string arch = f->find("general.architecture") ? f->get_string("general.architecture") : "";
-  const int64_t n_layers = int64_t(f->get_uint_or(arch + ".block_count", 0));
-  const int64_t n_head = int64_t(f->get_uint_or(arch + ".attention.head_count", 1));
-  const int64_t n_gqa = n_head / std::max<int64_t>(1, int64_t(f->get_uint_or(arch + ".attention.head_count_kv", n_head)));
-  const bool tied = f->tensor("output.weight") == nullptr;
-  // Every type is chosen (and every refusal made) before anything is converted or written.
-  std::vector<GgmlType> types;
-  for (const gguf::TensorInfo& t : f->tensors()) {
-    const bool weight = t.ne.size() == 2 && (t.type == GgmlType::F32 || t.type == GgmlType::F16);
-    const bool output = t.name == "output.weight" || (tied && t.name == "token_embd.weight");
-    types.push_back(weight ? matrix_type(recipe, t.name, t.ne[0], layer_of(t.name), n_layers, n_gqa, output) : t.type);
-  }
+  const std::vector<GgmlType>& types = plan.types;
   gguf::Writer w;
   for (const auto& [key, value] : f->metadata())
     if (key != "general.alignment") w.set(key, value);
-  w.set("general.file_type", Value::u32(recipe.file_type));
+  w.set("general.file_type", Value::u32(plan.file_type));
   std::map<std::string, int> counts;
   for (size_t i = 0; i < f->tensors().size(); ++i) {
     const gguf::TensorInfo& t = f->tensors()[i];
@@ -401,7 +408,7 @@ int run_quantize(const std::string& in, const std::string& out_path, const std::
     out << sep << n << " " << type;
     sep = ", ";
   }
-  out << " of " << f->tensors().size() << " tensors converted\n";
+  out << " of " << train::plural(int64_t(f->tensors().size()), "tensor") << " converted\n";
   return 0;
 }
 

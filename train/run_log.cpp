@@ -73,6 +73,7 @@ std::optional<double> finite_number(const json& line, const char* key) {
 
 void add_points(LossSeries& series, const MetricsLine& line) {
   if (const auto loss = finite_number(line.value, "loss")) series.train.push_back({line.step, *loss});
+  if (const auto lr = finite_number(line.value, "lr")) series.lr.push_back({line.step, *lr});
   if (const auto val = finite_number(line.value, "val_loss")) series.val.push_back({line.step, *val});
 }
 
@@ -99,6 +100,49 @@ ordered_json metrics_line(ordered_json fixed, const json& extra) {
   return fixed;
 }
 
+// The JSON text of v with every floating-point number written as %.6g (a valid JSON number when finite: digits,
+// a point, an exponent like e-05) and every non-finite one as null.
+void append_rounded_json(std::string& out, const ordered_json& v) {
+  const auto dump = [](const ordered_json& x) { return x.dump(-1, ' ', false, ordered_json::error_handler_t::replace); };
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    out += std::isfinite(d) ? format("%.6g", d) : "null";
+  } else if (v.is_object()) {
+    out += '{';
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (it != v.begin()) out += ',';
+      out += dump(it.key());
+      out += ':';
+      append_rounded_json(out, it.value());
+    }
+    out += '}';
+  } else if (v.is_array()) {
+    out += '[';
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i > 0) out += ',';
+      append_rounded_json(out, v[i]);
+    }
+    out += ']';
+  } else {
+    out += dump(v);
+  }
+}
+
+// A metrics line's finite numbers but its step, tagged prefix + field name, with strip taken off a name that
+// starts with it.
+std::vector<TfScalar> event_scalars(const ordered_json& line, const std::string& prefix, std::string_view strip) {
+  std::vector<TfScalar> scalars;
+  for (auto it = line.begin(); it != line.end(); ++it) {
+    std::string_view name = it.key();
+    if (name == "step" || !it->is_number()) continue;
+    const double v = it->get<double>();
+    if (!std::isfinite(v)) continue;
+    if (!strip.empty() && name.substr(0, strip.size()) == strip) name.remove_prefix(strip.size());
+    scalars.push_back({prefix + std::string(name), float(v)});
+  }
+  return scalars;
+}
+
 }  // namespace
 
 MetricsLog MetricsLog::open(const std::string& path, std::optional<int64_t> resume_step) {
@@ -123,7 +167,10 @@ MetricsLog::MetricsLog(std::string path, int fd, LossSeries series)
     : path_(std::move(path)), fd_(fd), series_(std::move(series)) {}
 
 MetricsLog::MetricsLog(MetricsLog&& other) noexcept
-    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), series_(std::move(other.series_)) {}
+    : path_(std::move(other.path_)),
+      fd_(std::exchange(other.fd_, -1)),
+      series_(std::move(other.series_)),
+      events_(std::move(other.events_)) {}
 
 MetricsLog& MetricsLog::operator=(MetricsLog&& other) noexcept {
   if (this != &other) {
@@ -131,6 +178,7 @@ MetricsLog& MetricsLog::operator=(MetricsLog&& other) noexcept {
     path_ = std::move(other.path_);
     fd_ = std::exchange(other.fd_, -1);
     series_ = std::move(other.series_);
+    events_ = std::move(other.events_);
   }
   return *this;
 }
@@ -140,21 +188,28 @@ MetricsLog::~MetricsLog() {
 }
 
 void MetricsLog::log_train(int64_t step, double loss, double lr, double tokens_per_s, const json& extra) {
-  append_line(metrics_line(
-      {{"type", "train"}, {"step", step}, {"loss", loss}, {"lr", lr}, {"tokens_per_s", tokens_per_s}}, extra));
+  const ordered_json line = metrics_line(
+      {{"type", "train"}, {"step", step}, {"loss", loss}, {"lr", lr}, {"tokens_per_s", tokens_per_s}}, extra);
+  append_line(line);
+  if (events_) events_->write_scalars(step, event_scalars(line, "train/", ""));
   if (std::isfinite(loss)) series_.train.push_back({step, loss});
+  if (std::isfinite(lr)) series_.lr.push_back({step, lr});
 }
 
 void MetricsLog::log_eval(int64_t step, double val_loss, const json& extra) {
-  append_line(metrics_line(
-      {{"type", "eval"}, {"step", step}, {"val_loss", val_loss}, {"val_ppl", std::exp(val_loss)}}, extra));
+  const ordered_json line = metrics_line(
+      {{"type", "eval"}, {"step", step}, {"val_loss", val_loss}, {"val_ppl", std::exp(val_loss)}}, extra);
+  append_line(line);
+  if (events_) events_->write_scalars(step, event_scalars(line, "eval/", "val_"));
   if (std::isfinite(val_loss)) series_.val.push_back({step, val_loss});
 }
 
 // One write() per line: with O_APPEND the line lands whole at the end unless the process dies inside the call.
 void MetricsLog::append_line(const ordered_json& line) {
   if (fd_ < 0) throw std::runtime_error("metrics log " + path_ + " is closed");
-  const std::string text = line.dump(-1, ' ', false, ordered_json::error_handler_t::replace) + "\n";
+  std::string text;
+  append_rounded_json(text, line);
+  text += '\n';
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
@@ -178,9 +233,24 @@ LossSeries read_loss_series(const std::string& path) {
 namespace {
 
 constexpr double kWidth = 800, kHeight = 450;
-constexpr double kPlotLeft = 76, kPlotRight = 776, kPlotTop = 44, kPlotBottom = 392;
+// The right margin holds the learning rate's axis.
+constexpr double kPlotLeft = 76, kPlotRight = 716, kPlotTop = 44, kPlotBottom = 392;
 constexpr const char* kTrainColor = "#1f77b4";
 constexpr const char* kValColor = "#d62728";
+constexpr const char* kLrColor = "#2ca02c";
+
+struct CurveStyle {
+  const char* color;
+  double width = 1.5;
+  double opacity = 1;
+  bool dashed = false;
+  bool markers = false;  // a circle per point (draw_curve marks a single point anyway)
+};
+
+const CurveStyle kRawTrainStyle{kTrainColor, 1, 0.3};
+const CurveStyle kSmoothedStyle{kTrainColor, 2.5};
+const CurveStyle kValStyle{kValColor, 1.5, 1, false, true};
+const CurveStyle kLrStyle{kLrColor, 1.5, 0.8, true};
 
 // A value range with round tick values; maps values to pixels between pixel_lo and pixel_hi.
 struct Axis {
@@ -191,11 +261,11 @@ struct Axis {
   double to_pixel(double v) const { return pixel_lo + (v - lo) / (hi - lo) * (pixel_hi - pixel_lo); }
 };
 
-// The 1, 2 or 5 times a power of ten nearest above range / target.
+// The 1, 2 or 5 times a power of ten nearest above range / target (rounding error aside: 0.01 / 5 gives 0.002).
 double nice_step(double range, int target) {
   const double raw = range / target;
   const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
-  const double f = raw / magnitude;
+  const double f = raw / magnitude * (1 - 1e-9);
   return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * magnitude;
 }
 
@@ -213,7 +283,8 @@ Axis value_axis(double lo, double hi) {
     lo -= pad, hi += pad;
   }
   const double step = nice_step(hi - lo, 5);
-  const int64_t k_lo = int64_t(std::floor(lo / step)), k_hi = int64_t(std::ceil(hi / step));
+  // (the 1e-9 keeps a value that is a tick up to rounding, like 0.01 / 0.002, from adding a tick beyond it)
+  const int64_t k_lo = int64_t(std::floor(lo / step + 1e-9)), k_hi = int64_t(std::ceil(hi / step - 1e-9));
   Axis a;
   a.lo = double(k_lo) * step;
   a.hi = double(k_hi) * step;
@@ -297,53 +368,93 @@ void draw_grid_and_ticks(std::string& svg, const Axis& x, const Axis& y) {
                 (kPlotTop + kPlotBottom) / 2, (kPlotTop + kPlotBottom) / 2);
 }
 
-// A polyline with the given id, plus a marker per point when `markers` (or when there is a single point, which a
-// polyline alone would not show).
+// The stroke attributes of a style.
+std::string stroke(const CurveStyle& style) {
+  return format("stroke=\"%s\" stroke-width=\"%.1f\"", style.color, style.width) +
+         (style.opacity < 1 ? format(" stroke-opacity=\"%.2f\"", style.opacity) : "") +
+         (style.dashed ? " stroke-dasharray=\"6 3\"" : "");
+}
+
+// The learning rate's axis at the right of the frame: ticks, their labels and the axis title, in its color.
+void draw_lr_axis(std::string& svg, const Axis& r) {
+  svg += format("<g id=\"lr-axis\" fill=\"%s\" stroke=\"none\">\n", kLrColor);
+  for (double t : r.ticks) {
+    svg += format("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\"/>\n", kPlotRight,
+                  r.to_pixel(t), kPlotRight + 4, r.to_pixel(t), kLrColor);
+    svg += format("<text x=\"%.1f\" y=\"%.1f\">%g</text>\n", kPlotRight + 6, r.to_pixel(t) + 4, t);
+  }
+  const double mid = (kPlotTop + kPlotBottom) / 2;
+  svg += format("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(90 %.1f %.1f)\">learning "
+                "rate</text>\n</g>\n",
+                kWidth - 14, mid, kWidth - 14, mid);
+}
+
+// A polyline with the given id, plus a marker per point when the style has markers (or when there is a single
+// point, which a polyline alone would not show).
 void draw_curve(std::string& svg, const std::vector<LossPoint>& points, const Axis& x, const Axis& y,
-                const char* id, const char* color, bool markers) {
+                const char* id, const CurveStyle& style) {
   if (points.empty()) return;
-  svg += format("<polyline id=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", id, color);
+  svg += format("<polyline id=\"%s\" fill=\"none\" ", id) + stroke(style) + " points=\"";
   for (size_t i = 0; i < points.size(); ++i) {
     svg += format(i == 0 ? "%.1f,%.1f" : " %.1f,%.1f", x.to_pixel(double(points[i].step)),
                   y.to_pixel(points[i].value));
   }
   svg += "\"/>\n";
-  if (!markers && points.size() > 1) return;
-  svg += format("<g id=\"%s-markers\" fill=\"%s\">\n", id, color);
+  if (!style.markers && points.size() > 1) return;
+  svg += format("<g id=\"%s-markers\" fill=\"%s\">\n", id, style.color);
   for (const LossPoint& p : points) {
     svg += format("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\"/>\n", x.to_pixel(double(p.step)), y.to_pixel(p.value));
   }
   svg += "</g>\n";
 }
 
-void draw_legend(std::string& svg, bool has_train, bool has_val) {
-  const double x = kPlotRight - 96;
+struct LegendEntry {
+  const char* label;
+  const CurveStyle* style;
+};
+
+void draw_legend(std::string& svg, const std::vector<LegendEntry>& entries) {
+  const double x = kPlotRight - 136;
   double y = kPlotTop + 18;
-  if (!has_train && !has_val) {
+  if (entries.empty()) {
     svg += format("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"#888\">no data yet</text>\n",
                   (kPlotLeft + kPlotRight) / 2, (kPlotTop + kPlotBottom) / 2);
     return;
   }
-  const int entries = int(has_train) + int(has_val);
-  svg += format("<rect x=\"%.1f\" y=\"%.1f\" width=\"86\" height=\"%d\" fill=\"white\" fill-opacity=\"0.85\" "
+  svg += format("<rect x=\"%.1f\" y=\"%.1f\" width=\"128\" height=\"%d\" fill=\"white\" fill-opacity=\"0.85\" "
                 "stroke=\"#bbb\"/>\n",
-                x - 6, y - 12, entries * 18 + 6);
-  auto entry = [&](const char* label, const char* color, bool marker) {
-    svg += format("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.5\"/>\n", x,
-                  y - 4, x + 24, y - 4, color);
-    if (marker) svg += format("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", x + 12, y - 4, color);
-    svg += format("<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", x + 30, y, label);
+                x - 6, y - 12, int(entries.size()) * 18 + 6);
+  for (const LegendEntry& e : entries) {
+    svg += format("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" ", x, y - 4, x + 24, y - 4) +
+           stroke(*e.style) + "/>\n";
+    if (e.style->markers)
+      svg += format("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", x + 12, y - 4, e.style->color);
+    svg += format("<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", x + 30, y, e.label);
     y += 18;
-  };
-  if (has_train) entry("train", kTrainColor, false);
-  if (has_val) entry("val", kValColor, true);
+  }
 }
 
 }  // namespace
 
+std::vector<LossPoint> ema_smoothed(const std::vector<LossPoint>& points, double weight) {
+  if (!(weight >= 0 && weight < 1)) throw std::invalid_argument("ema_smoothed: weight must lie in [0, 1)");
+  std::vector<LossPoint> smoothed;
+  double average = 0, weight_k = 1;  // weight_k: weight to the power of the points averaged so far
+  for (const LossPoint& p : points) {
+    if (!std::isfinite(p.value)) continue;
+    average = weight * average + (1 - weight) * p.value;
+    weight_k *= weight;
+    smoothed.push_back({p.step, average / (1 - weight_k)});
+  }
+  return smoothed;
+}
+
 std::string loss_chart_svg(const std::vector<LossPoint>& train, const std::vector<LossPoint>& val,
-                           const std::string& title) {
-  const std::vector<LossPoint> t = plotted_points(train), v = plotted_points(val);
+                           const std::string& title, const std::vector<LossPoint>& lr) {
+  const std::vector<LossPoint> t = plotted_points(train), v = plotted_points(val), r = plotted_points(lr);
+  // Smoothed over every point, then thinned like the others; a single point has nothing to smooth.
+  const std::vector<LossPoint> smooth = t.size() > 1 ? plotted_points(ema_smoothed(train, kSmoothingWeight))
+                                                     : std::vector<LossPoint>{};
   double step_lo = std::numeric_limits<double>::infinity(), step_hi = -step_lo;
   double value_lo = step_lo, value_hi = -step_lo;
   for (const auto* points : {&t, &v}) {
@@ -354,9 +465,16 @@ std::string loss_chart_svg(const std::vector<LossPoint>& train, const std::vecto
       value_hi = std::max(value_hi, p.value);
     }
   }
-  Axis x = step_axis(step_lo, step_hi), y = value_axis(value_lo, value_hi);
+  double lr_lo = 0, lr_hi = 0;  // the lr axis includes 0, so a warmup or a decay reads as a fraction of the peak
+  for (const LossPoint& p : r) {
+    step_lo = std::min(step_lo, double(p.step));
+    step_hi = std::max(step_hi, double(p.step));
+    lr_lo = std::min(lr_lo, p.value);
+    lr_hi = std::max(lr_hi, p.value);
+  }
+  Axis x = step_axis(step_lo, step_hi), y = value_axis(value_lo, value_hi), lr_axis = value_axis(lr_lo, lr_hi);
   x.pixel_lo = kPlotLeft, x.pixel_hi = kPlotRight;
-  y.pixel_lo = kPlotBottom, y.pixel_hi = kPlotTop;
+  y.pixel_lo = lr_axis.pixel_lo = kPlotBottom, y.pixel_hi = lr_axis.pixel_hi = kPlotTop;
 
   std::string svg = format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
@@ -366,16 +484,30 @@ std::string loss_chart_svg(const std::vector<LossPoint>& train, const std::vecto
   svg += format("<text x=\"%.1f\" y=\"26\" text-anchor=\"middle\" font-size=\"15\">", kWidth / 2) +
          xml_escape(title) + "</text>\n";
   draw_grid_and_ticks(svg, x, y);
-  draw_curve(svg, t, x, y, "train", kTrainColor, /*markers=*/false);
-  draw_curve(svg, v, x, y, "val", kValColor, /*markers=*/true);
-  draw_legend(svg, !t.empty(), !v.empty());
+  if (!r.empty()) {
+    draw_lr_axis(svg, lr_axis);
+    draw_curve(svg, r, x, lr_axis, "lr", kLrStyle);
+  }
+  draw_curve(svg, t, x, y, "train", kRawTrainStyle);
+  draw_curve(svg, smooth, x, y, "smoothed", kSmoothedStyle);
+  draw_curve(svg, v, x, y, "val", kValStyle);
+  std::vector<LegendEntry> legend;
+  if (!t.empty()) legend.push_back({"train", &kRawTrainStyle});
+  if (!smooth.empty()) legend.push_back({"train (smoothed)", &kSmoothedStyle});
+  if (!v.empty()) legend.push_back({"val", &kValStyle});
+  if (!r.empty()) legend.push_back({"learning rate", &kLrStyle});
+  draw_legend(svg, legend);
   svg += "</svg>\n";
   return svg;
 }
 
 void write_loss_svg(const std::string& path, const std::vector<LossPoint>& train, const std::vector<LossPoint>& val,
-                    const std::string& title) {
-  write_file_atomic(path, loss_chart_svg(train, val, title));
+                    const std::string& title, const std::vector<LossPoint>& lr) {
+  write_file_atomic(path, loss_chart_svg(train, val, title, lr));
+}
+
+std::string plural(int64_t n, std::string_view noun) {
+  return std::to_string(n) + " " + std::string(noun) + (n == 1 ? "" : "s");
 }
 
 // ---- progress ----
@@ -413,6 +545,8 @@ Progress::Progress(FILE* out, ProgressOptions opts) : out_(out), opts_(std::move
   if (opts_.log_every < 1) throw std::invalid_argument("progress: log_every must be >= 1");
   if (opts_.start_step < 0 || opts_.start_step > opts_.total_steps)
     throw std::invalid_argument("progress: start_step must be in [0, total_steps]");
+  if (!(opts_.elapsed_before >= 0 && std::isfinite(opts_.elapsed_before)))
+    throw std::invalid_argument("progress: elapsed_before must be a finite number of seconds >= 0");
   const int fd = fileno(out_);
   terminal_ = opts_.mode == ProgressOptions::Mode::Terminal ||
               (opts_.mode == ProgressOptions::Mode::Auto && fd >= 0 && isatty(fd));
@@ -429,12 +563,13 @@ double Progress::now() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// "loss 2.3456  lr 3.00e-04  1234.5 tok/s  elapsed 0:12  eta 1:48"; the ETA extrapolates this run's rate.
+// "loss 2.3456  lr 3.00e-04  1234.5 tok/s  elapsed 0:12  eta 1:48"; elapsed counts the resumed runs' time too,
+// the ETA extrapolates this run's rate.
 std::string Progress::stats_text(const Snapshot& s) const {
   const int64_t done = s.step - opts_.start_step, remaining = std::max<int64_t>(0, opts_.total_steps - s.step);
   const double eta = remaining == 0 ? 0.0 : done > 0 ? s.elapsed_s / double(done) * double(remaining) : -1.0;
   return format("loss %.4f  lr %.2e  ", s.loss, s.lr) + format_tokens_per_s(s.tokens_per_s) + " tok/s  elapsed " +
-         format_duration(s.elapsed_s) + "  eta " + format_duration(eta);
+         format_duration(opts_.elapsed_before + s.elapsed_s) + "  eta " + format_duration(eta);
 }
 
 // "[=========>          ] 45/100  loss ...", the bar narrowed (or dropped) to keep the line within the terminal.

@@ -1,5 +1,6 @@
-// The run log of `q4tune train`: OUT/metrics.jsonl (one JSON object per line), the loss chart drawn from it
-// (OUT/loss.svg), and the progress display of the training loop. Throughout, step is the number of optimizer
+// The run log of `q4tune train`: OUT/metrics.jsonl (one JSON object per line), optionally the same scalars as
+// TensorBoard events (train/tfevents.h), the loss chart drawn from it (OUT/loss.svg), and the progress display
+// of the training loop. Throughout, step is the number of optimizer
 // steps completed (1 after the first step).
 #pragma once
 #include <cstddef>
@@ -12,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "train/tfevents.h"
+
 namespace q4t::train {
 
 struct LossPoint {
@@ -19,15 +22,17 @@ struct LossPoint {
   double value = 0;
 };
 
-// The two curves of the chart: the training loss of every logged step, the validation loss of every evaluation.
+// The curves of the chart: the training loss and the learning rate of every logged step, the validation loss of
+// every evaluation.
 struct LossSeries {
-  std::vector<LossPoint> train, val;
+  std::vector<LossPoint> train, val, lr;
 };
 
 // OUT/metrics.jsonl. Each line is written with a single unbuffered write(), so `tail -f` sees it at once and a
 // SIGKILL loses at most the line being written:
 //   {"type":"train","step":10,"loss":2.3456,"lr":0.0003,"tokens_per_s":1234.5, ...extra}
 //   {"type":"eval","step":100,"val_loss":2.1,"val_ppl":8.17, ...extra}
+// Floating-point numbers are written with at most 6 significant digits (0.0006, not 0.0006000000000000001).
 // JSON has no NaN: a non-finite number is written as null, and such a point is left out of series().
 class MetricsLog {
  public:
@@ -52,6 +57,11 @@ class MetricsLog {
   // Writes val_ppl = exp(val_loss) too.
   void log_eval(int64_t step, double val_loss, const nlohmann::json& extra = nullptr);
 
+  // From now on every line's finite numbers (all fields but type and step) are also written to events as one
+  // Event at the line's step: a train line's field f as the tag "train/f", an eval line's "val_f" (or f) as
+  // "eval/f".
+  void tee_tensorboard(TfEventsWriter events) { events_.emplace(std::move(events)); }
+
   // The kept lines' points plus every point logged since open(), in file order.
   const LossSeries& series() const { return series_; }
   const std::string& path() const { return path_; }
@@ -63,9 +73,10 @@ class MetricsLog {
   std::string path_;
   int fd_ = -1;
   LossSeries series_;
+  std::optional<TfEventsWriter> events_;
 };
 
-// The curves of a metrics.jsonl: "loss" of its train lines, "val_loss" of its eval lines. As in open(), a last
+// The curves of a metrics.jsonl: "loss" and "lr" of its train lines, "val_loss" of its eval lines. As in open(), a last
 // line without its newline (being written, or cut off) and lines that are not JSON objects with an integer "step"
 // are skipped, and so are null values. Throws std::runtime_error naming the path when the file cannot be read.
 LossSeries read_loss_series(const std::string& path);
@@ -73,14 +84,28 @@ LossSeries read_loss_series(const std::string& path);
 // A curve with more points than this is thinned to this many, evenly spaced by index, keeping the first and last.
 constexpr size_t kMaxChartPoints = 2000;
 
-// A self-contained SVG line chart: nice round ticks with labels on both axes, the train curve as a line, the val
-// curve as a line with a marker per point, a legend and the title. Any number of points (0 included) gives a
-// valid chart; non-finite values are skipped; a flat curve or a single step gets a padded axis range.
+// The weight of the train loss's smoothed curve in the chart (TensorBoard's smoothing slider).
+constexpr double kSmoothingWeight = 0.9;
+
+// The exponential moving average of the finite points, as TensorBoard smooths: m = weight * m + (1 - weight) * v
+// from m = 0, each divided by 1 - weight^k after k points so that the start is not pulled towards 0.
+std::vector<LossPoint> ema_smoothed(const std::vector<LossPoint>& points, double weight);
+
+// A self-contained SVG line chart: nice round ticks with labels on the axes, the train curve as a faint line
+// (id "train") under its smoothed curve in bold (id "smoothed", ema_smoothed with kSmoothingWeight), the val
+// curve as a line with a marker per point, a legend and the title. Given lr points, the learning rate is a
+// dashed line (id "lr") on an axis of its own at the right (from 0, labelled "learning rate"). Any number of
+// points (0 included) gives a valid chart; non-finite values are skipped; a flat curve or a single step gets a
+// padded axis range.
 std::string loss_chart_svg(const std::vector<LossPoint>& train, const std::vector<LossPoint>& val,
-                           const std::string& title);
+                           const std::string& title, const std::vector<LossPoint>& lr = {});
 // loss_chart_svg written atomically (temp file + rename). Throws std::runtime_error naming the path.
 void write_loss_svg(const std::string& path, const std::vector<LossPoint>& train,
-                    const std::vector<LossPoint>& val, const std::string& title);
+                    const std::vector<LossPoint>& val, const std::string& title,
+                    const std::vector<LossPoint>& lr = {});
+
+// "1 step", "2 steps": n and the noun, plural (noun + "s") unless n is 1.
+std::string plural(int64_t n, std::string_view noun);
 
 // "m:ss" under an hour, "h:mm:ss" from one hour on (seconds rounded down); "?" for a negative, non-finite or
 // absurd (over 1e12 s) time.
@@ -93,6 +118,7 @@ int64_t peak_rss_bytes();
 struct ProgressOptions {
   int64_t total_steps = 0;
   int64_t start_step = 0;  // steps already done when this run began (a resume); the ETA uses this run's rate
+  double elapsed_before = 0;  // training seconds of the runs this one resumes; the elapsed time continues from it
   int64_t log_every = 1;   // plain mode: a line every log_every steps, plus the first update and the last step
   // Terminal: one line redrawn in place with '\r' and a bar. Plain: whole lines, no '\r', no escape codes.
   // Auto: Terminal when the stream's file descriptor is a terminal.
@@ -112,7 +138,7 @@ class Progress {
   Progress& operator=(const Progress&) = delete;
 
   // After optimizer step `step` (1-based): step/total, loss (4 decimals), lr (%.2e), tokens per second, elapsed
-  // time of this run and the ETA.
+  // training time (elapsed_s()) and the ETA.
   void update(int64_t step, double loss, double lr, double tokens_per_s);
   // A line of its own (an eval result, "checkpoint saved"). In terminal mode the bar is cleared first and
   // redrawn under the message.
@@ -121,11 +147,13 @@ class Progress {
   void finish();
 
   bool terminal() const { return terminal_; }
+  // The training time so far: elapsed_before plus the time since this Progress was made.
+  double elapsed_s() const { return opts_.elapsed_before + (now() - start_time_); }
 
  private:
   struct Snapshot {
     int64_t step = 0;
-    double loss = 0, lr = 0, tokens_per_s = 0, elapsed_s = 0;
+    double loss = 0, lr = 0, tokens_per_s = 0, elapsed_s = 0;  // elapsed_s: this run's
   };
   double now() const;
   std::string stats_text(const Snapshot& s) const;

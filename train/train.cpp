@@ -17,6 +17,7 @@
 
 #include "autograd/optim.h"
 #include "data/atomic_file.h"
+#include "data/chat_template.h"
 #include "data/dataset_cache.h"
 #include "data/gguf.h"
 #include "data/splitmix.h"
@@ -126,6 +127,11 @@ json identity_json(const TrainOptions& o, const std::string& model_path, const s
   j["train-on-prompt"] = o.train_on_prompt;
   j["no-truncate"] = o.no_truncate;
   j["chat-template"] = o.chat_template;
+  j["data-format"] = o.data_format.format;
+  j["text-field"] = o.data_format.text_field;
+  j["prompt-field"] = o.data_format.prompt_field;
+  j["completion-field"] = o.data_format.completion_field;
+  j["messages-field"] = o.data_format.messages_field;
   j["steps"] = o.steps;
   j["epochs"] = o.epochs;
   j["seed"] = o.seed;
@@ -165,8 +171,8 @@ std::vector<std::vector<float>> checkpoint_values(const std::string& dir, const 
   std::map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& t : ts) by_name[t.name] = &t;
   if (ts.size() != params.size())
-    throw std::runtime_error(dir + ": " + what + " holds " + std::to_string(ts.size()) + " tensors, this run trains " +
-                             std::to_string(params.size()));
+    throw std::runtime_error(dir + ": " + what + " holds " + train::plural(int64_t(ts.size()), "tensor") +
+                             ", this run trains " + std::to_string(params.size()));
   std::vector<std::vector<float>> out;
   for (const ag::Var& p : params) {
     const std::string& name = g.node(p.id).name;
@@ -216,7 +222,9 @@ std::string resolve_builtin(const std::string& name, std::ostream& log) {
     return path;
   }
   if (what == "demo-data.jsonl") return cached_embedded_copy("demo.jsonl", "demo-data");
-  throw std::invalid_argument("'" + name + "' is not a builtin (builtin:demo-model, builtin:demo-data.jsonl)");
+  if (what == "demo-val.jsonl") return cached_embedded_copy("demo-val.jsonl", "demo-val");
+  throw std::invalid_argument("'" + name + "' is not a builtin (builtin:demo-model, builtin:demo-data.jsonl, "
+                              "builtin:demo-val.jsonl)");
 }
 
 void validate_train_options(const TrainOptions& o) {
@@ -226,7 +234,7 @@ void validate_train_options(const TrainOptions& o) {
   if (o.data.empty()) fail_option("data", "no training data given (a .txt or .jsonl file)");
   if (o.data.rfind("builtin:", 0) != 0 && !fs::is_regular_file(o.data))
     fail_option("data", "'" + o.data + "' does not exist or is not a file");
-  if (!o.val_data.empty() && !fs::is_regular_file(o.val_data))
+  if (!o.val_data.empty() && o.val_data.rfind("builtin:", 0) != 0 && !fs::is_regular_file(o.val_data))
     fail_option("val-data", "'" + o.val_data + "' does not exist or is not a file");
   if (o.out.empty()) fail_option("out", "no output directory given");
   if (o.lora_rank < 1) fail_option("lora-rank", "must be at least 1, not " + std::to_string(o.lora_rank));
@@ -266,7 +274,7 @@ void validate_train_options(const TrainOptions& o) {
   if (o.keep_ffn_layers > 0 && !o.grad_checkpoint)
     fail_option("keep-ffn-layers", "applies only with --grad-checkpoint (without it every activation is kept)");
   if (!(o.val_fraction >= 0 && o.val_fraction < 1)) fail_option("val-fraction", "must lie in [0, 1)");
-  if (o.sample_tokens < 0) fail_option("sample-tokens", "must be non-negative");
+  if (o.sample_tokens < 0) fail_option("sample-max-tokens", "must be non-negative");
   // The output directory: created if missing, and writable (a probe file, removed at once).
   std::error_code ec;
   fs::create_directories(o.out, ec);
@@ -281,12 +289,69 @@ void validate_train_options(const TrainOptions& o) {
   fs::remove(probe, ec);
   if (o.resume && !o.resume_dir.empty() && !fs::is_directory(o.resume_dir))
     fail_option("resume", "'" + o.resume_dir + "' is not a directory");
+  if (!o.tensorboard.empty()) {
+    fs::create_directories(o.tensorboard, ec);
+    if (ec || !fs::is_directory(o.tensorboard))
+      fail_option("tensorboard", "cannot create directory '" + o.tensorboard + "'" + (ec ? ": " + ec.message() : ""));
+  }
 }
 
+namespace {
+
+// The text on one line and printable: newlines and tabs as \n and \t, other control bytes and bytes that are not
+// UTF-8 as \xNN (a random model's output can be anything).
+std::string one_line(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    for (size_t k = 1; k < len; ++k)
+      if (i + k >= s.size() || (static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) len = 0;
+    if (c == '\n' || c == '\t') {
+      out += c == '\n' ? "\\n" : "\\t";
+    } else if (len == 0 || c < 0x20 || c == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", unsigned(c));
+      out += hex;
+      len = 1;
+    } else {
+      out.append(s, i, len);
+    }
+    i += std::max<size_t>(len, 1);
+  }
+  return out;
+}
+
+// The directories a start creates (--out and --tensorboard with their missing parents, deepest first), removed
+// again when the run leaves them empty, so that a failed start leaves nothing behind.
+struct RemoveIfEmpty {
+  std::vector<fs::path> dirs;
+  void add(const std::string& dir) {
+    std::error_code ec;
+    for (fs::path p = fs::absolute(dir, ec); !ec && !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+      dirs.push_back(p);
+      if (p == p.parent_path()) break;
+    }
+  }
+  ~RemoveIfEmpty() {
+    std::error_code ec;
+    for (const fs::path& d : dirs)
+      if (fs::is_directory(d, ec) && fs::is_empty(d, ec)) fs::remove(d, ec);
+  }
+};
+
+}  // namespace
+
 int run_train(const TrainOptions& opt, std::ostream& out) {
+  if (opt.print_config) {
+    out << opt.effective_config;
+    return 0;
+  }
+  RemoveIfEmpty made;
+  made.add(opt.out);
+  if (!opt.tensorboard.empty()) made.add(opt.tensorboard);
   validate_train_options(opt);
   using Clock = std::chrono::steady_clock;
-  const auto t_start = Clock::now();
 
   // Checkpoints of an earlier run in OUT are never overwritten by a new run.
   std::vector<std::string> warnings;
@@ -307,11 +372,14 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
   if (ckpt_dir) {
     ckpt = load_checkpoint(*ckpt_dir);
     const json had = json::parse(ckpt->config_json);
+    // A key that an older checkpoint does not record had its default then.
+    const json defaults = identity_json(TrainOptions{}, model_path, data_path);
     std::string diff;
-    for (auto it = identity.begin(); it != identity.end(); ++it)
-      if (!had.contains(it.key()) || had[it.key()] != it.value())
-        diff += (diff.empty() ? "" : ", ") + it.key() + " was " + (had.contains(it.key()) ? had[it.key()].dump() : "unset") +
-                ", now " + it.value().dump();
+    for (auto it = identity.begin(); it != identity.end(); ++it) {
+      const json& was = had.contains(it.key()) ? had[it.key()] : defaults[it.key()];
+      if (was != it.value())
+        diff += (diff.empty() ? "" : ", ") + it.key() + " was " + was.dump() + ", now " + it.value().dump();
+    }
     if (!diff.empty())
       throw std::invalid_argument("--resume: checkpoint " + *ckpt_dir + " is from a run with other options (" + diff +
                                   "); resume with the same options, or start a new run in another --out");
@@ -330,7 +398,7 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
   if (opt.keep_ffn_layers > mc.n_layer)
     fail_option("keep-ffn-layers", std::to_string(opt.keep_ffn_layers) + " exceeds the model's layer count (" +
                                        std::to_string(mc.n_layer) + ")");
-  out << "model " << model_path << ": " << mc.arch << ", " << mc.n_layer << " layers, dim " << mc.n_embd << ", "
+  out << "model " << model_path << ": " << mc.arch << ", " << train::plural(mc.n_layer, "layer") << ", dim " << mc.n_embd << ", "
       << train::fmt_bytes(model->weight_bytes()) << " of weights on " << dev.name() << ", " << dev.precision_text()
       << "\n";
 
@@ -340,11 +408,13 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
   dopt.train_on_prompt = opt.train_on_prompt;
   dopt.no_truncate = opt.no_truncate;
   dopt.chat_template = opt.chat_template;
+  dopt.format = opt.data_format;
   dopt.val_fraction = opt.val_fraction;
-  dopt.val_file = opt.val_data;
+  dopt.val_file = opt.val_data.empty() ? "" : resolve_builtin(opt.val_data, out);
   dopt.seed = opt.seed;
   data::Datasets ds = data::load_datasets(data_path, *tok, dopt, out);
   if (ds.train.size() == 0) throw std::runtime_error(data_path + ": no training examples");
+  out << data::padding_report(ds.train) << "\n";
 
   const int64_t B = opt.batch_size, K = opt.grad_accum;
   const int64_t rows_per_step = B * K;
@@ -391,25 +461,34 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
     micro_index = ckpt->rng_state[1];
     const json sj = json::parse(ckpt->schedule_json);
     tokens_seen = sj.value("tokens_seen", int64_t(0));
-    elapsed_before = sj.value("elapsed_s", 0.0);
+    // Checkpoints written before state.json had elapsed_s kept it in schedule_json.
+    elapsed_before = ckpt->elapsed_s > 0 ? ckpt->elapsed_s : sj.value("elapsed_s", 0.0);
     out << "resuming from " << *ckpt_dir << " (step " << step << " of " << total_steps << ")\n";
   }
-  out << "training " << params.size() / 2 << " adapters (" << n_trainable << " parameters, rank " << opt.lora_rank
-      << ") for " << total_steps << " steps of " << K << " x [" << B << ", " << opt.seq_len << "] tokens, "
-      << ds.train.size() << " rows per epoch\n";
+  out << "training " << train::plural(int64_t(params.size() / 2), "adapter") << " ("
+      << train::plural(n_trainable, "parameter") << ", rank " << opt.lora_rank << ") for "
+      << train::plural(total_steps, "step") << " of " << K << " x [" << B << ", " << opt.seq_len << "] tokens, "
+      << train::plural(int64_t(ds.train.size()), "row") << " per epoch\n";
 
   // Run log: metrics.jsonl (a resumed run keeps the lines up to its checkpoint), loss.svg, progress.
   const std::string metrics_path = (fs::path(opt.out) / "metrics.jsonl").string();
   const std::string svg_path = (fs::path(opt.out) / "loss.svg").string();
   train::MetricsLog metrics =
       train::MetricsLog::open(metrics_path, ckpt ? std::optional<int64_t>(step) : std::nullopt);
+  if (!opt.tensorboard.empty())
+    metrics.tee_tensorboard(
+        train::TfEventsWriter::create(opt.tensorboard, ckpt ? std::optional<int64_t>(step) : std::nullopt));
   const std::string title = "q4tune train: " + fs::path(opt.out).filename().string();
-  auto redraw = [&] { train::write_loss_svg(svg_path, metrics.series().train, metrics.series().val, title); };
+  auto redraw = [&] {
+    const train::LossSeries& series = metrics.series();
+    train::write_loss_svg(svg_path, series.train, series.val, title, series.lr);
+  };
   out.flush();
   train::ProgressOptions popt;
   popt.total_steps = total_steps;
   popt.start_step = step;
   popt.log_every = opt.log_every;
+  popt.elapsed_before = elapsed_before;
   train::Progress progress(stdout, popt);
 
   auto save = [&](const std::string& why) {
@@ -422,8 +501,8 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
     s.lr_base = opt.lr;
     json sj = schedule_json;
     sj["tokens_seen"] = tokens_seen;
-    sj["elapsed_s"] = elapsed_before + std::chrono::duration<double>(Clock::now() - t_start).count();
     s.schedule_json = sj.dump();
+    s.elapsed_s = progress.elapsed_s();
     s.rng_state = {opt.seed, micro_index};
     s.cursor = ds.train.cursor();
     s.config_json = identity.dump();
@@ -440,8 +519,9 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
     }
     metrics.log_eval(step, r.loss, {{"val_tokens", r.tokens}});
     char line[160];
-    std::snprintf(line, sizeof line, "eval at step %lld: val_loss %.4f, perplexity %.2f (%lld tokens)",
-                  static_cast<long long>(step), r.loss, std::exp(r.loss), static_cast<long long>(r.tokens));
+    std::snprintf(line, sizeof line, "eval at step %lld: val_loss %.4f, perplexity %.2f (%s)",
+                  static_cast<long long>(step), r.loss, std::exp(r.loss),
+                  train::plural(int64_t(r.tokens), "token").c_str());
     progress.message(line);
     redraw();
   };
@@ -490,14 +570,13 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
     const double tok_s = double(n_real) / std::max(dt, 1e-9);
     if (step == first_step + 1) first_loss = loss;
     last_loss = loss;
-    const double elapsed = elapsed_before + std::chrono::duration<double>(Clock::now() - t_start).count();
     metrics.log_train(step, loss, lr, tok_s,
                       {{"grad_norm", norm}, {"tokens", tokens_seen}, {"epoch", ds.train.cursor().epoch},
-                       {"elapsed_s", elapsed}});
+                       {"elapsed_s", progress.elapsed_s()}});
     progress.update(step, loss, lr, double(loop_tokens) / std::chrono::duration<double>(Clock::now() - loop_start).count());
     if (step % opt.log_every == 0 || step == total_steps) redraw();
     if (opt.eval_every > 0 && step % opt.eval_every == 0 && step < total_steps) run_eval_now();
-    if (opt.save_every > 0 && step % opt.save_every == 0 && step < total_steps) save("every " + std::to_string(opt.save_every) + " steps");
+    if (opt.save_every > 0 && step % opt.save_every == 0 && step < total_steps) save("every " + train::plural(opt.save_every, "step"));
   }
 
   if (interrupted) {
@@ -514,21 +593,24 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
   // Exports.
   const model::ModelGraph& mg = lg.model_graph();
   const std::string gguf_path = (fs::path(opt.out) / "adapter.gguf").string();
-  export_gguf_adapter(mg, opt.lora_alpha, gguf_path);
+  export_gguf_adapter(mg, opt.lora_alpha, gguf_path, ds.chat_template);
   ExportInfo info;
   info.alpha = opt.lora_alpha;
   info.rslora = opt.rslora;
   info.dropout = opt.lora_dropout;
-  info.base_model = base_model_name(*file);
+  info.base_model = opt.hf_base_model.empty() ? base_model_name(*file) : opt.hf_base_model;
   export_peft(mg, info, (fs::path(opt.out) / "peft").string());
 
   const double train_s = std::chrono::duration<double>(Clock::now() - loop_start).count();
   out << "wrote " << gguf_path << " (llama.cpp --lora) and " << (fs::path(opt.out) / "peft").string()
       << "/ (PEFT)\n";
+  const std::string steps_run = step == first_step + 1
+                                    ? "step " + std::to_string(step)
+                                    : "steps " + std::to_string(first_step + 1) + ".." + std::to_string(step);
   char line[256];
-  std::snprintf(line, sizeof line, "loss %.4f -> %.4f over steps %lld..%lld; %lld tokens in %.1f s (%.1f tok/s)",
-                first_loss, last_loss, static_cast<long long>(first_step + 1), static_cast<long long>(step),
-                static_cast<long long>(loop_tokens), train_s, double(loop_tokens) / std::max(train_s, 1e-9));
+  std::snprintf(line, sizeof line, "loss %.4f -> %.4f over %s; %s in %.1f s (%.1f tok/s)", first_loss, last_loss,
+                steps_run.c_str(), train::plural(loop_tokens, "token").c_str(), train_s,
+                double(loop_tokens) / std::max(train_s, 1e-9));
   out << line << "\n";
   out << "peak memory: " << dev.name() << " "
       << (dev.is_cpu() ? train::fmt_bytes(train::peak_rss_bytes()) + " (process RSS)"
@@ -536,15 +618,32 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
                              train::fmt_bytes(train::peak_rss_bytes()) + " RSS")
       << "\n";
 
-  if (!opt.sample_prompt.empty() && opt.sample_tokens > 0) {
-    out << "sample with the adapter (greedy):\n" << opt.sample_prompt;
-    out.flush();
-    model::Decoder dec(*model, model::adapter_weights(mg), std::min<int64_t>(mc.n_ctx, 1024));
+  if (!opt.sample_prompts.empty() && opt.sample_tokens > 0) {
+    // Each prompt answered greedily by the base model and with the adapter. Conversations trained through a chat
+    // template: the prompt is a user turn in that template, and the answer ends with the turn.
+    auto text_of = [&](int32_t id) { return id >= 0 ? tok->token_text(id) : std::string(); };
+    std::optional<chat::Template> tmpl;
+    if (!ds.chat_template.empty()) tmpl = chat::template_by_name(ds.chat_template);
+    const int64_t ctx = std::min<int64_t>(mc.n_ctx, 1024);
+    model::Decoder base(*model, {}, ctx), adapted(*model, model::adapter_weights(mg), ctx);
     SampleOptions so;
     so.max_tokens = opt.sample_tokens;
     so.temperature = 0;
-    generate(dec, *tok, opt.sample_prompt, so, &out);
-    out << "\n";
+    out << "samples (greedy" << (tmpl ? ", " + ds.chat_template + " template" : std::string())
+        << "), by the base model and with the adapter:\n";
+    for (size_t i = 0; i < opt.sample_prompts.size(); ++i) {
+      const std::string& user = opt.sample_prompts[i];
+      std::string prompt = user;
+      PromptOptions po;
+      if (tmpl) {
+        prompt = chat::generation_prompt(*tmpl, {{"user", user}}, text_of(tok->bos()), text_of(tok->eos()));
+        po = {true, chat::turn_end(*tmpl, text_of(tok->eos()))};
+      }
+      const std::string base_text = generate(base, *tok, prompt, so, nullptr, po).text;
+      const std::string adapted_text = generate(adapted, *tok, prompt, so, nullptr, po).text;
+      out << "  " << one_line(user) << "\n    base model:   " << one_line(base_text)
+          << "\n    with adapter: " << one_line(adapted_text) << "\n";
+    }
   }
   return 0;
 }

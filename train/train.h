@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <iosfwd>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,7 @@ struct TrainOptions {
   int64_t batch_size = 1, grad_accum = 1, seq_len = 512;
   bool pack = false, train_on_prompt = false, no_truncate = false;
   std::string chat_template;
+  data::DataFormat data_format;  // --data-format and the --*-field names
   int64_t steps = 0;  // 0: from epochs
   double epochs = 1;
   // Evaluation, checkpoints, logging.
@@ -59,16 +61,22 @@ struct TrainOptions {
   uint64_t seed = 42;
   bool resume = false;
   std::string resume_dir;  // "" with resume: the newest checkpoint under out
-  std::string sample_prompt;
+  std::vector<std::string> sample_prompts;  // answered by the base model and with the adapter at the end
   int64_t sample_tokens = 64;
+  std::string hf_base_model;  // PEFT's base_model_name_or_path (default: from the model file, base_model_name)
+  std::string tensorboard;  // also write the metrics as TensorBoard event files into this directory
   int64_t vocab_tile = 4096;  // rows of the output matrix per tile of the fused loss
   bool grad_checkpoint = false;  // recompute the ffn activations in the backward (ModelGraph::hidden)
   int64_t keep_ffn_layers = 0;   // with grad_checkpoint: the last N layers keep their ffn gate and up outputs
+  bool print_config = false;     // run_train prints effective_config and returns, touching nothing
+  std::string effective_config;  // with print_config: every option as TOML that --config loads (train_cli.cpp)
 };
 
 // Registers every train option on cmd, plus --config FILE.toml (every flag is a key; flags override the file;
 // an unknown key is an error). Without --config and without --model, the embedded configs/demo.toml applies.
 void add_train_options(CLI::App* cmd, TrainOptions& o);
+// --data-format, --text-field, --prompt-field, --completion-field and --messages-field, in group (train and eval).
+void add_data_format_options(CLI::App* cmd, data::DataFormat& f, const std::string& group);
 // The embedded configs/demo.toml, and the path it is written to for CLI11 to read.
 std::string demo_config_path();
 
@@ -82,19 +90,40 @@ int run_train(const TrainOptions& o, std::ostream& out);
 
 struct EvalOptions {
   std::string model, data, adapter;
+  std::string run;  // a training run's --out (or one of its checkpoints): its model, template, seq-len, adapters
   double adapter_scale = 1.0;
-  int64_t seq_len = 512, batch_size = 1, max_batches = 0;
+  int64_t seq_len = 0, batch_size = 1, eval_batches = 0;  // seq_len 0: the run's, else 512
   bool pack = false, train_on_prompt = false;
   std::string chat_template;
+  data::DataFormat data_format;
 };
 // Loss and perplexity of the model (with the adapter, if any) over every example of data.
 int run_eval(const EvalOptions& o, const DeviceChoice& dev, std::ostream& out);
 
 struct ExportOptions {
   std::string checkpoint, format = "gguf", out, model;  // model: overrides the path recorded in the checkpoint
+  std::string hf_base_model;  // PEFT's base_model_name_or_path (default: from the model file, base_model_name)
 };
-// Writes a checkpoint's adapters as a GGUF LoRA (out: a file) or a PEFT folder (out: a directory).
+// Writes a checkpoint's adapters (o.checkpoint: a checkpoint, or a run directory: its newest complete checkpoint)
+// as a GGUF LoRA (out: a file) or a PEFT folder (out: a directory).
 int run_export(const ExportOptions& o, std::ostream& out);
+
+// A training run (the --out of q4tune train) as eval, generate and export read it: its newest complete
+// checkpoint (or the checkpoint named), and the options the run recorded there.
+struct RunInfo {
+  std::string dir, checkpoint;
+  CheckpointState state;
+  nlohmann::json config;      // the run's options, by flag name
+  std::string model, chat_template;  // its --model and --chat-template ("" when not given)
+  int64_t seq_len = 0;
+};
+// Throws std::invalid_argument naming dir when it holds no complete checkpoint.
+RunInfo read_run(const std::string& dir);
+// Adds the run's adapters to mg with the checkpoint's values, their output scaled by `scale`.
+void load_run_adapters(model::ModelGraph& mg, const RunInfo& run, double scale = 1.0);
+// The chat template the run trained with: its --chat-template, else the family of the model's
+// tokenizer.chat_template, else "".
+std::string run_chat_template(const RunInfo& run, const tok::Tokenizer& tok);
 
 // Throws std::runtime_error naming the file when the tokenizer has more tokens than the model's embedding rows.
 void check_vocab(const tok::Tokenizer& tok, const model::Model& m, const std::string& path);

@@ -1,8 +1,9 @@
 // The flags of `q4tune train` (CLI11; each flag is also a key of the --config TOML file) and the embedded demo.
 #include <CLI/CLI.hpp>
 #include <filesystem>
-#include <set>
 
+#include "train/config_file.h"
+#include "train/cli_common.h"
 #include "train/train.h"
 
 namespace q4t {
@@ -11,48 +12,28 @@ std::string demo_config_path() { return cached_embedded_copy("demo.toml", "demo"
 
 namespace {
 
-// Applies a TOML file's keys to the options of cmd that the command line did not give, through CLI11's own
-// conversion and checks. Throws CLI::ConfigError / CLI::ParseError whose message names the file and the key.
-void apply_config_file(CLI::App* cmd, const std::string& path) {
-  if (!std::filesystem::is_regular_file(path)) throw CLI::FileError(path + ": no such config file");
-  std::vector<CLI::ConfigItem> items;
-  try {
-    items = CLI::ConfigTOML().from_file(path);
-  } catch (const CLI::Error& e) {
-    throw CLI::ConfigError(path + ": " + e.what());
-  }
-  std::set<std::string> seen;
-  for (const CLI::ConfigItem& item : items) {
-    if (item.name == "++" || item.name == "--") {
-      throw CLI::ConfigError(path + ": sections ([" + (item.parents.empty() ? "" : item.parents.back()) +
-                             "]) are not used: write every key at the top level");
-    }
-    const std::string key = item.fullname();
-    if (!item.parents.empty())
-      throw CLI::ConfigError(path + ": '" + key + "' is not a train option (keys are flags without dashes, at the top level)");
-    CLI::Option* op = cmd->get_option_no_throw("--" + item.name);
-    if (!op || item.name == "config" || item.name == "help")
-      throw CLI::ConfigError(path + ": unknown key '" + key + "' (see q4tune train --help)");
-    if (!seen.insert(item.name).second) throw CLI::ConfigError(path + ": key '" + key + "' is given twice");
-    if (op->count() > 0) continue;  // the command line wins
-    try {
-      std::vector<std::string> values = item.inputs;
-      if (op->get_expected_max() == 0) {  // a flag: true/false
-        if (values.size() != 1 || (values[0] != "true" && values[0] != "false"))
-          throw CLI::ConfigError(path + ": key '" + key + "' is a flag: write true or false, not " +
-                                 (values.empty() ? std::string("nothing") : values[0]));
-      }
-      op->add_result(values);
-      op->run_callback();
-    } catch (const CLI::ConfigError&) {
-      throw;
-    } catch (const CLI::Error& e) {
-      throw CLI::ConfigError(path + ": key '" + key + "': " + e.what());
-    }
-  }
-}
+// The options a config file may not set, and --print-config leaves out.
+const std::vector<std::string> kNotInConfigFiles = {"config", "help", "print-config"};
 
 }  // namespace
+
+void add_data_format_options(CLI::App* cmd, data::DataFormat& f, const std::string& group) {
+  cmd->add_option("--data-format", f.format,
+                  "record shape of .jsonl/.json data: auto (per record, from its fields), text, completion "
+                  "(prompt + completion), chat (messages), alpaca (instruction, input, output) or sharegpt "
+                  "(conversations of from/value)")
+      ->check(CLI::IsMember(data::data_format_names()))
+      ->capture_default_str()->group(group);
+  cmd->add_option("--text-field", f.text_field, "the record field holding text data")->capture_default_str()->group(group);
+  cmd->add_option("--prompt-field", f.prompt_field, "the record field holding the prompt")
+      ->capture_default_str()->group(group);
+  cmd->add_option("--completion-field", f.completion_field, "the record field holding the completion")
+      ->capture_default_str()->group(group);
+  cmd->add_option("--messages-field", f.messages_field,
+                  "the record field holding the conversation, for chat and sharegpt records (default: messages for "
+                  "chat, conversations for sharegpt)")
+      ->group(group);
+}
 
 void add_train_options(CLI::App* cmd, TrainOptions& o) {
   // CLI11 reads config files for the top-level app only, so the subcommand applies its own (see the callback).
@@ -60,23 +41,28 @@ void add_train_options(CLI::App* cmd, TrainOptions& o) {
                                  "TOML file of options: each key is a flag without its dashes (lora-rank = 8); flags "
                                  "given on the command line win. With neither --config nor --model, the embedded "
                                  "configs/demo.toml is used");
+  cmd->add_flag("--print-config", o.print_config,
+                "print every option as TOML (the command line over --config over the defaults; --config loads it "
+                "back) and exit without reading the data or the model or using a device");
 
   auto* g = "Data and model";
-  cmd->add_option("--model", o.model, "GGUF base model (frozen; quantized weights stay quantized), or builtin:demo-model")
+  cmd->add_option("-m,--model", o.model, "GGUF base model (frozen; quantized weights stay quantized), or builtin:demo-model")
       ->group(g);
-  cmd->add_option("--data", o.data, "training data: .txt (one document) or .jsonl (text, prompt/completion or "
-                                    "messages per line), or builtin:demo-data.jsonl")
+  cmd->add_option("--data", o.data, "training data: .txt (one document), .jsonl (one record per line: text, "
+                                    "prompt/completion, messages, alpaca or sharegpt) or .json (an array of such "
+                                    "records), or builtin:demo-data.jsonl")
       ->group(g);
   cmd->add_option("--val-data", o.val_data, "validation data, read like --data")->group(g);
   cmd->add_option("--val-fraction", o.val_fraction, "hold out this fraction of --data for validation when there is no --val-data")
       ->capture_default_str()->group(g);
-  cmd->add_option("--out", o.out, "output directory: adapter.gguf, peft/, metrics.jsonl, loss.svg, checkpoints/")->group(g);
-  cmd->add_option("--seq-len", o.seq_len, "tokens per row (longer examples are truncated)")->capture_default_str()->group(g);
+  cmd->add_option("-o,--out", o.out, "output directory: adapter.gguf, peft/, metrics.jsonl, loss.svg, checkpoints/")->group(g);
+  cmd->add_option("-c,--seq-len", o.seq_len, "tokens per row (longer examples are truncated)")->capture_default_str()->group(g);
   cmd->add_flag("--pack", o.pack, "pack several examples into each row (attention stays inside each example)")->group(g);
   cmd->add_flag("--train-on-prompt", o.train_on_prompt, "count prompts and non-assistant turns in the loss too")->group(g);
   cmd->add_flag("--no-truncate", o.no_truncate, "an example longer than --seq-len is an error instead of being cut")->group(g);
   cmd->add_option("--chat-template", o.chat_template, "chat template for messages data (default: recognised from the model)")
       ->group(g);
+  add_data_format_options(cmd, o.data_format, g);
 
   g = "Device";
   cmd->add_option("--device", o.device, "auto (the best Vulkan GPU, else the CPU kernels; a CPU-emulated Vulkan device such as lavapipe only when named), cpu, vulkan or vulkan:N")
@@ -148,30 +134,31 @@ void add_train_options(CLI::App* cmd, TrainOptions& o) {
       ->capture_default_str()->group(g);
   cmd->add_option("--log-every", o.log_every, "a plain log line every N steps when the output is not a terminal")
       ->capture_default_str()->group(g);
+  cmd->add_option("--tensorboard", o.tensorboard,
+                  "also write the metrics as TensorBoard event files into DIR (a new file per run, a resume "
+                  "included): tensorboard --logdir DIR")
+      ->type_name("DIR")->group(g);
   auto* resume = cmd->add_option("--resume", o.resume_dir,
                                  "continue from the newest complete checkpoint under --out, or from DIR")
                      ->expected(0, 1)->group(g);
-  cmd->add_option("--sample-prompt", o.sample_prompt, "after training, print a greedy continuation of this prompt with "
-                                                      "the adapter (\\n and \\t are read as newline and tab)")
+  cmd->add_option("--sample-prompt", o.sample_prompts,
+                  "after training, answer this prompt greedily with the base model and with the adapter (\\n and \\t "
+                  "are read as newline and tab; give it again for more prompts; a list in the config file); a run on "
+                  "conversations puts it in a user turn of their chat template")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->group(g);
-  cmd->add_option("--sample-tokens", o.sample_tokens, "tokens of the sample")->capture_default_str()->group(g);
+  cmd->add_option("--sample-max-tokens", o.sample_tokens, "new tokens of the sample at most")->capture_default_str()->group(g);
+  cmd->add_option("--hf-base-model", o.hf_base_model,
+                  "the PEFT export's base_model_name_or_path: the Hugging Face id of the base model (default: the "
+                  "model file's general.source.* or general.base_model.* repository, else its general.name)")
+      ->group(g);
 
   cmd->callback([cmd, &o, resume, config] {
-    if (config->count() > 0) apply_config_file(cmd, o.config);
+    if (config->count() > 0) apply_config_file(cmd, o.config, kNotInConfigFiles);
+    if (o.print_config) o.effective_config = options_as_toml(cmd, kNotInConfigFiles);
     o.resume = resume->count() > 0;
-    std::string s;
-    for (size_t i = 0; i < o.sample_prompt.size(); ++i) {
-      if (o.sample_prompt[i] == '\\' && i + 1 < o.sample_prompt.size()) {
-        const char c = o.sample_prompt[i + 1];
-        if (c == 'n' || c == 't' || c == '\\') {
-          s += c == 'n' ? '\n' : c == 't' ? '\t' : '\\';
-          ++i;
-          continue;
-        }
-      }
-      s += o.sample_prompt[i];
-    }
-    o.sample_prompt = s;
+    for (std::string& p : o.sample_prompts) p = unescape(p);
   });
 }
 

@@ -1,10 +1,6 @@
 // What the interop tests share: running a command with its output captured, quoting paths for the shell,
 // and reading the {"logits": [[...] per position]} files that `q4tune logits` and llama_ref.mjs write.
 #pragma once
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,30 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "../shell.h"
+
 namespace q4t::interop {
 
-struct CmdResult {
-  int code;
-  std::string out;  // stdout and stderr together
-};
-
-inline CmdResult run(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, "popen failed: " + cmd};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-// The path in single quotes, embedded quotes escaped: safe for any file name.
-inline std::string quoted(const std::filesystem::path& p) {
-  std::string q = "'";
-  for (char c : p.string()) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using test::CmdResult;
+using test::quoted;
+inline CmdResult run(const std::string& cmd) { return test::run_shell(cmd); }
 
 using Logits = std::vector<std::vector<double>>;
 

@@ -481,7 +481,7 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, LlamaCppAgreement,
                                            // the original 32) and short ones (original 256, context 1024).
                                            Variant{"phi3", false, "q4_0", 32},
                                            Variant{"phi3", true, "q4_k_m", 33, "--longrope 32", "longrope_long", false},
-                                           Variant{"phi3", false, "f32", 34, "--longrope 256 --ctx 1024", "longrope_short",
+                                           Variant{"phi3", false, "f32", 34, "--longrope 256 --context-length 1024", "longrope_short",
                                                    false},
                                            // partial rotary (phi-4-mini rotates 3/4 of each head), with LongRoPE
                                            Variant{"phi3", true, "q4_0", 35, "--rope-dims 12 --longrope 32", "partial", false},

@@ -167,6 +167,7 @@ std::vector<std::string> ModelConfig::config_tensors() const {
 
 ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   ModelConfig c;
+  f.expect_model();
   c.arch = f.get_string("general.architecture");
   const auto& archs = supported_architectures();
   if (std::find(archs.begin(), archs.end(), c.arch) == archs.end())

@@ -422,6 +422,7 @@ namespace q4t::model {
 
 void ModelGraph::load_adapters(const gguf::File& a, double user_scale) {
   auto fail = [&](const std::string& what) { throw gguf::FormatError(a.path() + ": " + what); };
+  a.expect_adapter();
   if (a.get_string("general.type") != "adapter") fail("general.type is not 'adapter'");
   if (a.get_string("adapter.type") != "lora") fail("adapter.type '" + a.get_string("adapter.type") + "' is not 'lora'");
   if (a.get_string("general.architecture") != m_.config().arch)
