@@ -207,7 +207,7 @@ TEST(Spelling, EveryHelpHasAnExample) {
   const fs::path d = scratch() / "help";
   fs::create_directories(d);
   for (const std::string cmd : {"devices", "selftest", "gradcheck", "info", "init-model", "quantize", "logits",
-                                "tokenize", "bench", "bench train", "train", "eval", "export", "generate", "help"}) {
+                                "tokenize", "bench", "bench train", "train", "eval", "export", "generate", "merge", "help"}) {
     const CmdResult h = q4tune("help " + cmd, d);
     EXPECT_EQ(h.code, 0) << cmd;
     EXPECT_TRUE(has(h.out, "Example:\n  q4tune " + cmd)) << cmd << "\n" << h.out;

@@ -55,6 +55,17 @@ TypePlan plan_types(const gguf::File& f, const std::string& flag, const std::str
 // each matrix; everything else is copied. Every type is chosen before anything is written.
 int run_quantize(const std::string& in, const std::string& out_path, const std::string& type, std::ostream& out);
 
+struct MergeOptions {
+  std::string model, out;
+  std::vector<std::string> adapters;  // GGUF LoRAs, training runs (their newest complete checkpoint) or checkpoints
+  std::vector<double> scales;         // one per adapter, or none (1 each)
+  std::string type = "same";          // same (each tensor its own type), or a llama-quantize file type / format
+};
+// Folds the adapters into the model's weights (W' = dequant(W) + Σ scale·B·A, quantized again) and writes one GGUF
+// atomically, streaming one tensor at a time. A mismatched adapter is one std::invalid_argument naming it, before
+// anything is written.
+int run_merge(const MergeOptions& o, std::ostream& out);
+
 struct LogitsOptions {
   std::string model, ids_file, adapter, out;
   std::vector<int32_t> ids;

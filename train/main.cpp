@@ -180,6 +180,28 @@ int main(int argc, char** argv) {
   quantize->add_option("--type", quant_type, "a llama-quantize file type, with its choice of type per matrix (the output matrix Q6_K but in q8_0 and bf16; attn_v, ffn_down and attn_output per mix): q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k_m, q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, iq4_xs, bf16, or another format for every matrix; rows that are not whole super-blocks fall back as llama-quantize does (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K to Q4_0, IQ4_XS to IQ4_NL), rows that are not whole blocks stay F32")->capture_default_str();
   q4t::set_examples(quantize, "  q4tune quantize -m model-f16.gguf -o model-q4_k_m.gguf --type q4_k_m");
 
+  q4t::MergeOptions merge_opt;
+  auto* merge = app.add_subcommand("merge",
+                                   "Fold LoRA adapters into their base model and write one GGUF that llama.cpp runs as "
+                                   "it is: W' = dequant(W) + scale·B·A for each adapted weight, quantized again");
+  merge->add_option("-m,--model", merge_opt.model, "the base GGUF model")->required();
+  merge->add_option("--adapter,--lora", merge_opt.adapters,
+                    "a GGUF LoRA adapter, a training run's --out directory (its newest complete checkpoint) or a "
+                    "checkpoint; give it again to merge several")
+      ->required()
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  merge->add_option("--adapter-scale", merge_opt.scales, "the scale of each adapter, in the order of --adapter (default 1)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  merge->add_option("-o,--out", merge_opt.out, "the merged GGUF (written whole or not at all)")->required();
+  merge->add_option("--type", merge_opt.type,
+                    "same (each tensor keeps its type), or a llama-quantize file type or format for every matrix: " +
+                        std::string("f32, f16, bf16, q4_k_m, q8_0, ... (as quantize --type)"))
+      ->capture_default_str();
+  q4t::set_examples(merge, "  q4tune merge -m model-q4_k_m.gguf --lora my-run/adapter.gguf -o merged-q4_k_m.gguf\n"
+                           "  q4tune merge -m model.gguf --lora my-run --type f16 -o merged-f16.gguf    (the run's newest checkpoint)");
+
   DeviceFlags logits_dev;
   q4t::LogitsOptions logits_opt;
   auto* logits = app.add_subcommand("logits", "Run the model on token ids and write the logits at every position as JSON");
@@ -394,6 +416,7 @@ int main(int argc, char** argv) {
     if (*info) return q4t::run_info(info_path, std::cout);
     if (*init_model) return q4t::run_init_model(init_opt, std::cout);
     if (*quantize) return q4t::run_quantize(quant_in, quant_out, quant_type, std::cout);
+    if (*merge) return q4t::run_merge(merge_opt, std::cout);
     if (*logits) return q4t::run_logits(logits_opt, logits_dev.open(), std::cout);
     if (*tokenize) return q4t::run_tokenize(tok_opt, std::cout);
     if (*bench_train) {

@@ -15,6 +15,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -22,6 +23,7 @@
 #include <sstream>
 
 #include "autograd/gradcheck.h"
+#include "kernels/formats.h"
 #include "train/commands.h"
 #include "train/export.h"
 #include "interop_util.h"
@@ -68,9 +70,10 @@ class Workdir : public ::testing::Test {
   }
 
   // A random model, random rank-4 adapters on every target (scale 0.5), and the ids: everything the exports need.
-  void make_adapted_model(const std::string& arch, const std::string& type, uint32_t seed) {
+  void make_adapted_model(const std::string& arch, const std::string& type, uint32_t seed, int64_t dim = 64) {
     InitModelOptions o;
     o.arch = arch, o.type = type, o.seed = seed, o.out = (dir_ / "m.gguf").string();
+    o.dim = dim, o.ff = 2 * dim;
     // gemma: a local first layer with a window shorter than the ids, soft-caps that bend (gemma2 is tied).
     o.tied = arch == "gemma2";
     o.sliding_window = 7, o.swa_pattern = 2, o.attn_softcap = 3, o.final_softcap = 4;
@@ -112,6 +115,7 @@ struct Variant {
   const char* arch;
   double alpha;  // of the GGUF export; 2 = scale·r
   uint32_t seed;
+  const char* type = "f32";  // of the random model's weights
 };
 
 std::string g_node_llama_dir, g_node_llama_error;
@@ -162,6 +166,99 @@ INSTANTIATE_TEST_SUITE_P(Variants, LlamaCppLoadsOurGgufAdapter,
                          [](const ::testing::TestParamInfo<Variant>& i) {
                            return std::string(i.param.arch) + (i.param.alpha == 2.0 ? "_alpha_scale_r" : "_alpha_16");
                          });
+
+// q4tune merge: llama.cpp runs the merged file. Merged in f32, llama.cpp's logits are those of base + adapter
+// computed with f32 activations (q4tune's; with an f32 base also llama.cpp's own base + adapter: llama.cpp rounds
+// the activations entering a quantized, f16 or bf16 product to that product's input type, which a merged f32
+// model has none of). Merged into each weight's own type, every adapted weight is the f32 merge quantized afresh
+// (the bytes `q4tune quantize` writes from it), so the merge adds one requantization of W + ΔW and nothing else;
+// its effect on the logits is printed per format.
+class LlamaCppRunsTheMergedModel : public LlamaCppLoadsOurGgufAdapter {
+ protected:
+  Logits llama_cpp(const std::string& model, const std::string& lora, const std::string& out_name) {
+    const fs::path out = dir_ / out_name;
+    const CmdResult r = run("node " + interop::quoted(fs::path(Q4T_INTEROP_DIR) / "llama_ref.mjs") + " --node-llama " +
+                            interop::quoted(g_node_llama_dir) + " --model " + interop::quoted(dir_ / model) +
+                            " --ids-file " + interop::quoted(dir_ / "ids.json") +
+                            (lora.empty() ? "" : " --lora " + interop::quoted(dir_ / lora)) + " --out " +
+                            interop::quoted(out));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return r.code == 0 ? read_logits(out) : Logits{};
+  }
+  CmdResult q4tune(const std::string& args) { return run(std::string(Q4TUNE_BIN) + " " + args); }
+  std::string at(const std::string& name) { return interop::quoted(dir_ / name); }
+};
+
+TEST_P(LlamaCppRunsTheMergedModel, WithTheLogitsOfBasePlusAdapter) {
+  ASSERT_TRUE(g_node_llama_error.empty()) << g_node_llama_error;
+  const std::string arch = GetParam().arch, type = GetParam().type;
+  make_adapted_model(arch, type, 51, 256);
+  ASSERT_FALSE(HasFailure());
+  export_gguf_adapter(*mg_, 2.0, (dir_ / "adapter.gguf").string());
+  for (const char* t : {"f32", "same"}) {
+    const CmdResult m = q4tune("merge -m " + at("m.gguf") + " --lora " + at("adapter.gguf") + " --type " + t + " -o " +
+                               at(std::string("merged-") + t + ".gguf"));
+    ASSERT_EQ(m.code, 0) << m.out;
+  }
+  const Logits f32_activations = q4tune_logits(" --adapter " + interop::quoted(dir_ / "adapter.gguf"), "q4tune.json");
+  const Logits reference = llama_cpp("m.gguf", "adapter.gguf", "adapted.json");
+  ASSERT_EQ(reference.size(), size_t(kSeqLen));
+  const Logits merged_f32 = llama_cpp("merged-f32.gguf", "", "merged-f32.json");
+  const Logits merged_same = llama_cpp("merged-same.gguf", "", "merged-same.json");
+  const double f32 = worst_ratio(merged_f32, f32_activations), f32_vs_llama = worst_ratio(merged_f32, reference);
+  const double same = worst_ratio(merged_same, reference), requant = worst_ratio(merged_same, merged_f32);
+  const double effect = worst_ratio(llama_cpp("m.gguf", "", "base.json"), reference);
+  std::printf("%s %s merged, by llama.cpp: f32 vs base + adapter %.3g (vs llama.cpp's own %.3g); %s vs base + "
+              "adapter %.3g, of which requantizing W + dW %.3g; the adapter's effect %.3g\n",
+              arch.c_str(), type.c_str(), f32, f32_vs_llama, type.c_str(), same, requant, effect);
+  EXPECT_LE(f32, kTolerance);
+  if (type == "f32") EXPECT_LE(f32_vs_llama, kTolerance);
+  // Each adapted weight in its own type lies at least as close to W + dW as the f32 merge quantized afresh
+  // (`q4tune quantize`): blocks rounded on their old grid are kept only where they are closer.
+  if (type == "f32" || type == "f16") return;
+  const CmdResult q = q4tune("quantize -m " + at("merged-f32.gguf") + " -o " + at("requantized.gguf") + " --type " + type);
+  ASSERT_EQ(q.code, 0) << q.out;
+  const auto exact = gguf::File::open((dir_ / "merged-f32.gguf").string());
+  const auto merged = gguf::File::open((dir_ / "merged-same.gguf").string());
+  const auto fresh = gguf::File::open((dir_ / "requantized.gguf").string());
+  int adapted = 0;
+  double err_merged = 0, err_fresh = 0;
+  for (const auto& [name, lora] : mg_->adapters()) {
+    const gguf::TensorInfo *x = exact->tensor(name), *a = merged->tensor(name), *b = fresh->tensor(name);
+    ASSERT_TRUE(x && a && b) << name;
+    if (a->type != b->type) continue;  // q2_k: init-model made every matrix Q2_K, quantize's mix chooses others
+    const Format f = find_format(uint32_t(a->type))->format;
+    const float* want = reinterpret_cast<const float*>(x->data);
+    const std::vector<float> got = dequantize_matrix(f, {a->data, a->bytes}, a->rows(), a->cols());
+    const std::vector<float> requantized = dequantize_matrix(f, {b->data, b->bytes}, b->rows(), b->cols());
+    double e_merged = 0, e_fresh = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      e_merged += double(got[i] - want[i]) * double(got[i] - want[i]);
+      e_fresh += double(requantized[i] - want[i]) * double(requantized[i] - want[i]);
+    }
+    EXPECT_LE(e_merged, e_fresh * (1 + 1e-6)) << name;
+    err_merged += e_merged, err_fresh += e_fresh;
+    ++adapted;
+  }
+  std::printf("%s %s: squared weight error of the merge %.4g, of quantizing W + dW afresh %.4g\n", arch.c_str(),
+              type.c_str(), err_merged, err_fresh);
+  EXPECT_GT(adapted, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryArchitectureAndFormat, LlamaCppRunsTheMergedModel,
+    ::testing::Values(Variant{"qwen2", 2.0, 0, "q8_0"}, Variant{"qwen3", 2.0, 0, "q8_0"},
+                      Variant{"gemma2", 2.0, 0, "q8_0"}, Variant{"gemma3", 2.0, 0, "q8_0"},
+                      Variant{"phi3", 2.0, 0, "q8_0"}, Variant{"llama", 2.0, 0, "q4_0"},
+                      Variant{"llama", 2.0, 0, "q4_1"}, Variant{"llama", 2.0, 0, "q5_0"},
+                      Variant{"llama", 2.0, 0, "q5_1"}, Variant{"llama", 2.0, 0, "q8_0"},
+                      Variant{"llama", 2.0, 0, "q2_k"}, Variant{"llama", 2.0, 0, "q3_k"},
+                      Variant{"llama", 2.0, 0, "q4_k"}, Variant{"llama", 2.0, 0, "q5_k"},
+                      Variant{"llama", 2.0, 0, "q6_k"}, Variant{"llama", 2.0, 0, "iq4_nl"},
+                      Variant{"llama", 2.0, 0, "iq4_xs"}, Variant{"llama", 2.0, 0, "f16"},
+                      Variant{"llama", 2.0, 0, "bf16"}, Variant{"llama", 2.0, 0, "f32"},
+                      Variant{"llama", 2.0, 0, "q4_k_m"}),
+    [](const ::testing::TestParamInfo<Variant>& i) { return std::string(i.param.arch) + "_" + i.param.type; });
 
 class PeftLoadsOurExport : public Workdir, public ::testing::WithParamInterface<std::pair<const char*, const char*>> {};
 
