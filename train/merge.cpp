@@ -130,6 +130,8 @@ void read_run_adapters(const std::string& dir, double user_scale, const gguf::Fi
 struct QuantBits {
   int k = 0;
   std::vector<std::vector<int64_t>> bits;  // bits[i]: weight i's bit positions in the block
+  std::vector<uint8_t> mask;               // every weight's bits
+  std::vector<std::vector<uint8_t>> all;   // all[v]: the bits that give every weight the quant pattern v
 };
 
 QuantBits probe_quant_bits(const FormatTraits& f) {
@@ -159,6 +161,15 @@ QuantBits probe_quant_bits(const FormatTraits& f) {
   for (const auto& b : q.bits)
     if (b.size() != k || k < 1 || k > 8) return QuantBits{};
   q.k = int(k);
+  q.mask.assign(block.size(), 0);
+  q.all.assign(size_t(1) << k, std::vector<uint8_t>(block.size(), 0));
+  for (const auto& b : q.bits)
+    for (size_t j = 0; j < k; ++j) {
+      const auto bit = uint8_t(1u << (b[j] % 8));
+      q.mask[size_t(b[j] / 8)] |= bit;
+      for (uint32_t v = 0; v < (1u << k); ++v)
+        if ((v >> j) & 1u) q.all[v][size_t(b[j] / 8)] |= bit;
+    }
   return q;
 }
 
@@ -197,7 +208,11 @@ std::vector<uint8_t> encode(const std::vector<float>& w, GgmlType type, int64_t 
     return bytes;
   }
   const FormatTraits& f = *find_format(uint32_t(type));
-  std::vector<uint8_t> bytes = quantize_matrix(f.format, w, n_out, n_in);
+  const int64_t rb = row_bytes(f.format, n_in);
+  std::vector<uint8_t> bytes(static_cast<size_t>(n_out * rb));
+  cpu::parallel_for(n_out, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) f.quantize_row(bytes.data() + r * rb, w.data() + r * n_in, n_in);
+  });
   const QuantBits& q = quant_bits(f);
   if (!before || q.k == 0) return bytes;
   const int64_t n = f.block_elems, blocks = n_out * (n_in / n);  // rows are whole blocks: block b holds weights b·n ..
@@ -211,7 +226,7 @@ std::vector<uint8_t> encode(const std::vector<float>& w, GgmlType type, int64_t 
       std::memcpy(grid.data(), before + b * f.block_bytes, grid.size());
       std::fill(best.begin(), best.end(), INFINITY);
       for (uint32_t v = 0; v < (1u << q.k); ++v) {
-        for (int64_t i = 0; i < n; ++i) set_quant(grid.data(), q.bits[size_t(i)], v);
+        for (size_t j = 0; j < grid.size(); ++j) grid[j] = uint8_t((grid[j] & ~q.mask[j]) | q.all[v][j]);
         f.dequantize_row(deq.data(), grid.data(), n);
         for (int64_t i = 0; i < n; ++i)
           if (std::abs(deq[size_t(i)] - x[i]) < best[size_t(i)]) best[size_t(i)] = std::abs(deq[size_t(i)] - x[i]), pick[size_t(i)] = v;
