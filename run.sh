@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PACKAGES=(cmake g++ make libvulkan-dev glslang-tools mesa-vulkan-drivers vulkan-validationlayers
-          libeigen3-dev libcli11-dev libgtest-dev nlohmann-json3-dev libtomlplusplus-dev)
+          libeigen3-dev libcli11-dev libgtest-dev nlohmann-json3-dev libtomlplusplus-dev libxxhash-dev
+          strace)  # strace: the tests inject disk-full errors and kills at chosen system calls
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 

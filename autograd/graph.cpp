@@ -53,10 +53,10 @@ void Graph::set_trainable(Var v) {
   n.grad = be_.zeros(n.value.shape(), be_.real());
 }
 
-Var Graph::add(const OpDef& def, std::vector<Var> inputs, OpParams params, const std::string& name) {
+Var Graph::add(const OpDef& def, std::vector<Var> inputs, std::any params, const std::string& name) {
   Node n;
   n.op = &def;
-  n.params = params;
+  n.params = std::move(params);
   n.name = name;
   for (const Var& v : inputs) {
     if (v.g != this || v.id < 0 || v.id >= size()) throw GraphError(std::string(def.name) + ": input from another graph");

@@ -16,11 +16,12 @@
 // Parameters are marked explicitly and must be real (f32/f64). Gradients flow only into real tensors:
 // a quantized tensor can never be a parameter, never requires a gradient, and asking for its gradient fails.
 #pragma once
-#include <array>
+#include <any>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "autograd/backend.h"
@@ -31,12 +32,6 @@ namespace q4t::ag {
 
 class Graph;
 struct Node;
-
-// Small scalar parameters of a node: the meaning of each slot is the op's (documented in its builder).
-struct OpParams {
-  std::array<int64_t, 6> i{};
-  std::array<double, 4> f{};
-};
 
 // What an op's scratch tensor holds (see OpContext::scratch).
 enum class Scratch : uint8_t {
@@ -78,11 +73,21 @@ constexpr uint32_t kReadsOutput = 1u << 31;
 struct Node {
   const OpDef* op = nullptr;  // null for leaves (constants and parameters)
   std::vector<int> inputs;
-  OpParams params;
+  // The op's parameters: one struct of named fields per op, defined beside the op (RopeParams,
+  // DropoutParams, ...) and stored by its builder; empty for leaves and for ops that take none.
+  std::any params;
   Tensor value, grad;
   std::vector<Tensor> saved;  // op-owned tensors kept from forward to backward
   bool requires_grad = false, is_param = false;
   std::string name;
+
+  // params as the op's struct P. Reading another op's struct is a bug in the op's code: GraphError naming the op.
+  template <class P>
+  const P& params_as() const {
+    if (const P* p = std::any_cast<P>(&params)) return *p;
+    throw GraphError(std::string(op ? op->name : "leaf") + ": its code reads parameters of type " + typeid(P).name() +
+                     ", but the node holds " + (params.has_value() ? params.type().name() : "none"));
+  }
 };
 
 // A handle to a node of a graph.
@@ -105,7 +110,8 @@ class Graph {
   void set_trainable(Var v);
 
   // Records a node of op `def` (used by the op builders in autograd/ops.h).
-  Var add(const OpDef& def, std::vector<Var> inputs, OpParams params = {}, const std::string& name = "");
+  // params is the op's parameter struct (see Node::params), or empty.
+  Var add(const OpDef& def, std::vector<Var> inputs, std::any params = {}, const std::string& name = "");
 
   // Memory planning (see the top of this file). defer_memory() comes before the first op node;
   // plan_memory(out, recompute) after the last one and before the first pass. A planned graph runs backward

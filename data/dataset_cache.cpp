@@ -9,27 +9,16 @@
 #include <sstream>
 
 #include "data/atomic_file.h"
+#include "data/checksum.h"
 
 namespace q4t::data {
 
 namespace {
 
-constexpr char kMagic[8] = {'Q', '4', 'T', 'D', 'A', 'T', 'A', '2'};
-// Bumped whenever tokenization or the entry layout changes, so old entries stop matching.
-constexpr uint64_t kFormatVersion = 1;
-
-struct Fnv {
-  uint64_t h = 0xCBF29CE484222325ull;
-  void bytes(const void* p, size_t n) {
-    auto* b = static_cast<const uint8_t*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001B3ull;
-  }
-  void u64(uint64_t v) { bytes(&v, 8); }
-  void str(const std::string& s) {
-    u64(s.size());
-    bytes(s.data(), s.size());
-  }
-};
+constexpr char kMagic[8] = {'Q', '4', 'T', 'D', 'A', 'T', 'A', '3'};
+// Bumped whenever tokenization, the entry layout or the checksum changes, so old entries stop matching (2: XXH3
+// instead of FNV-1a).
+constexpr uint64_t kFormatVersion = 2;
 
 std::string read_file(const std::string& path, bool* ok) {
   std::ifstream f(path, std::ios::binary);
@@ -55,9 +44,7 @@ std::string serialise(uint64_t key, const TokenizedFile& f) {
     s.append(reinterpret_cast<const char*>(e.ids.data()), n * 4);
     s.append(reinterpret_cast<const char*>(e.mask.data()), n);
   }
-  Fnv sum;
-  sum.bytes(s.data(), s.size());
-  put_u64(s, sum.h);
+  put_u64(s, checksum64(s.data(), s.size()));
   return s;
 }
 
@@ -80,11 +67,9 @@ struct Reader {
 // Throws DatasetError (caught by the caller) describing the corruption.
 TokenizedFile deserialise(const std::string& s, uint64_t key) {
   if (s.size() < 8 + 5 * 8 || std::memcmp(s.data(), kMagic, 8) != 0) throw DatasetError("bad magic or size");
-  Fnv sum;
-  sum.bytes(s.data(), s.size() - 8);
   uint64_t stored;
   std::memcpy(&stored, s.data() + s.size() - 8, 8);
-  if (stored != sum.h) throw DatasetError("checksum mismatch");
+  if (stored != checksum64(s.data(), s.size() - 8)) throw DatasetError("checksum mismatch");
   Reader r{s, 8};
   if (r.u64("key") != key) throw DatasetError("entry for a different key");
   TokenizedFile f;
@@ -122,7 +107,7 @@ std::string extension(const std::string& path) {
 
 uint64_t cache_key(const std::string& file_bytes, const std::string& path, const tok::Tokenizer& tok,
                    const DatasetOptions& opt) {
-  Fnv h;
+  Checksum64 h;
   h.u64(kFormatVersion);
   h.str(file_bytes);
   h.str(extension(path));
@@ -139,7 +124,7 @@ uint64_t cache_key(const std::string& file_bytes, const std::string& path, const
   h.str(opt.format.prompt_field);
   h.str(opt.format.completion_field);
   h.str(opt.format.messages_field);
-  return h.h;
+  return h.digest();
 }
 
 std::string cache_dir(const DatasetOptions& opt) {

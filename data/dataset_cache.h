@@ -1,10 +1,10 @@
 // The tokenized-dataset cache: tokenizing a large file is slow and its result depends only on the file's bytes,
 // the tokenizer and the options that shape examples, so it is kept in <cache_dir>/<key>.q4td.
 //
-// Entry layout (little-endian): "Q4TDATA1"; u64 key; u64 n_truncated; u64 n_no_loss; u64 n_examples;
-// per example u32 n, i32 ids[n], u8 mask[n]; u64 FNV-1a checksum of everything before it. Entries are
-// written atomically; an entry with bad magic, a different key, an impossible size or a wrong checksum is
-// reported and rebuilt.
+// Entry layout (little-endian): "Q4TDATA3"; u64 key; u64 n_truncated; u64 n_no_loss; u64 n, the chat template's
+// n bytes; u64 n_examples; per example u32 n, i32 ids[n], u8 mask[n]; u64 XXH3 checksum of everything before it
+// (data/checksum.h). Entries are written atomically; an entry with bad magic, a different key, an impossible size
+// or a wrong checksum is reported and rebuilt.
 #pragma once
 #include <iosfwd>
 #include <string>

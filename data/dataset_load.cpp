@@ -51,28 +51,33 @@ void push_piece(std::string& stream, std::vector<int32_t>& owner, const std::str
   }
 }
 
-void normalise_spaces(std::string& s, std::vector<int32_t>& owner) {
+// Folds every U+2581 of s into one space; tag[i] (a token index or a loss flag) follows its first byte. The
+// text gets the same folding as the decoded tokens, so a "▁" typed in the text meets the space its tokens
+// decode to.
+template <class Tag>
+void normalise_spaces(std::string& s, std::vector<Tag>& tag) {
   static const std::string kSp = "\xE2\x96\x81";
   std::string out;
-  std::vector<int32_t> own;
+  std::vector<Tag> kept;
   for (size_t i = 0; i < s.size();) {
     bool sp = s.compare(i, kSp.size(), kSp) == 0;
     out.push_back(sp ? ' ' : s[i]);
-    own.push_back(owner[i]);
+    kept.push_back(tag[i]);
     i += sp ? kSp.size() : 1;
   }
   s.swap(out);
-  owner.swap(own);
+  tag.swap(kept);
 }
 
 // Marks token k counted when any text byte it covers is counted. Spaces present on one side only (the space
 // SentencePiece puts before a text, one a decoder drops) go to the neighbouring token.
-std::vector<uint8_t> align_mask(const tok::Tokenizer& tok, const std::vector<int32_t>& ids, const std::string& text,
-                                const std::vector<uint8_t>& counted) {
+std::vector<uint8_t> align_mask(const tok::Tokenizer& tok, const std::vector<int32_t>& ids, std::string text,
+                                std::vector<uint8_t> counted, const std::string& at) {
   std::string s;
   std::vector<int32_t> owner;
   for (size_t k = 0; k < ids.size(); ++k) push_piece(s, owner, token_piece(tok, ids[k]), int32_t(k));
   normalise_spaces(s, owner);
+  normalise_spaces(text, counted);
   std::vector<uint8_t> mask(ids.size(), 0);
   size_t i = 0, j = 0;
   while (i < s.size() && j < text.size()) {
@@ -82,8 +87,15 @@ std::vector<uint8_t> align_mask(const tok::Tokenizer& tok, const std::vector<int
       mask[size_t(owner[i++])] |= counted[j];
     } else if (text[j] == ' ') {
       mask[size_t(owner[i])] |= counted[j++];
+    } else if (const std::string& spelled = tok.token_text(ids[size_t(owner[i])]);
+               !spelled.empty() && text.compare(j, spelled.size(), spelled) == 0) {
+      // A special token the text spells out but that decodes to other bytes (<unk> renders as "▅"): it stands
+      // for its spelling, and the rest of its decoding is skipped.
+      const int32_t k = owner[i];
+      for (size_t n = 0; n < spelled.size(); ++n) mask[size_t(k)] |= counted[j++];
+      while (i < s.size() && owner[i] == k) ++i;
     } else {
-      throw DatasetError("cannot map token " + std::to_string(owner[i]) + " ('" + tok.token_text(ids[owner[i]]) +
+      throw DatasetError(at + "cannot map token " + std::to_string(owner[i]) + " ('" + tok.token_text(ids[owner[i]]) +
                          "') back to the text at byte " + std::to_string(j));
     }
   }
@@ -101,7 +113,7 @@ std::vector<uint8_t> align_mask(const tok::Tokenizer& tok, const std::vector<int
 
 // Tokenizes the parts as one text; adds BOS (unless the text already starts with it) and, when asked, EOS.
 Example tokenize_parts(const tok::Tokenizer& tok, const std::vector<chat::Segment>& parts, bool parse_special,
-                       bool add_eos) {
+                       bool add_eos, const std::string& at) {
   std::string text;
   std::vector<uint8_t> counted;
   for (const auto& p : parts) {
@@ -110,7 +122,7 @@ Example tokenize_parts(const tok::Tokenizer& tok, const std::vector<chat::Segmen
   }
   Example ex;
   ex.ids = tok.encode(text, parse_special);
-  ex.mask = align_mask(tok, ex.ids, text, counted);
+  ex.mask = align_mask(tok, ex.ids, text, counted, at);
   bool has_bos = !ex.ids.empty() && ex.ids[0] == tok.bos();
   if (tok.add_bos() && tok.bos() >= 0 && !has_bos) {
     ex.ids.insert(ex.ids.begin(), tok.bos());
@@ -123,7 +135,35 @@ Example tokenize_parts(const tok::Tokenizer& tok, const std::vector<chat::Segmen
   return ex;
 }
 
+// The most bytes one JSONL record may take: far beyond any example a context holds, and a bound on the memory
+// one line can make the reader use.
+constexpr size_t kMaxRecordBytes = size_t(64) << 20;
+
 std::string where(const std::string& path, size_t line) { return path + ":" + std::to_string(line) + ": "; }
+
+// The parser's message with any echoed token cut short, so a 5000-digit number or a runaway string is not
+// printed whole.
+std::string json_error(const json::exception& e) {
+  constexpr size_t kEcho = 40;
+  std::string msg = e.what();
+  if (msg.rfind("[json.exception.", 0) == 0 && msg.find("] ") != std::string::npos) msg.erase(0, msg.find("] ") + 2);
+  size_t open = msg.find('\'');
+  size_t close = open == std::string::npos ? open : msg.rfind('\'');
+  if (open != std::string::npos && close > open + kEcho + 1) {
+    msg = msg.substr(0, open + 1 + kEcho) + "..." + msg.substr(close);
+  }
+  return msg;
+}
+
+json parse_json(const std::string& text, const std::string& at) {
+  try {
+    return json::parse(text);
+  } catch (const json::out_of_range& e) {
+    throw DatasetError(at + "a number beyond the range of a double (" + json_error(e) + ")");
+  } catch (const json::exception& e) {
+    throw DatasetError(at + "malformed JSON: " + json_error(e));
+  }
+}
 
 const std::string& string_field(const json& obj, const std::string& key, const std::string& at) {
   auto it = obj.find(key);
@@ -236,13 +276,13 @@ class RecordReader {
   }
 
   Example text(const json& obj, const std::string& at) {
-    return tokenize_parts(tok_, {{string_field(obj, fields_.text_field, at), true}}, false, true);
+    return tokenize_parts(tok_, {{string_field(obj, fields_.text_field, at), true}}, false, true, at);
   }
 
   Example completion(const json& obj, const std::string& at) {
     const std::string& p = string_field(obj, fields_.prompt_field, at);
     const std::string& c = string_field(obj, fields_.completion_field, at);
-    return tokenize_parts(tok_, {{p, opt_.train_on_prompt}, {c, true}}, false, true);
+    return tokenize_parts(tok_, {{p, opt_.train_on_prompt}, {c, true}}, false, true, at);
   }
 
   Example chat(const std::vector<chat::Message>& msgs, const std::string& at) {
@@ -260,7 +300,7 @@ class RecordReader {
     if (opt_.train_on_prompt) {
       for (auto& s : segs) s.assistant = true;
     }
-    return tokenize_parts(tok_, segs, true, false);
+    return tokenize_parts(tok_, segs, true, false, at);
   }
 
   const tok::Tokenizer& tok_;
@@ -294,22 +334,38 @@ bool fit_example(Example& ex, const DatasetOptions& opt, const std::string& at, 
   return false;
 }
 
-TokenizedFile read_jsonl(const std::string& path, const std::string& body, const tok::Tokenizer& tok,
-                         const DatasetOptions& opt) {
+// The next line of in (without its '\n') into line; false at the end. A line longer than max_bytes is an error
+// naming it, raised before more of it is read.
+bool bounded_line(std::istream& in, std::string& line, size_t max_bytes, const std::string& at) {
+  line.clear();
+  if (in.peek() == std::char_traits<char>::eof()) return false;
+  std::string chunk;
+  while (true) {
+    chunk.resize(1 << 16);
+    in.getline(chunk.data(), std::streamsize(chunk.size()));
+    const size_t got = size_t(in.gcount());
+    const bool whole = !in.fail();  // the delimiter was met (gcount counts it) or the stream ended
+    line.append(chunk.data(), whole && got > 0 && !in.eof() ? got - 1 : got);
+    if (line.size() > max_bytes) {
+      throw DatasetError(at + "a record of more than " + std::to_string(max_bytes >> 20) +
+                         " MiB; one example is at most that (and keeps at most --seq-len tokens)");
+    }
+    if (whole || in.eof()) return true;
+    in.clear();  // a full chunk without the delimiter: the line goes on
+  }
+}
+
+TokenizedFile read_jsonl(const std::string& path, const tok::Tokenizer& tok, const DatasetOptions& opt) {
   TokenizedFile out;
   RecordReader reader(tok, opt);
-  std::istringstream in(body);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DatasetError(path + ": cannot open the file");
   std::string line;
-  for (size_t n = 1; std::getline(in, line); ++n) {
+  for (size_t n = 1; bounded_line(in, line, kMaxRecordBytes, where(path, n)); ++n) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     std::string at = where(path, n);
-    json obj;
-    try {
-      obj = json::parse(line);
-    } catch (const json::parse_error& e) {
-      throw DatasetError(at + "malformed JSON: " + e.what());
-    }
+    json obj = parse_json(line, at);
     Example ex = reader.read(obj, at);
     if (fit_example(ex, opt, at, out)) out.examples.push_back(std::move(ex));
   }
@@ -355,12 +411,7 @@ std::vector<size_t> element_lines(const std::string& body) {
 // A top-level array of records, each read like a JSONL line; errors name the line and the record's index.
 TokenizedFile read_json_array(const std::string& path, const std::string& body, const tok::Tokenizer& tok,
                               const DatasetOptions& opt) {
-  json records;
-  try {
-    records = json::parse(body);
-  } catch (const json::parse_error& e) {
-    throw DatasetError(path + ": malformed JSON: " + e.what());
-  }
+  json records = parse_json(body, path + ": ");
   if (!records.is_array()) {
     throw DatasetError(path + ": expected a top-level JSON array of records, got " +
                        std::string(records.type_name()) + " (a file of one record per line is read as .jsonl)");
@@ -385,7 +436,7 @@ TokenizedFile read_json_array(const std::string& path, const std::string& body, 
 TokenizedFile read_txt(const std::string& path, const std::string& body, const tok::Tokenizer& tok,
                        const DatasetOptions& opt) {
   if (body.find_first_not_of(" \t\r\n") == std::string::npos) throw DatasetError(path + ": the file is empty");
-  Example all = tokenize_parts(tok, {{body, true}}, false, true);
+  Example all = tokenize_parts(tok, {{body, true}}, false, true, path + ": ");
   TokenizedFile out;
   size_t step = size_t(opt.seq_len);
   for (size_t start = 0; start + 1 < all.ids.size(); start += step) {
@@ -403,8 +454,8 @@ TokenizedFile read_txt(const std::string& path, const std::string& body, const t
 TokenizedFile tokenize_file(const std::string& path, const tok::Tokenizer& tok, const DatasetOptions& opt) {
   if (opt.seq_len < 1) throw DatasetError("seq_len must be at least 1");
   format_by_name(opt.format.format);
+  if (ends_with(path, ".jsonl")) return read_jsonl(path, tok, opt);
   std::string body = read_all(path);
-  if (ends_with(path, ".jsonl")) return read_jsonl(path, body, tok, opt);
   if (ends_with(path, ".json")) return read_json_array(path, body, tok, opt);
   if (ends_with(path, ".txt")) return read_txt(path, body, tok, opt);
   throw DatasetError(path + ": unknown dataset format; expected a .txt, .jsonl or .json file");

@@ -208,26 +208,23 @@ class BpeTokenizer final : public VocabTokenizer {
     add_bos_ = pre == PreTokenizer::kLlama3;
     ignore_merges_ = pre == PreTokenizer::kLlama3;
     load_common(f);
-    Hasher h;
-    h.add("gpt2");
-    h.add(pre_name);
-    for (size_t i = 0; i < tokens_.size(); ++i) {
-      h.add(tokens_[i]);
-      h.add_u64(uint64_t(types_[i]));
-    }
+    Checksum64 h;
+    h.str("gpt2");
+    h.str(pre_name);
+    add_vocabulary(h);
     try {
       if (!f.find("tokenizer.ggml.merges"))
         throw TokenizerError(f.path() + ": tokenizer.ggml.model 'gpt2' needs tokenizer.ggml.merges");
       const auto& merges = f.get_array("tokenizer.ggml.merges", gguf::ValueType::STRING);
       for (size_t rank = 0; rank < merges.size(); ++rank) {
         const std::string& m = std::get<std::string>(merges[rank].v);
-        h.add(m);
+        h.str(m);
         add_merge(m, int32_t(rank));
       }
     } catch (const gguf::FormatError& e) {
       throw TokenizerError(e.what());
     }
-    hash_ = h.h;
+    hash_ = h.digest();
   }
 
   std::vector<int32_t> encode(std::string_view text, bool parse_special) const override;

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "data/checksum.h"
 #include "data/tokenizer.h"
 #include "data/unicode.h"
 
@@ -97,19 +98,17 @@ class VocabTokenizer : public Tokenizer {
   }
   std::vector<Fragment> partition(std::string_view text, bool parse_special) const;
   int32_t type_of(int32_t id) const { return types_[size_t(id)]; }
+  // Adds every token's text and type to h, the tokenizer's content hash; each algorithm adds what else
+  // determines its encode().
+  void add_vocabulary(Checksum64& h) const {
+    for (size_t i = 0; i < tokens_.size(); ++i) {
+      h.str(tokens_[i]);
+      h.u64(uint64_t(types_[i]));
+    }
+  }
 };
 
 std::unique_ptr<Tokenizer> make_spm(const gguf::File& f);
 std::unique_ptr<Tokenizer> make_bpe(const gguf::File& f, const std::string& pre);
-
-// FNV-1a, folded over everything that determines encode().
-struct Hasher {
-  uint64_t h = 1469598103934665603ull;
-  void add(std::string_view s) {
-    for (char c : s) h = (h ^ uint8_t(c)) * 1099511628211ull;
-    h = (h ^ 0xFF) * 1099511628211ull;  // separator, so ("ab","c") and ("a","bc") differ
-  }
-  void add_u64(uint64_t v) { add(std::string_view(reinterpret_cast<const char*>(&v), sizeof v)); }
-};
 
 }  // namespace q4t::tok::detail

@@ -3,6 +3,8 @@
 // character; the adjacent pair whose concatenation is the highest-scoring token merges first (ties: leftmost),
 // until no pair is a token. A final symbol that is not a token falls back to its bytes' <0xXX> tokens.
 #include <array>
+#include <bit>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <queue>
@@ -40,17 +42,12 @@ class SpmTokenizer final : public VocabTokenizer {
       byte_token_[size_t(b)] = find(hex);
       if (byte_token_[size_t(b)] < 0) byte_token_[size_t(b)] = find(std::string(1, char(b)));
     }
-    Hasher h;
-    h.add("llama");
-    h.add_u64(add_space_prefix_);
-    for (size_t i = 0; i < tokens_.size(); ++i) {
-      h.add(tokens_[i]);
-      h.add_u64(uint64_t(types_[i]));
-      uint32_t bits;
-      std::memcpy(&bits, &scores_[i], 4);
-      h.add_u64(bits);
-    }
-    hash_ = h.h;
+    Checksum64 h;
+    h.str("llama");
+    h.u64(add_space_prefix_);
+    add_vocabulary(h);
+    for (float score : scores_) h.u64(std::bit_cast<uint32_t>(score));
+    hash_ = h.digest();
   }
 
   std::vector<int32_t> encode(std::string_view text, bool parse_special) const override {
@@ -85,7 +82,7 @@ class SpmTokenizer final : public VocabTokenizer {
       if (t == kControl) {
         text.clear();
       } else if (t == kByte && piece.size() == 6 && piece.starts_with("<0x")) {
-        text = char(std::stoi(piece.substr(3, 2), nullptr, 16));
+        text = char(byte_of(id, piece));
       } else if (t == kUserDefined) {
         text = piece;  // written as is, "▁" included
       } else if (t == kUnknown) {
@@ -108,6 +105,20 @@ class SpmTokenizer final : public VocabTokenizer {
   }
 
  private:
+  // The byte a byte token's text <0xHH> stands for.
+  static uint8_t byte_of(int32_t id, const std::string& piece) {
+    auto hex = [](char c) {
+      const int l = std::tolower(uint8_t(c));
+      return l >= '0' && l <= '9' ? l - '0' : l >= 'a' && l <= 'f' ? l - 'a' + 10 : -1;
+    };
+    const int hi = hex(piece[3]), lo = hex(piece[4]);
+    if (hi < 0 || lo < 0 || piece[5] != '>') {
+      throw TokenizerError("token " + std::to_string(id) + " '" + piece +
+                           "' is a byte token, but its text is not <0x00>..<0xFF>");
+    }
+    return uint8_t(hi * 16 + lo);
+  }
+
   // Merges by the score of the token a pair spells (highest first); pieces no token spells go out as bytes.
   void encode_piece(std::string_view s, std::vector<int32_t>& out) const {
     auto score = [&](std::string_view l, std::string_view r) -> std::optional<double> {

@@ -8,6 +8,13 @@
 
 namespace q4t {
 
+// ceil(a / b) for a >= 0 and b > 0: how many blocks, tiles or workgroups of b cover a. Loop bounds take it as
+// int64_t; Vulkan workgroup counts as ceil_div<uint32_t>.
+template <class Int = int64_t>
+constexpr Int ceil_div(int64_t a, int64_t b) {
+  return Int((a + b - 1) / b);
+}
+
 // Thrown for shapes a kernel cannot run (n_in not a multiple of 32, empty dims) and mismatched buffer sizes.
 struct ShapeError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;

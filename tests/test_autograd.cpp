@@ -169,6 +169,23 @@ TEST(GraphRules, ShapeMismatchesNameBothShapes) {
   }
 }
 
+// An op's code reads its node's parameters as its own struct; a node holding any other fails at once, by name.
+TEST(GraphRules, ANodeWithAnotherOpsParametersFailsNamingTheOp) {
+  auto be = Backend::cpu();
+  Graph g(*be);
+  Var x = g.constant(be->zeros({2, 3}, DType::F32), "x");
+  const OpDef* reshape_op = nullptr;
+  for (const OpDef* op : op_table())
+    if (std::string(op->name) == "reshape") reshape_op = op;
+  ASSERT_NE(reshape_op, nullptr);
+  try {
+    g.add(*reshape_op, {x}, 0.5);
+    FAIL();
+  } catch (const GraphError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("reshape: its code reads parameters of type", 0), 0u) << e.what();
+  }
+}
+
 TEST(GraphRules, AVulkanGraphRecordedOnceSeesNewInputsOnEveryRun) {
   auto& be = *backends().vulkan;
   Graph g(be);

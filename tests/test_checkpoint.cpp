@@ -8,15 +8,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <random>
 #include <thread>
+
+#include "error_of.h"
+#include "scratch_dir.h"
 
 namespace fs = std::filesystem;
 using q4t::CheckpointState;
@@ -51,11 +56,8 @@ CheckpointState make_state(int64_t step, uint64_t seed, int64_t rows = 16, int64
     s.adam_m.push_back(random_tensor(rng, t.name, t.shape));
     s.adam_v.push_back(random_tensor(rng, t.name, t.shape));
   }
-  uint32_t nan_bits = 0x7fc01234u;
-  float nan;
-  std::memcpy(&nan, &nan_bits, 4);
   s.lora[0].values[0] = -0.f;
-  s.lora[0].values[1] = nan;
+  s.lora[0].values[1] = std::bit_cast<float>(0x7fc01234u);
   s.lora[0].values[2] = std::numeric_limits<float>::infinity();
   s.lora[0].values[3] = std::numeric_limits<float>::denorm_min();
   s.adam_t = step * 3 + 1;
@@ -103,6 +105,14 @@ std::vector<std::string> entries(const std::string& dir) {
   return out;
 }
 
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The message of the std::runtime_error f throws.
+std::string runtime_error_of(const std::function<void()>& f) { return q4t::test::error_of<std::runtime_error>(f); }
+
 bool has_leftover(const std::string& ckpt_root) {
   for (const std::string& name : entries(ckpt_root)) {
     if (name.rfind(".tmp-", 0) == 0 || name.rfind(".old-", 0) == 0) return true;
@@ -112,16 +122,10 @@ bool has_leftover(const std::string& ckpt_root) {
 
 class CheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string templ = testing::TempDir() + "/q4t_ckpt_XXXXXX";
-    ASSERT_NE(mkdtemp(templ.data()), nullptr);
-    out_ = templ;
-    root_ = out_ + "/checkpoints";
-  }
-  void TearDown() override { fs::remove_all(out_); }
   std::string step_dir(int64_t n) const { return root_ + "/step-" + std::to_string(n); }
 
-  std::string out_, root_;
+  const q4t::test::TempDir tmp_{"q4t_ckpt_"};
+  const std::string out_ = tmp_.path(), root_ = out_ + "/checkpoints";
 };
 
 TEST_F(CheckpointTest, SavedCheckpointLoadsBackBitwiseExact) {
@@ -136,8 +140,7 @@ TEST_F(CheckpointTest, ElapsedTrainingTimeSurvivesTheRoundTrip) {
   s.elapsed_s = 98765.4321;
   q4t::save_checkpoint(out_, s, 0);
   EXPECT_EQ(q4t::load_checkpoint(step_dir(3)).elapsed_s, 98765.4321);
-  std::ifstream state(step_dir(3) + "/state.json");
-  const std::string text((std::istreambuf_iterator<char>(state)), std::istreambuf_iterator<char>());
+  const std::string text = read_text(step_dir(3) + "/state.json");
   EXPECT_NE(text.find("\"elapsed_s\": 98765.4321"), std::string::npos) << text;
 
   // JSON has no NaN: a non-finite time is saved as 0 rather than as a null that would not load.
@@ -207,23 +210,15 @@ TEST_F(CheckpointTest, LoadingADamagedCheckpointNamesTheFile) {
     f.seekp(40);
     f.put('\x01');
   }
-  try {
-    q4t::load_checkpoint(step_dir(1));
-    FAIL() << "expected an error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find(file), std::string::npos) << e.what();
-  }
+  const std::string error = runtime_error_of([&] { q4t::load_checkpoint(step_dir(1)); });
+  EXPECT_NE(error.find(file), std::string::npos) << error;
   EXPECT_THROW(q4t::load_checkpoint(out_ + "/nowhere"), std::runtime_error);
 }
 
 TEST_F(CheckpointTest, SaveFailsNamingThePathWhenTheCheckpointsDirIsAFile) {
   std::ofstream(root_) << "in the way";
-  try {
-    q4t::save_checkpoint(out_, make_state(1, 1), 2);
-    FAIL() << "expected an error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find(root_), std::string::npos) << e.what();
-  }
+  const std::string error = runtime_error_of([&] { q4t::save_checkpoint(out_, make_state(1, 1), 2); });
+  EXPECT_NE(error.find(root_), std::string::npos) << error;
   EXPECT_TRUE(fs::is_regular_file(root_));
 }
 
@@ -232,12 +227,8 @@ TEST_F(CheckpointTest, AFailureAfterWritingLeavesNoStepAndKeepsEarlierCheckpoint
   q4t::save_checkpoint(out_, make_state(2, 2), 2);
   // A file where step-3 would be renamed to: every file is written, then installing fails.
   std::ofstream(step_dir(3)) << "in the way";
-  try {
-    q4t::save_checkpoint(out_, make_state(3, 3), 2);
-    FAIL() << "expected an error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find(step_dir(3)), std::string::npos) << e.what();
-  }
+  const std::string error = runtime_error_of([&] { q4t::save_checkpoint(out_, make_state(3, 3), 2); });
+  EXPECT_NE(error.find(step_dir(3)), std::string::npos) << error;
   EXPECT_TRUE(fs::is_regular_file(step_dir(3)));
   EXPECT_FALSE(has_leftover(root_));
   EXPECT_EQ(q4t::newest_checkpoint(out_), step_dir(2));
@@ -250,6 +241,70 @@ TEST_F(CheckpointTest, ATensorWhoseValuesDoNotMatchItsShapeIsRejectedBeforeWriti
   s.adam_v[1].values.pop_back();
   EXPECT_THROW(q4t::save_checkpoint(out_, s, 2), std::invalid_argument);
   EXPECT_FALSE(fs::exists(root_));
+}
+
+// The state of tests/fixtures/checkpoint-v1/step-3: a checkpoint of format version 1, written by q4tune before
+// checkpoint files were hashed with XXH3 (the adapter and moments are small hand-picked values).
+CheckpointState version1_state() {
+  CheckpointState s;
+  s.step = 3;
+  s.lora = {NamedTensor{"blk.0.attn_q.lora_a", {2, 3}, {0.5f, -1.25f, 3.0f, 0.0f, -0.0f, 1e-3f}},
+            NamedTensor{"blk.0.attn_q.lora_b", {3, 2}, {-2.0f, 0.125f, 7.5f, -0.75f, 1e-5f, 4.0f}},
+            NamedTensor{"scalar", {}, {0.25f}}};
+  for (const NamedTensor& t : s.lora) {
+    NamedTensor m = t, v = t;
+    for (float& x : m.values) x *= 0.5f;
+    for (float& x : v.values) x = x * x;
+    s.adam_m.push_back(m);
+    s.adam_v.push_back(v);
+  }
+  s.adam_t = 7;
+  s.lr_base = 3e-4;
+  s.schedule_json = R"({"kind":"cosine","warmup":2})";
+  s.rng_state = {1, 2, 3, std::numeric_limits<uint64_t>::max()};
+  s.cursor = {1, 5, 42};
+  s.config_json = R"({"rank":2,"alpha":4})";
+  s.elapsed_s = 12.5;
+  return s;
+}
+
+TEST_F(CheckpointTest, ACheckpointOfFormatVersion1StillResumesAndIsStillVerified) {
+  fs::create_directories(root_);
+  fs::copy(std::string(Q4T_SOURCE_DIR) + "/tests/fixtures/checkpoint-v1/step-3", step_dir(3));
+  ASSERT_NE(read_text(step_dir(3) + "/complete").find("\"version\": 1"), std::string::npos);
+  std::vector<std::string> warnings;
+  EXPECT_EQ(q4t::newest_checkpoint(out_, &warnings), step_dir(3));
+  EXPECT_TRUE(warnings.empty()) << warnings.front();
+  CheckpointState s = q4t::load_checkpoint(step_dir(3));
+  expect_states_bitwise_equal(version1_state(), s);
+
+  // The run goes on: its next checkpoint is of the current format, and the old one is still read beside it.
+  s.step = 4;
+  q4t::save_checkpoint(out_, s, 0);
+  EXPECT_NE(read_text(step_dir(4) + "/complete").find("\"version\": 2"), std::string::npos);
+  expect_states_bitwise_equal(s, q4t::load_checkpoint(step_dir(4)));
+  expect_states_bitwise_equal(version1_state(), q4t::load_checkpoint(step_dir(3)));
+
+  // Its files are checked against the hash of version 1: one changed byte is found.
+  {
+    std::fstream f(step_dir(3) + "/adam_v.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(150);
+    f.put('\x7f');
+  }
+  EXPECT_EQ(runtime_error_of([&] { q4t::load_checkpoint(step_dir(3)); }),
+            step_dir(3) + "/adam_v.bin: checksum mismatch (the file is corrupted)");
+}
+
+TEST_F(CheckpointTest, ACheckpointOfANewerFormatIsRefusedNamingItsVersion) {
+  q4t::save_checkpoint(out_, make_state(1, 1), 0);
+  const std::string marker = step_dir(1) + "/complete";
+  std::string text = read_text(marker);
+  const size_t at = text.find("\"version\": 2");
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, 12, "\"version\": 3");
+  std::ofstream(marker, std::ios::binary | std::ios::trunc) << text;
+  EXPECT_EQ(runtime_error_of([&] { q4t::load_checkpoint(step_dir(1)); }),
+            marker + ": checkpoint format version 3, but this q4tune reads versions 1 to 2 (a newer q4tune wrote it)");
 }
 
 // Waits until `ready` holds or the child exits; returns false when the child finished first.

@@ -25,6 +25,28 @@ CmdResult run(const std::string& args, const std::string& env = "") {
 
 int count_lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
 
+// A run of q4tune <args> --json FILE: its result, and what it wrote to FILE (null when it wrote nothing). FILE is
+// this process's own temp file, removed after.
+struct JsonRun {
+  CmdResult r;
+  nlohmann::json j;
+};
+JsonRun run_json(const std::string& args) {
+  const auto path = std::filesystem::temp_directory_path() / ("q4tune_test_cli_" + std::to_string(getpid()) + ".json");
+  std::filesystem::remove(path);
+  JsonRun out{run(args + " --json " + path.string()), nullptr};
+  if (std::ifstream f(path); f) out.j = nlohmann::json::parse(f);
+  std::filesystem::remove(path);
+  return out;
+}
+
+// q4tune <args> fails, and its output says `says`.
+void expect_refused(const std::string& args, const std::string& says) {
+  const CmdResult r = run(args);
+  EXPECT_NE(r.code, 0) << args;
+  EXPECT_NE(r.out.find(says), std::string::npos) << args << ": " << r.out;
+}
+
 TEST(Cli, SelftestPassesOnTheCpu) {
   const CmdResult r = run("selftest --device cpu");
   EXPECT_EQ(r.code, 0) << r.out;
@@ -115,25 +137,14 @@ TEST(Cli, AutoFallsBackToTheCpuWithoutAVulkanDriver) {
 }
 
 TEST(Cli, BenchRejectsUnknownKernelsAndBadShapes) {
-  CmdResult r = run("bench --device cpu --kernels q4_0_gemv,q9");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("unknown kernel 'q9'"), std::string::npos) << r.out;
-  r = run("bench --device cpu --shapes 64x48");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("n_in = 48 is not a multiple of 32"), std::string::npos) << r.out;
-  r = run("bench --device cpu --shapes 64by64");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("'64by64' is not N_OUTxN_IN"), std::string::npos) << r.out;
+  expect_refused("bench --device cpu --kernels q4_0_gemv,q9", "unknown kernel 'q9'");
+  expect_refused("bench --device cpu --shapes 64x48", "n_in = 48 is not a multiple of 32");
+  expect_refused("bench --device cpu --shapes 64by64", "'64by64' is not N_OUTxN_IN");
 }
 
 TEST(Cli, BenchWritesOneJsonObjectPerCase) {
-  const auto path = std::filesystem::temp_directory_path() / "q4tune_test_bench.json";
-  std::filesystem::remove(path);
-  const CmdResult r = run("bench --device cpu --shapes 64x96,7x32 --kernels q4_0_gemv,q4_0_dx --seconds 0.01 --json " +
-                    path.string());
+  const auto [r, j] = run_json("bench --device cpu --shapes 64x96,7x32 --kernels q4_0_gemv,q4_0_dx --seconds 0.01");
   ASSERT_EQ(r.code, 0) << r.out;
-  std::ifstream f(path);
-  const auto j = nlohmann::json::parse(f);
   ASSERT_TRUE(j.is_array());
   ASSERT_EQ(j.size(), 1u + 2u * 3u);  // the copy roofline, then per shape gemv + dx at T=1 and T=512
   EXPECT_EQ(j[0]["kernel"], "copy");
@@ -150,7 +161,6 @@ TEST(Cli, BenchWritesOneJsonObjectPerCase) {
   EXPECT_GT(j[1]["roofline_frac"].get<double>(), 0.0);
   EXPECT_GT(j[3]["tflops"].get<double>(), 0.0);  // dx at T=512 is a GEMM: TFLOPS, no copy fraction
   EXPECT_TRUE(j[3]["roofline_frac"].is_null());
-  std::filesystem::remove(path);
 }
 
 // The trainable parameter count of LoRA rank r on all seven targets of a llama model: A [r, n_in] and B [n_out, r]
@@ -161,14 +171,10 @@ int64_t lora_params(int64_t r, int64_t dim, int64_t kv_dim, int64_t ff, int64_t 
 }
 
 TEST(Cli, BenchTrainTimesEachBatchSizeAndWritesJson) {
-  const auto path = std::filesystem::temp_directory_path() / "q4tune_test_bench_train.json";
-  std::filesystem::remove(path);
-  const CmdResult r = run("bench train --device cpu --shape small --seq-len 16 --batch-sizes 1,3 --steps 1 --warmup 0 "
-                          "--lora-rank 4 --json " + path.string());
+  const auto [r, j] = run_json("bench train --device cpu --shape small --seq-len 16 --batch-sizes 1,3 --steps 1 "
+                                "--warmup 0 --lora-rank 4");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("small (dim 512, 8 layers, 8/4 heads, ff 1408, vocab 32000)"), std::string::npos) << r.out;
-  std::ifstream f(path);
-  const auto j = nlohmann::json::parse(f);
   ASSERT_TRUE(j.is_array());
   ASSERT_EQ(j.size(), 2u);
   EXPECT_EQ(j[0]["batch_size"], 1);
@@ -191,14 +197,12 @@ TEST(Cli, BenchTrainTimesEachBatchSizeAndWritesJson) {
   // Recomputing the layers in the backward changes no number of the step, nor does keeping some layers' ffn
   // gate and up outputs instead of recomputing them. one_row: the run's one JSON row, its output saying `says`.
   auto one_row = [&](const std::string& flags, const std::string& says) {
-    const CmdResult r = run("bench train --device cpu --shape small --seq-len 16 --batch-sizes 1 --steps 1 "
-                            "--warmup 0 --lora-rank 4 " + flags + " --json " + path.string());
-    EXPECT_EQ(r.code, 0) << r.out;
-    EXPECT_NE(r.out.find(says), std::string::npos) << r.out;
-    std::ifstream f(path);
-    const auto rows = nlohmann::json::parse(f);
-    EXPECT_EQ(rows.size(), 1u);
-    return rows.at(0);
+    const JsonRun one = run_json("bench train --device cpu --shape small --seq-len 16 --batch-sizes 1 --steps 1 "
+                                 "--warmup 0 --lora-rank 4 " + flags);
+    EXPECT_EQ(one.r.code, 0) << one.r.out;
+    EXPECT_NE(one.r.out.find(says), std::string::npos) << one.r.out;
+    EXPECT_EQ(one.j.size(), 1u);
+    return one.j.at(0);
   };
   const auto again = one_row("--grad-checkpoint", "layers recomputed in the backward");
   EXPECT_EQ(again["grad_checkpoint"], true);
@@ -207,7 +211,6 @@ TEST(Cli, BenchTrainTimesEachBatchSizeAndWritesJson) {
   const auto kept = one_row("--grad-checkpoint --keep-ffn-layers 3", "the ffn gate and up outputs of the last 3 kept");
   EXPECT_EQ(kept["keep_ffn_layers"], 3);
   EXPECT_EQ(kept["loss"], j[0]["loss"]);
-  std::filesystem::remove(path);
 }
 
 TEST(Cli, BenchTrainRejectsAnUnknownShapeAndBadCounts) {
@@ -218,11 +221,7 @@ TEST(Cli, BenchTrainRejectsAnUnknownShapeAndBadCounts) {
       {"--grad-checkpoint --keep-ffn-layers 9", "--keep-ffn-layers: 9 is outside 0..8 (the shape's layers)"},
       {"--keep-ffn-layers 2", "--keep-ffn-layers: applies only with --grad-checkpoint"},
   };
-  for (const auto& [args, says] : cases) {
-    const CmdResult r = run(std::string("bench train --device cpu ") + args);
-    EXPECT_NE(r.code, 0) << args;
-    EXPECT_NE(r.out.find(says), std::string::npos) << args << ": " << r.out;
-  }
+  for (const auto& [args, says] : cases) expect_refused(std::string("bench train --device cpu ") + args, says);
 }
 
 // --precision: mixed needs a Vulkan device (one line naming the flag otherwise); auto is mixed only where the device
@@ -250,13 +249,9 @@ TEST(Cli, PrecisionMixedOnTheCpuIsOneClearErrorAndDevicesSayTheDefault) {
 // The kernel bench in mixed precision on any Vulkan device (lavapipe: the portable kernels), and the plain f16
 // GEMM as each product's ceiling where the device has tensor cores; the mixed kernels need a Vulkan device.
 TEST(Cli, BenchRunsTheMixedProductsOnVulkanOnly) {
-  const auto path = std::filesystem::temp_directory_path() / "q4tune_test_bench_mixed.json";
-  std::filesystem::remove(path);
-  CmdResult r = run("bench --device vulkan --precision mixed --tokens 40 --seconds 0.01 "
-                    "--kernels q4_0_gemm,q4_k_mixed_dx,q8_0_decoded_gemm,lora_hs --shapes 70x256 --json " + path.string());
+  const auto [r, j] = run_json("bench --device vulkan --precision mixed --tokens 40 --seconds 0.01 "
+                                "--kernels q4_0_gemm,q4_k_mixed_dx,q8_0_decoded_gemm,lora_hs --shapes 70x256");
   ASSERT_EQ(r.code, 0) << r.out;
-  std::ifstream f(path);
-  const auto j = nlohmann::json::parse(f);
   std::set<std::string> kernels;
   for (const auto& row : j) {
     kernels.insert(row["kernel"].get<std::string>());
@@ -264,39 +259,25 @@ TEST(Cli, BenchRunsTheMixedProductsOnVulkanOnly) {
   }
   for (const char* k : {"copy", "q4_0_gemm", "q4_k_mixed_dx", "q8_0_decoded_gemm", "lora_hs"})
     EXPECT_TRUE(kernels.count(k)) << k << " missing: " << r.out;
-  std::filesystem::remove(path);
-  r = run("bench --device cpu --kernels f16_coop_gemm");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("f16_coop_gemm runs on Vulkan devices only"), std::string::npos) << r.out;
-  r = run("bench --device cpu --kernels q4_0_fused_gemm");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("unknown kernel 'q4_0_fused_gemm'"), std::string::npos) << r.out;
+  expect_refused("bench --device cpu --kernels f16_coop_gemm", "f16_coop_gemm runs on Vulkan devices only");
+  expect_refused("bench --device cpu --kernels q4_0_fused_gemm", "unknown kernel 'q4_0_fused_gemm'");
 }
 
 // bench train --type makes the random model's weights of each mix; a Q4_K_M matrix whose rows are not whole
 // super-blocks is one error naming it (llama-quantize would write another type there).
 TEST(Cli, BenchTrainTakesEachWeightMix) {
-  const auto path = std::filesystem::temp_directory_path() / "q4tune_test_bench_type.json";
   for (const char* type : {"q8_0", "f16"}) {
-    std::filesystem::remove(path);
-    const CmdResult r = run(std::string("bench train --device cpu --shape small --seq-len 8 --batch-sizes 1 --steps 1 "
-                                        "--warmup 0 --lora-rank 2 --type ") + type + " --json " + path.string());
+    const auto [r, j] = run_json(std::string("bench train --device cpu --shape small --seq-len 8 --batch-sizes 1 "
+                                             "--steps 1 --warmup 0 --lora-rank 2 --type ") + type);
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find(std::string("random ") + type + " weights"), std::string::npos) << r.out;
-    std::ifstream f(path);
-    const auto j = nlohmann::json::parse(f);
     EXPECT_EQ(j.at(0)["type"], type);
     EXPECT_EQ(j.at(0)["precision"], "f32");
     EXPECT_NEAR(j.at(0)["loss"].get<double>(), std::log(32000.0), 1.5);
   }
-  std::filesystem::remove(path);
-  CmdResult r = run("bench train --device cpu --shape small --type q4_k_m --steps 1");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("blk.0.ffn_down.weight has rows of 1408 values, not a multiple of the 256 of a q6_k block"),
-            std::string::npos) << r.out;
-  r = run("bench train --device cpu --type q5_0");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("--type"), std::string::npos) << r.out;
+  expect_refused("bench train --device cpu --shape small --type q4_k_m --steps 1",
+                 "blk.0.ffn_down.weight has rows of 1408 values, not a multiple of the 256 of a q6_k block");
+  expect_refused("bench train --device cpu --type q5_0", "--type");
 }
 
 TEST(Cli, InfoOnEachMalformedGgufIsOneLineNamingTheProblem) {

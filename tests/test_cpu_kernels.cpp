@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "error_of.h"
 #include "kernels/cpu/frozen_rows.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/q4_0_rows.h"
@@ -22,6 +23,7 @@
 #include "kernels/cpu/threads.h"
 #include "kernels/formats.h"
 #include "kernels/quant/f16.h"
+#include "kernels/random_inputs.h"
 #include "kernels/shapes.h"
 
 namespace q4t::cpu {
@@ -35,23 +37,15 @@ constexpr double kTol = 1e-5;
 // 8e-6 = 2.3e-5 relative). A wrong block, scale or tail still shows up as 1e-3 or more.
 constexpr double kFrozenTol = 1e-4;
 
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = normal(rng);
-  return v;
-}
-
 // W[n_out, n_in] in format f, quantised from N(0, 1) weights. The K-quant and IQ4 quantizers search scales per
 // block or sub-block, which is slow enough to matter when every kernel set re-makes the same matrices, so each
 // (format, shape, seed) of a block format is quantized once per run (F16 and BF16 only round).
 std::vector<uint8_t> random_weights(Format f, int64_t n_out, int64_t n_in, uint32_t seed) {
   if (format_traits(f).block_elems == 1)
-    return quantize_matrix(f, random_floats(size_t(n_out * n_in), seed), n_out, n_in);
+    return quantize_matrix(f, normal_floats(n_out * n_in, seed), n_out, n_in);
   static std::map<std::array<int64_t, 4>, std::vector<uint8_t>> made;
   std::vector<uint8_t>& w = made[{int64_t(f), n_out, n_in, int64_t(seed)}];
-  if (w.empty()) w = quantize_matrix(f, random_floats(size_t(n_out * n_in), seed), n_out, n_in);
+  if (w.empty()) w = quantize_matrix(f, normal_floats(n_out * n_in, seed), n_out, n_in);
   return w;
 }
 
@@ -105,6 +99,17 @@ class FrozenKernelSets : public ::testing::TestWithParam<std::tuple<detail::Isa,
   static detail::Isa isa() { return std::get<0>(GetParam()); }
   static Format format() { return std::get<1>(GetParam()); }
   static std::string name() { return format_name(format()); }
+  // check(w, T, n_out, n_in) on every shape of the format's grid, W [n_out, n_in] made with seed
+  // n_out·seed_step + n_in.
+  template <typename Check>
+  static void for_each_shape(int64_t seed_step, Check check) {
+    const Shapes s = shapes_for(format());
+    for (int64_t n_in : s.n_ins)
+      for (int64_t n_out : s.n_outs) {
+        const std::vector<uint8_t> w = random_weights(format(), n_out, n_in, uint32_t(n_out * seed_step + n_in));
+        for (int64_t T : s.tokens) check(w, T, n_out, n_in);
+      }
+  }
 
  private:
   detail::Isa saved_ = detail::Isa::Portable;
@@ -113,46 +118,38 @@ class FrozenKernelSets : public ::testing::TestWithParam<std::tuple<detail::Isa,
 
 TEST_P(FrozenKernelSets, GemvAndGemmMatchTheDoubleReferenceOnAwkwardShapes) {
   const Format f = format();
-  const Shapes s = shapes_for(f);
-  for (int64_t n_in : s.n_ins)
-    for (int64_t n_out : s.n_outs) {
-      const std::vector<uint8_t> w = random_weights(f, n_out, n_in, uint32_t(n_out * 7 + n_in));
-      for (int64_t T : s.tokens) {
-        const std::vector<float> X = random_floats(T * n_in, uint32_t(T));
-        const std::vector<double> want = ref::frozen_gemm(f, w.data(), X.data(), T, n_out, n_in);
-        std::vector<float> Y(T * n_out, NAN);
-        frozen_gemm(f, Y, w, X, T, n_out, n_in);  // T = 1: the GEMV
-        EXPECT_LE(ref::max_rel_error(Y.data(), want), s.tol)
-            << name() << (T == 1 ? " gemv " : " gemm ") << shape_label(T, n_out, n_in);
-      }
-    }
+  const double tol = shapes_for(f).tol;
+  for_each_shape(7, [&](const std::vector<uint8_t>& w, int64_t T, int64_t n_out, int64_t n_in) {
+    const std::vector<float> X = normal_floats(T * n_in, uint32_t(T));
+    const std::vector<double> want = ref::frozen_gemm(f, w.data(), X.data(), T, n_out, n_in);
+    std::vector<float> Y(T * n_out, NAN);
+    frozen_gemm(f, Y, w, X, T, n_out, n_in);  // T = 1: the GEMV
+    EXPECT_LE(ref::max_rel_error(Y.data(), want), tol)
+        << name() << (T == 1 ? " gemv " : " gemm ") << shape_label(T, n_out, n_in);
+  });
 }
 
 TEST_P(FrozenKernelSets, DxMatchesTheReferenceOverwritingAndAccumulating) {
   const Format f = format();
-  const Shapes s = shapes_for(f);
-  for (int64_t n_in : s.n_ins)
-    for (int64_t n_out : s.n_outs) {
-      const std::vector<uint8_t> w = random_weights(f, n_out, n_in, uint32_t(n_out * 5 + n_in));
-      for (int64_t T : s.tokens) {
-        const std::vector<float> dY = random_floats(T * n_out, uint32_t(T + 10));
-        const std::vector<float> dX_in = random_floats(T * n_in, uint32_t(T + 20));
-        const std::string label = name() + " " + shape_label(T, n_out, n_in);
-        std::vector<float> dX(T * n_in, NAN);
-        frozen_dx(f, dX, w, dY, T, n_out, n_in, 0, n_out, false);
-        EXPECT_LE(ref::max_rel_error(dX.data(), ref::frozen_dx(f, w.data(), dY.data(), nullptr, T, n_out, n_in, 0, n_out)),
-                  s.tol)
-            << "overwrite " << label;
-        // A row range that starts and ends inside the matrix, added onto existing values.
-        const int64_t j0 = n_out / 3, j1 = n_out - n_out / 4;
-        dX = dX_in;
-        frozen_dx(f, dX, w, dY, T, n_out, n_in, j0, j1, true);
-        EXPECT_LE(ref::max_rel_error(dX.data(),
-                                     ref::frozen_dx(f, w.data(), dY.data(), dX_in.data(), T, n_out, n_in, j0, j1)),
-                  s.tol)
-            << "accumulate rows [" << j0 << ", " << j1 << ") " << label;
-      }
-    }
+  const double tol = shapes_for(f).tol;
+  for_each_shape(5, [&](const std::vector<uint8_t>& w, int64_t T, int64_t n_out, int64_t n_in) {
+    const std::vector<float> dY = normal_floats(T * n_out, uint32_t(T + 10));
+    const std::vector<float> dX_in = normal_floats(T * n_in, uint32_t(T + 20));
+    const std::string label = name() + " " + shape_label(T, n_out, n_in);
+    std::vector<float> dX(T * n_in, NAN);
+    frozen_dx(f, dX, w, dY, T, n_out, n_in, 0, n_out, false);
+    EXPECT_LE(ref::max_rel_error(dX.data(), ref::frozen_dx(f, w.data(), dY.data(), nullptr, T, n_out, n_in, 0, n_out)),
+              tol)
+        << "overwrite " << label;
+    // A row range that starts and ends inside the matrix, added onto existing values.
+    const int64_t j0 = n_out / 3, j1 = n_out - n_out / 4;
+    dX = dX_in;
+    frozen_dx(f, dX, w, dY, T, n_out, n_in, j0, j1, true);
+    EXPECT_LE(
+        ref::max_rel_error(dX.data(), ref::frozen_dx(f, w.data(), dY.data(), dX_in.data(), T, n_out, n_in, j0, j1)),
+        tol)
+        << "accumulate rows [" << j0 << ", " << j1 << ") " << label;
+  });
 }
 
 // The vocab-tiled backward: the first tile overwrites, later tiles add, and the sum equals one untiled call.
@@ -166,7 +163,7 @@ TEST_P(FrozenKernelSets, DxTilesAccumulatedInTurnEqualTheUntiledResult) {
   for (Case c : {Case{1000, s.n_ins.back(), 300}, Case{7, s.n_ins[1], 5}, Case{65, s.n_ins[0], 64}})
     for (int64_t T : {int64_t(1), int64_t(17)}) {
       const std::vector<uint8_t> w = random_weights(f, c.n_out, c.n_in, uint32_t(c.tile));
-      const std::vector<float> dY = random_floats(T * c.n_out, uint32_t(T + 30));
+      const std::vector<float> dY = normal_floats(T * c.n_out, uint32_t(T + 30));
       std::vector<float> untiled(T * c.n_in, NAN), tiled(T * c.n_in, NAN);
       frozen_dx(f, untiled, w, dY, T, c.n_out, c.n_in, 0, c.n_out, false);
       for (int64_t j0 = 0; j0 < c.n_out; j0 += c.tile)
@@ -191,7 +188,7 @@ TEST_P(FrozenKernelSets, ThreadCountDoesNotChangeTheResults) {
   const Shapes s = shapes_for(f);
   const int64_t n_out = 1000, n_in = s.n_ins.back(), T = 17;
   const std::vector<uint8_t> w = random_weights(f, n_out, n_in, 99);
-  const std::vector<float> X = random_floats(T * n_in, 98), dY = random_floats(T * n_out, 97);
+  const std::vector<float> X = normal_floats(T * n_in, 98), dY = normal_floats(T * n_out, 97);
   std::vector<std::vector<float>> y(2, std::vector<float>(n_out)), Y(2, std::vector<float>(T * n_out)),
       dX(2, std::vector<float>(T * n_in)), dx1(2, std::vector<float>(n_in));
   const int thread_counts[2] = {1, 3};
@@ -275,9 +272,9 @@ TEST(F32Gemm, AllTranspositionsMatchTheReferenceOnOddShapes) {
   shapes.push_back({130, 70, 300});  // large enough to be split across threads
   for (const Variant& v : variants)
     for (auto [M, N, K] : shapes) {
-      const std::vector<float> A = random_floats(M * K, uint32_t(M + 3 * K)),
-                               B = random_floats(K * N, uint32_t(N + 5 * K));
-      const std::vector<float> C_in = random_floats(M * N, uint32_t(M * N));
+      const std::vector<float> A = normal_floats(M * K, uint32_t(M + 3 * K)),
+                               B = normal_floats(K * N, uint32_t(N + 5 * K));
+      const std::vector<float> C_in = normal_floats(M * N, uint32_t(M * N));
       const std::string label = std::string(v.name) + " M=" + std::to_string(M) + " N=" + std::to_string(N) +
                                 " K=" + std::to_string(K);
       std::vector<float> C(M * N, NAN);
@@ -294,14 +291,7 @@ TEST(F32Gemm, AllTranspositionsMatchTheReferenceOnOddShapes) {
     }
 }
 
-std::string shape_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ShapeError& e) {
-    return e.what();
-  }
-  return "(no ShapeError thrown)";
-}
+constexpr auto& shape_error = test::error_of<ShapeError>;
 
 #define EXPECT_SHAPE_ERROR(call, text)                                    \
   do {                                                                    \

@@ -16,6 +16,7 @@
 #include "data/dataset_cache.h"
 #include "data/gguf.h"
 #include "data/tokenizer.h"
+#include "data/unicode.h"
 #include "train/commands.h"
 
 namespace q4t::data {
@@ -759,6 +760,102 @@ TEST(Batching, PaddingReportGivesTheRealShareAndWhenPackingHelps) {
   EXPECT_EQ(padding_report(Dataset(hand_examples(), o, 2)), "rows (packed): 83% real tokens, 17% padding");
   o.seq_len = 4;  // packed, yet one example per row
   EXPECT_EQ(padding_report(Dataset(hand_examples(), o, 2)), "rows (packed): 63% real tokens, 37% padding");
+}
+
+// GPT-2's byte alphabet (id = byte) plus the chatml markers: the byte-level BPE side of the text checks.
+std::unique_ptr<tok::Tokenizer> bpe_chat_tokenizer(const fs::path& dir) {
+  std::vector<Value> tokens, types;
+  for (int b = 0; b < 256; ++b) {
+    tokens.push_back(Value::str(tok::byte_to_unicode(uint8_t(b))));
+    types.push_back(Value::i32(1));
+  }
+  for (const char* c : {"<|im_start|>", "<|im_end|>", "<|endoftext|>"}) {
+    tokens.push_back(Value::str(c));
+    types.push_back(Value::i32(3));
+  }
+  gguf::Writer w;
+  w.set("general.architecture", Value::str("qwen2"));
+  w.set("tokenizer.ggml.model", Value::str("gpt2"));
+  w.set("tokenizer.ggml.pre", Value::str("qwen2"));
+  w.set("tokenizer.ggml.tokens", Value::array(ValueType::STRING, std::move(tokens)));
+  w.set("tokenizer.ggml.token_type", Value::array(ValueType::I32, std::move(types)));
+  w.set("tokenizer.ggml.merges", Value::array(ValueType::STRING, {}));
+  w.set("tokenizer.ggml.eos_token_id", Value::u32(257));
+  std::string path = (dir / "bpe.gguf").string();
+  w.write(path);
+  return load_tok(path);
+}
+
+// "▁" is how SentencePiece writes a space, and <unk> is a token's name, but in a user's text both are ordinary
+// characters: every record below trains, and the answer's tokens are the ones counted.
+TEST(BadData, SpaceMarksAndUnkInTheTextAreOrdinaryText) {
+  fs::path d = fresh_dir("marks");
+  const std::string mark = "\xE2\x96\x81";
+  const std::string body = "{\"text\": \"a" + mark + "b " + mark + mark + " c\"}\n"
+                           "{\"prompt\": \"say " + mark + "\", \"completion\": \" <unk> " + mark + "\"}\n"
+                           "{\"messages\": [{\"role\": \"user\", \"content\": \"x <unk> " + mark + "y\"}, "
+                           "{\"role\": \"assistant\", \"content\": \"<unk>" + mark + " z\"}]}\n";
+  std::string f = write(d / "m.jsonl", body);
+  DatasetOptions o = opts(d, 256);
+  o.chat_template = "chatml";
+  auto spm = chat_tokenizer(d, {"<|im_start|>", "<|im_end|>"}, "");
+  auto bpe = bpe_chat_tokenizer(d);
+  for (const tok::Tokenizer* t : {spm.get(), bpe.get()}) {
+    TokenizedFile tf;
+    ASSERT_NO_THROW(tf = tokenize_file(f, *t, o));
+    ASSERT_EQ(tf.examples.size(), 3u);
+    const std::string chat = show_mask(*t, tf.examples[2]);
+    std::cout << "chat mask: " << chat << "\n";
+    // The answer is counted from its first token (<unk>, which SentencePiece renders as "▅") to its end
+    // marker, and nothing of the user's turn is.
+    EXPECT_NE(chat.find(t == spm.get() ? "[\xE2\x96\x85" : "[<unk>"), std::string::npos) << chat;
+    EXPECT_NE(chat.find("z<|im_end|>]"), std::string::npos) << chat;
+    EXPECT_EQ(chat.find('['), chat.rfind('[')) << chat;
+  }
+  // The <unk> of a chat turn is the single unknown token of the vocabulary (parsed as a special token, as
+  // llama.cpp does), and it is counted in the answer.
+  const Example& e = tokenize_file(f, *spm, o).examples[2];
+  EXPECT_EQ(std::count(e.ids.begin(), e.ids.end(), 0), 2);
+}
+
+// A JSONL record beyond the 64 MiB bound stops the reader at that line, before the rest of it is read; lines of
+// every length up to it (across the reader's 64 KiB chunks) read as before.
+TEST(BadData, AHugeRecordIsRefusedNamingItsLine) {
+  fs::path d = fresh_dir("huge");
+  auto tok = byte_tokenizer(d);
+  std::string p = (d / "").string();
+  std::string f = write(d / "h.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"" + std::string((size_t(64) << 20) + 10, 'y') +
+                                           "\"}\n{\"text\": \"after\"}\n");
+  EXPECT_EQ(error_of([&] { tokenize_file(f, *tok, opts(d)); }),
+            p + "h.jsonl:2: a record of more than 64 MiB; one example is at most that (and keeps at most --seq-len "
+                "tokens)");
+  std::string body;
+  for (size_t n : {size_t(0), size_t(65521), size_t(65522), size_t(65523), size_t(200000)})
+    body += "{\"text\": \"" + std::string(n, 'z') + "x\"}\n";
+  f = write(d / "edges.jsonl", body + "{\"text\": \"last line, no newline\"}");
+  DatasetOptions o = opts(d, 300000);
+  const TokenizedFile tf = tokenize_file(f, *tok, o);
+  ASSERT_EQ(tf.examples.size(), 6u);
+  EXPECT_EQ(tf.examples[2].ids.size(), 65522u + 4);  // a byte token each, the space prefix, BOS and EOS
+  EXPECT_EQ(show_mask(*tok, tf.examples[5]), "<s>[ last line, no newline</s>]");
+}
+
+// A number a double cannot hold is one line naming the file and the line, and a long one is not echoed whole.
+TEST(BadData, NumbersBeyondADoubleNameTheLineAndAreCutShort) {
+  fs::path d = fresh_dir("overflow");
+  auto tok = byte_tokenizer(d);
+  std::string p = (d / "").string();
+  std::string f = write(d / "n.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"ok\", \"weight\": 1e999}\n");
+  EXPECT_EQ(error_of([&] { tokenize_file(f, *tok, opts(d)); }),
+            p + "n.jsonl:2: a number beyond the range of a double (number overflow parsing '1e999')");
+  f = write(d / "long.jsonl", "{\"text\": \"ok\", \"n\": 1" + std::string(5000, '7') + "e999}\n");
+  std::string e = error_of([&] { tokenize_file(f, *tok, opts(d)); });
+  EXPECT_EQ(e.rfind(p + "long.jsonl:1: a number beyond the range of a double (number overflow parsing '1777", 0), 0u)
+      << e;
+  EXPECT_LT(e.size(), p.size() + 150) << e;
+  f = write(d / "a.json", "[{\"text\": \"ok\", \"w\": -1e400}]");
+  EXPECT_EQ(error_of([&] { tokenize_file(f, *tok, opts(d)); }),
+            p + "a.json: a number beyond the range of a double (number overflow parsing '-1e400')");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // the generate loop (greedy, top-k, seeds, streaming, errors).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <algorithm>
 #include <filesystem>
 #include <map>
@@ -234,6 +235,56 @@ TEST(DecoderAdapters, AGgufLoraFileGivesTheLogitsOfModelGraphLoadAdapters) {
   EXPECT_LE(row_error(dec.feed(ids), m->backend().to_host(out.value()), 7), 1e-5);
 }
 
+// An adapter file with one half of a pair missing or renamed is refused naming the tensor, never applied in
+// part.
+TEST(DecoderAdapters, AnAdapterMissingEitherHalfOfAPairIsRefusedNamingTheTensor) {
+  auto m = Model::load(tiny_model("llama", false), *devices().cpu);
+  const std::string dir = temp_dir();
+  const std::string path = dir + "/whole.gguf";
+  {
+    ag::Graph g(m->backend());
+    ModelGraph mg(*m, g);
+    for (const auto& [name, w] : random_adapters(*m, 3))
+      mg.set_adapter(name, ag::LoraLinear(mg.weight(name), g.constant(w.a), g.constant(w.b), 2.0));
+    export_gguf_adapter(mg, 8.0, path);
+  }
+  const auto whole = gguf::File::open(path);
+  // The adapter again, with `rename` applied to the tensor names ("" drops the tensor).
+  auto copy = [&](const std::string& out, const std::function<std::string(const std::string&)>& rename) {
+    gguf::Writer w;
+    for (const auto& [key, value] : whole->metadata()) {
+      if (key != "general.alignment") w.set(key, value);
+    }
+    for (const gguf::TensorInfo& t : whole->tensors()) {
+      const std::string name = rename(t.name);
+      if (!name.empty()) w.add_tensor(name, t.ne, t.type, std::vector<uint8_t>(t.data, t.data + t.bytes));
+    }
+    w.write(dir + "/" + out);
+    return gguf::File::open(dir + "/" + out);
+  };
+  const std::string a = "blk.1.attn_v.weight.lora_a", b = "blk.0.ffn_up.weight.lora_b";
+  struct Case {
+    std::string file, from, to, error;
+  };
+  const std::vector<Case> cases = {
+      {"no-a.gguf", a, "", "tensor 'blk.1.attn_v.weight.lora_a' is missing (its lora_b is present)"},
+      {"renamed-a.gguf", a, "blk.1.attn_v.weight.lora_x",
+       "tensor 'blk.1.attn_v.weight.lora_x' is neither a .lora_a nor a .lora_b"},
+      {"no-b.gguf", b, "", "tensor 'blk.0.ffn_up.weight.lora_b' is missing (its lora_a is present)"}};
+  for (const Case& c : cases) {
+    const auto file = copy(c.file, [&](const std::string& n) { return n == c.from ? c.to : n; });
+    ag::Graph g(m->backend());
+    ModelGraph mg(*m, g);
+    try {
+      mg.load_adapters(*file, 1.0);
+      ADD_FAILURE() << c.file << " was accepted";
+    } catch (const gguf::FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(dir + "/" + c.file + ": " + c.error), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(model::load_adapter_weights(*m, *file, 1.0), gguf::FormatError) << c.file;
+  }
+}
+
 TEST(DecoderAdapters, AnAdapterThatDoesNotFitIsAClearError) {
   auto m = Model::load(tiny_model("llama", false), *devices().cpu);
   AdapterSet bad = random_adapters(*m, 1);
@@ -247,6 +298,42 @@ TEST(DecoderAdapters, AnAdapterThatDoesNotFitIsAClearError) {
   AdapterSet embd;
   embd["token_embd.weight"] = random_adapters(*m, 1).begin()->second;
   EXPECT_THROW(Decoder(*m, embd), std::invalid_argument);
+}
+
+// A model whose context is 2^31 tokens: the cache is sized by what is fed (it grows, keeping the cached rows),
+// never by the context, and a grown cache gives the logits of one sized up front.
+TEST(Decoder, TheCacheGrowsWithWhatIsFedNotWithTheModelsContext) {
+  const std::string path = temp_dir() + "/long_context.gguf";
+  InitModelOptions o;
+  o.out = path;
+  o.dim = 32, o.layers = 2, o.heads = 4, o.kv_heads = 2, o.ff = 64, o.ctx = int64_t(1) << 31;
+  std::ostringstream sink;
+  ASSERT_EQ(run_init_model(o, sink), 0) << sink.str();
+  for (bool vulkan : {false, true}) {
+    auto m = Model::load(path, devices().get(vulkan));
+    Decoder grows(*m), sized(*m);
+    EXPECT_EQ(grows.max_context(), int64_t(1) << 31);
+    EXPECT_EQ(grows.capacity(), 256);
+    sized.reserve(400);
+    EXPECT_EQ(sized.capacity(), 400);
+    std::mt19937 rng(5);
+    std::vector<int32_t> ids(250);
+    for (int32_t& id : ids) id = int32_t(rng() % 200) + 3;
+    EXPECT_EQ(grows.feed(ids), sized.feed(ids)) << (vulkan ? "vulkan" : "cpu");
+    for (int32_t i = 0; i < 20; ++i) {  // across the growth at 256 rows
+      const int32_t id = int32_t(rng() % 200) + 3;
+      ASSERT_EQ(grows.feed(std::span<const int32_t>(&id, 1)), sized.feed(std::span<const int32_t>(&id, 1)))
+          << (vulkan ? "vulkan" : "cpu") << " at position " << grows.position();
+    }
+    EXPECT_EQ(grows.capacity(), 512);
+    // generate reserves the prompt plus the tokens asked for.
+    Decoder dec(*m);
+    SampleOptions so;
+    so.max_tokens = 300;
+    generate(dec, *tok::Tokenizer::from_gguf(*gguf::File::open(path)), "hello", so);
+    EXPECT_LT(dec.capacity(), 320);
+    EXPECT_GT(dec.capacity(), 300);
+  }
 }
 
 // --- the decode ops against the ops they stand in for ---------------------------------------------------------

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "data/gguf.h"
+#include "error_of.h"
 #include "malformed_gguf.h"
 
 namespace q4t::gguf {
@@ -358,8 +359,11 @@ class WriterFailure : public ::testing::Test {
     EXPECT_EQ(file_bytes(path_), before_) << "the existing file changed";
     EXPECT_EQ(files_starting_with(dir_, "model.gguf"), std::vector<std::string>{"model.gguf"}) << "a temp file was left";
   }
-  static void expect_names_path(const std::runtime_error& e, const std::string& path) {
-    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  // w.write(path) throws a std::runtime_error that names the path and says `says`.
+  static void expect_write_error(const Writer& w, const std::string& path, const std::string& says = "") {
+    const std::string error = test::error_of<std::runtime_error>([&] { w.write(path); });
+    EXPECT_NE(error.find(path), std::string::npos) << error;
+    EXPECT_NE(error.find(says), std::string::npos) << error;
   }
   std::string dir_, path_;
   Bytes before_;
@@ -369,12 +373,7 @@ TEST_F(WriterFailure, ADirectoryThatDoesNotExistThrowsNamingThePath) {
   Writer w;
   w.set("a", Value::u32(1));
   const std::string bad = dir_ + "/no_such_dir/out.gguf";
-  try {
-    w.write(bad);
-    ADD_FAILURE() << "wrote into a missing directory";
-  } catch (const std::runtime_error& e) {
-    expect_names_path(e, bad);
-  }
+  expect_write_error(w, bad);
   EXPECT_FALSE(fs::exists(dir_ + "/no_such_dir"));
   expect_untouched();
 }
@@ -390,13 +389,7 @@ TEST_F(WriterFailure, AValueThatDoesNotFitItsTypeLeavesTheOldFile) {
   Writer w;
   w.set("general.architecture", Value::str("llama"));
   w.set("bad.u8", {ValueType::U8, ValueType::U32, uint64_t(300)});
-  try {
-    w.write(path_);
-    ADD_FAILURE() << "wrote a u8 of 300";
-  } catch (const std::runtime_error& e) {
-    expect_names_path(e, path_);
-    EXPECT_NE(std::string(e.what()).find("key 'bad.u8': 300 does not fit in a u8"), std::string::npos) << e.what();
-  }
+  expect_write_error(w, path_, "key 'bad.u8': 300 does not fit in a u8");
   Writer mixed;
   mixed.set("bad.array", Value::array(ValueType::U32, {Value::u32(1), Value::str("two")}));
   EXPECT_THROW(mixed.write(path_), std::runtime_error);
@@ -417,17 +410,9 @@ TEST_F(WriterFailure, AWriteErrorHalfwayRemovesTheTempFileAndLeavesTheOldFile) {
   struct rlimit small = old_limit;
   small.rlim_cur = 4096;
   ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
-  bool threw = false;
-  try {
-    w.write(path_);
-  } catch (const std::runtime_error& e) {
-    threw = true;
-    expect_names_path(e, path_);
-    EXPECT_NE(std::string(e.what()).find("File too large"), std::string::npos) << e.what();
-  }
+  expect_write_error(w, path_, "File too large");
   setrlimit(RLIMIT_FSIZE, &old_limit);
   signal(SIGXFSZ, old_handler);
-  EXPECT_TRUE(threw);
   expect_untouched();
 }
 
@@ -437,13 +422,7 @@ TEST_F(WriterFailure, AFailedRenameRemovesTheTempFile) {
   fs::create_directories(target + "/inside");
   Writer w;
   w.set("a", Value::u32(1));
-  try {
-    w.write(target);
-    ADD_FAILURE() << "renamed over a directory";
-  } catch (const std::runtime_error& e) {
-    expect_names_path(e, target);
-    EXPECT_NE(std::string(e.what()).find("cannot rename"), std::string::npos) << e.what();
-  }
+  expect_write_error(w, target, "cannot rename");
   EXPECT_TRUE(fs::is_directory(target + "/inside"));
   fs::remove_all(target);
   expect_untouched();

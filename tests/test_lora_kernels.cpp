@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cpu/reference.h"
+#include "kernels/random_inputs.h"
 #include "kernels/shapes.h"
 #include "kernels/vulkan/linear_kernels.h"
 
@@ -14,13 +15,6 @@ namespace q4t {
 namespace {
 
 constexpr double kBound = 1e-5;  // f32 sums of at most 5000 terms
-
-std::vector<float> random_floats(std::mt19937& rng, int64_t n) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = u(rng);
-  return v;
-}
 
 class LoraKernels : public ::testing::Test {
  protected:

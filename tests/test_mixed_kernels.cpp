@@ -11,6 +11,7 @@
 #include "kernels/cpu/reference.h"
 #include "kernels/formats.h"
 #include "kernels/quant/f16.h"
+#include "kernels/random_inputs.h"
 #include "kernels/shapes.h"
 #include "kernels/vulkan/linear_kernels.h"
 
@@ -22,18 +23,6 @@ constexpr double kSumBound = 1e-4;
 // The mixed products against the exact ones on random weights and inputs: two f16 roundings per term (input and
 // weight, 2^-11 each), which add up in a dot product like a random walk.
 constexpr double kMixedBound = 4e-3;
-
-std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scale = 1.0f) {
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = u(rng);
-  return v;
-}
-
-// Random W [n_out, n_in] in format f, as GGML stores it.
-std::vector<uint8_t> random_weights(std::mt19937& rng, Format f, int64_t n_out, int64_t n_in) {
-  return quantize_matrix(f, random_floats(rng, n_out * n_in), n_out, n_in);
-}
 
 // W as the device holds it (Q6_K regrouped).
 std::vector<uint8_t> device_bytes(Format f, const std::vector<uint8_t>& w) { return to_device_layout(f, w); }

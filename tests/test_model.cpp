@@ -39,6 +39,20 @@ std::string tiny_model(const std::string& arch, const std::string& type, bool ti
   return path;
 }
 
+// init-model's llama of weight type `type` (its file type, such as q4_k_m) with 2 heads, 1 KV head, ff = 256 and
+// a context of 64; returns its path.
+std::string small_model(const std::string& type, int64_t dim, int64_t layers, bool tied = false) {
+  InitModelOptions o;
+  o.type = type;
+  o.tied = tied;
+  o.dim = dim, o.layers = layers, o.heads = 2, o.kv_heads = 1, o.ff = 256, o.ctx = 64;
+  o.out = temp_dir() + "/" + type + "_" + std::to_string(dim) + "x" + std::to_string(layers) + (tied ? "_tied" : "") +
+          ".gguf";
+  std::ostringstream sink;
+  run_init_model(o, sink);
+  return o.out;
+}
+
 // Logits of a one-layer model with random (non-zero) LoRA A and B on all seven targets; the parameters are the
 // adapters only (the weights are frozen).
 ag::GradcheckCase model_case(const std::string& arch, bool tied) {
@@ -218,13 +232,8 @@ TEST(ModelFiles, EveryWeightTypeLoadsAndStaysInItsStoredType) {
 // i < n/8, i >= 7n/8 and (i - n/8) % 3 == 2 (with 8 layers: 0, 3, 6, 7), Q4_K for every other matrix; the model
 // loads every tensor in its stored type.
 TEST(ModelFiles, InitModelQ4_K_MWritesLlamaQuantizesMix) {
-  InitModelOptions o;
-  o.type = "q4_k_m";
-  o.out = temp_dir() + "/q4_k_m.gguf";
-  o.dim = 256, o.layers = 8, o.heads = 2, o.kv_heads = 1, o.ff = 256, o.ctx = 64;
-  std::ostringstream sink;
-  run_init_model(o, sink);
-  auto f = gguf::File::open(o.out);
+  const std::string path = small_model("q4_k_m", 256, 8);
+  auto f = gguf::File::open(path);
   EXPECT_EQ(f->get_uint("general.file_type"), 15u);  // LLAMA_FTYPE_MOSTLY_Q4_K_M
   const std::set<int> six_bit_layers = {0, 3, 6, 7};
   int n_q4_k = 0, n_q6_k = 0;
@@ -243,7 +252,7 @@ TEST(ModelFiles, InitModelQ4_K_MWritesLlamaQuantizesMix) {
   EXPECT_EQ(n_q6_k, 9);
   EXPECT_EQ(n_q4_k, 8 * 7 + 1 - 8);
   auto be = ag::Backend::cpu();
-  auto m = Model::load(o.out, *be);
+  auto m = Model::load(path, *be);
   EXPECT_EQ(m->weight("token_embd.weight").dtype(), ag::frozen_dtype(Format::Q4_K));
   EXPECT_EQ(m->weight("blk.3.attn_v.weight").dtype(), ag::frozen_dtype(Format::Q6_K));
   EXPECT_EQ(m->weight("blk.4.attn_v.weight").dtype(), ag::frozen_dtype(Format::Q4_K));
@@ -261,15 +270,10 @@ TEST(ModelFiles, QuantizeQ4_0WritesTheOutputMatrixAsLlamaQuantizeDoes) {
   for (const auto& [dim, tied, output_type] :
        {std::tuple{256, true, gguf::GgmlType::Q6_K}, std::tuple{256, false, gguf::GgmlType::Q6_K},
         std::tuple{64, false, gguf::GgmlType::Q8_0}}) {
-    InitModelOptions o;
-    o.type = "f32";
-    o.tied = tied;
-    o.dim = dim, o.layers = 1, o.heads = 2, o.kv_heads = 1, o.ff = 256, o.ctx = 64;
-    o.out = temp_dir() + "/f32_" + std::to_string(dim) + (tied ? "_tied" : "") + ".gguf";
+    const std::string f32 = small_model("f32", dim, 1, tied);
+    const std::string out = f32 + ".q4_0.gguf";
     std::ostringstream sink;
-    run_init_model(o, sink);
-    const std::string out = o.out + ".q4_0.gguf";
-    run_quantize(o.out, out, "q4_0", sink);
+    run_quantize(f32, out, "q4_0", sink);
     auto f = gguf::File::open(out);
     const std::string output = tied ? "token_embd.weight" : "output.weight";
     for (const auto& t : f->tensors()) {
@@ -287,13 +291,7 @@ TEST(ModelFiles, QuantizeQ4_0WritesTheOutputMatrixAsLlamaQuantizeDoes) {
 // error naming the tensor, and no file written (an existing one untouched).
 // Rows that are not whole 256-weight super-blocks fall back as llama-quantize does: Q4_K to Q5_0, Q6_K to Q8_0.
 TEST(ModelFiles, Q4_K_MFallsBackWhereRowsAreNotWholeSuperBlocks) {
-  InitModelOptions o;
-  o.type = "q4_k_m";
-  o.out = temp_dir() + "/q4_k_m_dim64.gguf";
-  o.dim = 64, o.layers = 1, o.heads = 2, o.kv_heads = 1, o.ff = 256, o.ctx = 64;
-  std::ostringstream sink;
-  run_init_model(o, sink);
-  const auto f = gguf::File::open(o.out);
+  const auto f = gguf::File::open(small_model("q4_k_m", 64, 1));
   EXPECT_EQ(f->tensor("token_embd.weight")->type, gguf::GgmlType::Q5_0);
   EXPECT_EQ(f->tensor("blk.0.attn_q.weight")->type, gguf::GgmlType::Q5_0);
   EXPECT_EQ(f->tensor("output.weight")->type, gguf::GgmlType::Q8_0);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -11,11 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "error_of.h"
 #include "kernels/formats.h"
 #include "kernels/quant/f16.h"
 #include "kernels/quant/k_quants.h"
 #include "kernels/quant/q4_0.h"
 #include "kernels/quant/q8_0.h"
+#include "kernels/random_inputs.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -24,15 +27,54 @@
 namespace q4t::quant {
 namespace {
 
-uint32_t bits_of(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
+constexpr auto& shape_error = test::error_of<ShapeError>;
+
+// x quantized into whole blocks of format f (Block: its struct) and dequantised again in float.
+template <typename Block>
+std::pair<std::vector<Block>, std::vector<float>> round_trip(Format f, const std::vector<float>& x) {
+  const FormatTraits& t = format_traits(f);
+  std::vector<Block> blocks(x.size() / size_t(t.block_elems));
+  std::vector<float> y(x.size());
+  t.quantize_row(reinterpret_cast<uint8_t*>(blocks.data()), x.data(), int64_t(x.size()));
+  t.dequantize_row(y.data(), reinterpret_cast<const uint8_t*>(blocks.data()), int64_t(x.size()));
+  return {std::move(blocks), std::move(y)};
 }
-float float_of(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof f);
-  return f;
+
+// Whole blocks of format f dequantised in float and in double.
+template <typename Block>
+std::pair<std::vector<float>, std::vector<double>> dequantise_both_ways(Format f, const std::vector<Block>& blocks) {
+  const FormatTraits& t = format_traits(f);
+  const int64_t n = int64_t(blocks.size()) * t.block_elems;
+  std::vector<float> yf(static_cast<size_t>(n));
+  std::vector<double> yd(static_cast<size_t>(n));
+  t.dequantize_row(yf.data(), reinterpret_cast<const uint8_t*>(blocks.data()), n);
+  t.dequantize_row_f64(yd.data(), reinterpret_cast<const uint8_t*>(blocks.data()), n);
+  return {std::move(yf), std::move(yd)};
+}
+
+// 64 blocks of N(0, 3) weights in format f: the double dequantisation of weight j of a block is exactly
+// level(block, j)·d, and the float one is that same value.
+template <typename Block, typename Level>
+void expect_level_times_scale(Format f, uint32_t seed, Level level) {
+  const auto [blocks, yf] = round_trip<Block>(f, normal_floats(32 * 64, seed, 3.0f));
+  const std::vector<double> yd = dequantise_both_ways(f, blocks).second;
+  for (size_t i = 0; i < yd.size(); i++) {
+    EXPECT_EQ(yd[i], double(level(blocks[i / 32], int(i % 32))) * double(f16_to_f32(blocks[i / 32].d))) << i;
+    EXPECT_EQ(double(yf[i]), yd[i]) << i;
+  }
+}
+
+// quantize_matrix of W [n_out, n_in] in format f writes each row's blocks right after the previous row's.
+void expect_rows_back_to_back(Format f, const std::vector<float>& w, int64_t n_out, int64_t n_in) {
+  const FormatTraits& t = format_traits(f);
+  const std::vector<uint8_t> out = quantize_matrix(f, w, n_out, n_in);
+  const size_t row = size_t(row_bytes(f, n_in));
+  ASSERT_EQ(out.size(), size_t(n_out) * row) << t.name;
+  for (int64_t r = 0; r < n_out; r++) {
+    std::vector<uint8_t> alone(row);
+    t.quantize_row(alone.data(), w.data() + r * n_in, n_in);
+    EXPECT_EQ(std::memcmp(out.data() + size_t(r) * row, alone.data(), row), 0) << t.name << " row " << r;
+  }
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -61,7 +103,7 @@ TEST(F16, KnownValuesConvertBothWays) {
                                                             {0x03FF, 1023 * 0x1p-24f},
                                                             {0x7C00, INFINITY}}};
   for (auto [h, f] : known) {
-    EXPECT_EQ(bits_of(f16_to_f32(h)), bits_of(f)) << "half 0x" << std::hex << h;
+    EXPECT_EQ(std::bit_cast<uint32_t>(f16_to_f32(h)), std::bit_cast<uint32_t>(f)) << "half 0x" << std::hex << h;
     EXPECT_EQ(f32_to_f16(f), h) << "float " << f;
   }
 }
@@ -81,7 +123,8 @@ TEST(F16, EveryHalfConvertsToFloatExactlyAsF16CDoes) {
   if (!cpu_has_f16c()) GTEST_SKIP() << "CPU has no F16C";
   int mismatches = 0;
   for (uint32_t h = 0; h < 65536; h++) {
-    const uint32_t got = bits_of(f16_to_f32(uint16_t(h))), want = bits_of(hw_f16_to_f32(uint16_t(h)));
+    const uint32_t got = std::bit_cast<uint32_t>(f16_to_f32(uint16_t(h)));
+    const uint32_t want = std::bit_cast<uint32_t>(hw_f16_to_f32(uint16_t(h)));
     if (got != want && ++mismatches <= 10)
       ADD_FAILURE() << std::hex << "half 0x" << h << ": 0x" << got << " != 0x" << want;
   }
@@ -93,8 +136,8 @@ TEST(F16, EveryHalfConvertsToFloatExactlyAsF16CDoes) {
 std::vector<uint32_t> float_edge_and_random_bits() {
   std::vector<uint32_t> v;
   for (uint32_t h = 0; h < 0x7C00; h++) {
-    const uint32_t f = bits_of(f16_to_f32(uint16_t(h)));
-    const uint32_t mid = bits_of((f16_to_f32(uint16_t(h)) + f16_to_f32(uint16_t(h + 1))) / 2);
+    const uint32_t f = std::bit_cast<uint32_t>(f16_to_f32(uint16_t(h)));
+    const uint32_t mid = std::bit_cast<uint32_t>((f16_to_f32(uint16_t(h)) + f16_to_f32(uint16_t(h + 1))) / 2);
     for (uint32_t b : {f, f + 1, f - 1, mid, mid - 1, mid + 1}) {
       v.push_back(b);
       v.push_back(b | 0x80000000u);
@@ -114,7 +157,7 @@ TEST(F16, FloatsRoundToHalfExactlyAsF16CDoes) {
   if (!cpu_has_f16c()) GTEST_SKIP() << "CPU has no F16C";
   int mismatches = 0;
   for (uint32_t b : float_edge_and_random_bits()) {
-    const uint16_t got = f32_to_f16(float_of(b)), want = hw_f32_to_f16(float_of(b));
+    const uint16_t got = f32_to_f16(std::bit_cast<float>(b)), want = hw_f32_to_f16(std::bit_cast<float>(b));
     if (got != want && ++mismatches <= 10)
       ADD_FAILURE() << std::hex << "float bits 0x" << b << ": 0x" << got << " != 0x" << want;
   }
@@ -179,16 +222,10 @@ TEST(Q4_0, TieOnMagnitudeKeepsTheFirstValue) {
 // x/d > 7.5 on the side opposite the max, where q clamps at 15 (|x/d - 7| <= 1). Dequantising with d16 adds
 // |q - 8|·|d - d16| <= 8|d - d16|. The 1e-6·|d| covers the f32 rounding of x·(1/d).
 TEST(Q4_0, RoundTripErrorStaysWithinHalfAStepPlusScaleRounding) {
-  std::mt19937 rng(3);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t n = 32 * 4096;
-  std::vector<float> x(n);
-  for (auto& v : x) v = normal(rng);
+  std::vector<float> x = normal_floats(n, 3);
   for (int64_t i = 0; i < n; i += 97) x[i] *= 50.0f;  // outliers, so some blocks have one dominant value
-  std::vector<BlockQ4_0> blocks(n / 32);
-  quantize_row_q4_0(blocks.data(), x.data(), n);
-  std::vector<float> y(n);
-  dequantize_row_q4_0(y.data(), blocks.data(), n);
+  const auto [blocks, y] = round_trip<BlockQ4_0>(Format::Q4_0, x);
   int clamped = 0;
   for (int64_t b = 0; b < n / 32; b++) {
     float max = 0.0f;
@@ -207,56 +244,36 @@ TEST(Q4_0, RoundTripErrorStaysWithinHalfAStepPlusScaleRounding) {
   EXPECT_GT(clamped, 0) << "the fixture should exercise the clamp at q = 15";
 }
 
+// Weight j of a block has level q_j − 8, q_j its nibble (low nibbles first).
 TEST(Q4_0, DequantisesExactlyInFloatAndDouble) {
-  std::mt19937 rng(5);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  std::vector<float> x(32 * 64);
-  for (auto& v : x) v = normal(rng);
-  std::vector<BlockQ4_0> blocks(64);
-  quantize_row_q4_0(blocks.data(), x.data(), int64_t(x.size()));
-  std::vector<float> yf(x.size());
-  std::vector<double> yd(x.size());
-  dequantize_row_q4_0(yf.data(), blocks.data(), int64_t(x.size()));
-  dequantize_row_q4_0(yd.data(), blocks.data(), int64_t(x.size()));
-  for (size_t i = 0; i < x.size(); i++) {
-    const int q = i % 32 < 16 ? blocks[i / 32].qs[i % 32] & 0xF : blocks[i / 32].qs[i % 32 - 16] >> 4;
-    EXPECT_EQ(yd[i], double(q - 8) * double(f16_to_f32(blocks[i / 32].d))) << i;
-    EXPECT_EQ(double(yf[i]), yd[i]) << i;
-  }
+  expect_level_times_scale<BlockQ4_0>(Format::Q4_0, 5, [](const BlockQ4_0& b, int j) {
+    return (j < 16 ? b.qs[j] & 0xF : b.qs[j - 16] >> 4) - 8;
+  });
 }
 
 TEST(Q4_0, MatrixQuantizerWritesRowsOfBlocksBackToBack) {
-  const int64_t n_out = 3, n_in = 64;
-  std::vector<float> w(n_out * n_in);
+  std::vector<float> w(3 * 64);
   for (size_t i = 0; i < w.size(); i++) w[i] = std::sin(float(i));
-  std::vector<uint8_t> out(n_out * row_bytes(Format::Q4_0, n_in));
-  out = quantize_matrix(Format::Q4_0, w, n_out, n_in);
-  for (int64_t r = 0; r < n_out; r++) {
-    BlockQ4_0 row[2];
-    quantize_row_q4_0(row, w.data() + r * n_in, n_in);
-    EXPECT_EQ(std::memcmp(out.data() + r * 36, row, 36), 0) << "row " << r;
-  }
+  expect_rows_back_to_back(Format::Q4_0, w, 3, 64);
 }
 
-std::string shape_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ShapeError& e) {
-    return e.what();
-  }
-  return "(no ShapeError thrown)";
-}
-
-TEST(Q4_0, QuantizerRejectsBadSizesWithActionableMessages) {
+// The matrix quantizer and the row codecs of the two 32-weight formats name what is wrong with a size.
+TEST(Q4_0AndQ8_0, QuantizersRejectBadSizesWithActionableMessages) {
   std::vector<float> w(2 * 64);
-  std::vector<uint8_t> out(2 * 36);
-  std::string msg = shape_error([&] { out = quantize_matrix(Format::Q4_0, w, 2, 48); });
-  EXPECT_NE(msg.find("multiple of 32"), std::string::npos) << msg;
-  msg = shape_error([&] { out = quantize_matrix(Format::Q4_0, std::span<const float>(w).first(100), 2, 64); });
-  EXPECT_NE(msg.find("quantize: W has 100 floats, expected 128"), std::string::npos) << msg;
-  BlockQ4_0 block;
-  msg = shape_error([&] { quantize_row_q4_0(&block, w.data(), 40); });
-  EXPECT_NE(msg.find("multiple of 32"), std::string::npos) << msg;
+  std::vector<uint8_t> bytes(2 * 68);
+  for (Format f : {Format::Q4_0, Format::Q8_0}) {
+    const FormatTraits& t = format_traits(f);
+    std::string msg = shape_error([&] { quantize_matrix(f, w, 2, 48); });
+    EXPECT_NE(msg.find("n_in = 48 is not a multiple of 32 (the " + std::string(t.name) + " block size)"),
+              std::string::npos)
+        << msg;
+    msg = shape_error([&] { quantize_matrix(f, std::span<const float>(w).first(100), 2, 64); });
+    EXPECT_NE(msg.find("quantize: W has 100 floats, expected 128"), std::string::npos) << msg;
+    msg = shape_error([&] { t.quantize_row(bytes.data(), w.data(), 40); });
+    EXPECT_NE(msg.find("multiple of 32"), std::string::npos) << msg;
+    msg = shape_error([&] { t.dequantize_row(w.data(), bytes.data(), 40); });
+    EXPECT_NE(msg.find("multiple of 32"), std::string::npos) << msg;
+  }
 }
 
 TEST(F16, RowHelpersConvertUnalignedRowsBothWays) {
@@ -323,27 +340,24 @@ TEST(Q8_0, RampBlockQuantizesToHandComputedBytes) {
   EXPECT_EQ(quantize_q8_block(x), q8_block_bytes(0x3008, q));
 }
 
+// 32 values `all`, but `one` at index i.
+template <typename T>
+std::array<T, 32> all_but_one(T all, int i, T one) {
+  std::array<T, 32> v;
+  v.fill(all);
+  v[size_t(i)] = one;
+  return v;
+}
+
 // amax = |-3| = 3: d = 3/127 = 2^-6 · 1.51181 -> f16 mantissa round(0.51181 · 1024) = 524, so 0x2400 | 524 =
 // 0x260C; 1/d = 42.33, so 1 -> 42 and the largest magnitude, -3, -> -127.
 TEST(Q8_0, NegativeLargestValueMapsToMinus127) {
-  std::array<float, 32> x;
-  x.fill(1.0f);
-  x[5] = -3.0f;
-  std::array<int, 32> q;
-  q.fill(42);
-  q[5] = -127;
-  EXPECT_EQ(quantize_q8_block(x), q8_block_bytes(0x260C, q));
+  EXPECT_EQ(quantize_q8_block(all_but_one(1.0f, 5, -3.0f)), q8_block_bytes(0x260C, all_but_one(42, 5, -127)));
 }
 
 // d = 1/127 is not a half: stored as 2^-7 · (1 + 8/1024) = 0x2008, while q uses the f32 d: 0.1 · 127 = 12.7 -> 13.
 TEST(Q8_0, ScaleIsRoundedToF16OnlyForStorage) {
-  std::array<float, 32> x;
-  x.fill(0.1f);
-  x[31] = -1.0f;
-  std::array<int, 32> q;
-  q.fill(13);
-  q[31] = -127;
-  EXPECT_EQ(quantize_q8_block(x), q8_block_bytes(0x2008, q));
+  EXPECT_EQ(quantize_q8_block(all_but_one(0.1f, 31, -1.0f)), q8_block_bytes(0x2008, all_but_one(13, 31, -127)));
 }
 
 // amax = 0: d = +0 (f16 0x0000), 1/d is taken as 0, every q = 0.
@@ -356,16 +370,10 @@ TEST(Q8_0, AllZeroBlockIsAllZeroBytes) {
 // q = round(x/d) with |x/d| <= 127, so |x - q·d| <= d/2; dequantising with the stored d16 adds
 // |q|·|d - d16| <= 127|d - d16|. The 1e-6·d covers the f32 rounding of x·(1/d).
 TEST(Q8_0, RoundTripErrorStaysWithinHalfAStepPlusScaleRounding) {
-  std::mt19937 rng(4);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t n = 32 * 4096;
-  std::vector<float> x(n);
-  for (auto& v : x) v = normal(rng);
+  std::vector<float> x = normal_floats(n, 4);
   for (int64_t i = 0; i < n; i += 89) x[i] *= 40.0f;
-  std::vector<BlockQ8_0> blocks(n / 32);
-  quantize_row_q8_0(blocks.data(), x.data(), n);
-  std::vector<float> y(n);
-  dequantize_row_q8_0(y.data(), blocks.data(), n);
+  const auto [blocks, y] = round_trip<BlockQ8_0>(Format::Q8_0, x);
   for (int64_t b = 0; b < n / 32; b++) {
     float amax = 0.0f;
     for (int j = 0; j < 32; j++) amax = std::max(amax, std::fabs(x[b * 32 + j]));
@@ -377,46 +385,15 @@ TEST(Q8_0, RoundTripErrorStaysWithinHalfAStepPlusScaleRounding) {
   }
 }
 
+// Weight j of a block has level qs[j].
 TEST(Q8_0, DequantisesExactlyInFloatAndDouble) {
-  std::mt19937 rng(6);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  std::vector<float> x(32 * 64);
-  for (auto& v : x) v = normal(rng);
-  std::vector<BlockQ8_0> blocks(64);
-  quantize_row_q8_0(blocks.data(), x.data(), int64_t(x.size()));
-  std::vector<float> yf(x.size());
-  std::vector<double> yd(x.size());
-  dequantize_row_q8_0(yf.data(), blocks.data(), int64_t(x.size()));
-  dequantize_row_q8_0(yd.data(), blocks.data(), int64_t(x.size()));
-  for (size_t i = 0; i < x.size(); i++) {
-    EXPECT_EQ(yd[i], double(blocks[i / 32].qs[i % 32]) * double(f16_to_f32(blocks[i / 32].d))) << i;
-    EXPECT_EQ(double(yf[i]), yd[i]) << i;
-  }
+  expect_level_times_scale<BlockQ8_0>(Format::Q8_0, 6, [](const BlockQ8_0& b, int j) { return int(b.qs[j]); });
 }
 
 TEST(Q8_0, MatrixQuantizerWritesRowsOfBlocksBackToBack) {
-  const int64_t n_out = 3, n_in = 64;
-  std::vector<float> w(n_out * n_in);
+  std::vector<float> w(3 * 64);
   for (size_t i = 0; i < w.size(); i++) w[i] = std::cos(float(i));
-  std::vector<uint8_t> out(n_out * row_bytes(Format::Q8_0, n_in));
-  out = quantize_matrix(Format::Q8_0, w, n_out, n_in);
-  for (int64_t r = 0; r < n_out; r++) {
-    BlockQ8_0 row[2];
-    quantize_row_q8_0(row, w.data() + r * n_in, n_in);
-    EXPECT_EQ(std::memcmp(out.data() + r * 68, row, 68), 0) << "row " << r;
-  }
-}
-
-TEST(Q8_0, QuantizerRejectsBadSizesWithActionableMessages) {
-  std::vector<float> w(2 * 64);
-  std::vector<uint8_t> out(2 * 68);
-  std::string msg = shape_error([&] { out = quantize_matrix(Format::Q8_0, w, 2, 48); });
-  EXPECT_NE(msg.find("n_in = 48 is not a multiple of 32 (the q8_0 block size)"), std::string::npos) << msg;
-  msg = shape_error([&] { out = quantize_matrix(Format::Q8_0, std::span<const float>(w).first(100), 2, 64); });
-  EXPECT_NE(msg.find("quantize: W has 100 floats, expected 128"), std::string::npos) << msg;
-  BlockQ8_0 block;
-  msg = shape_error([&] { dequantize_row_q8_0(w.data(), &block, 40); });
-  EXPECT_NE(msg.find("multiple of 32"), std::string::npos) << msg;
+  expect_rows_back_to_back(Format::Q8_0, w, 3, 64);
 }
 
 
@@ -520,23 +497,27 @@ uint16_t random_half(std::mt19937& rng) {
   return (h & 0x7C00) == 0x7C00 ? uint16_t(h ^ 0x4000) : h;  // inf/NaN exponent -> a finite one
 }
 
+// n blocks of random bytes; the caller then makes their f16 scales finite (random_half).
+template <typename Block>
+std::vector<Block> random_blocks(std::mt19937& rng, size_t n) {
+  std::vector<Block> blocks(n);
+  auto* bytes = reinterpret_cast<uint8_t*>(blocks.data());
+  for (size_t i = 0; i < n * sizeof(Block); i++) bytes[i] = uint8_t(rng());
+  return blocks;
+}
+
 // The double dequantisation is exact; the float one evaluates (d·sc)·q − dmin·m, whose product is exact in f32,
 // so it must equal the exact value rounded once (and the exact value itself whenever that fits in a float).
 TEST(Q4_K, FloatDequantisationIsTheExactValueRoundedOnce) {
   std::mt19937 rng(21);
-  std::vector<BlockQ4_K> blocks(64);
+  std::vector<BlockQ4_K> blocks = random_blocks<BlockQ4_K>(rng, 64);
   for (BlockQ4_K& b : blocks) {
-    for (uint8_t& v : b.scales) v = uint8_t(rng());
-    for (uint8_t& v : b.qs) v = uint8_t(rng());
     b.d = random_half(rng);
     b.dmin = random_half(rng);
   }
   blocks[0].dmin = blocks[0].d;  // one block with equal scales, where most values are exact
-  const int64_t n = 256 * 64;
-  std::vector<float> yf(n);
-  std::vector<double> yd(n);
-  dequantize_row_q4_k(yf.data(), blocks.data(), n);
-  dequantize_row_q4_k(yd.data(), blocks.data(), n);
+  const auto [yf, yd] = dequantise_both_ways(Format::Q4_K, blocks);
+  const int64_t n = int64_t(yd.size());
   int exact = 0, rounded = 0;
   for (int64_t i = 0; i < n; i++) {
     const BlockQ4_K& b = blocks[size_t(i / 256)];
@@ -555,18 +536,10 @@ TEST(Q4_K, FloatDequantisationIsTheExactValueRoundedOnce) {
 // d·scale·(q − 32) has at most 11 + 8 + 6 significant bits, so the float dequantisation is exact.
 TEST(Q6_K, DequantisesExactlyInFloatAndDouble) {
   std::mt19937 rng(22);
-  std::vector<BlockQ6_K> blocks(64);
-  for (BlockQ6_K& b : blocks) {
-    for (uint8_t& v : b.ql) v = uint8_t(rng());
-    for (uint8_t& v : b.qh) v = uint8_t(rng());
-    for (int8_t& v : b.scales) v = int8_t(rng());
-    b.d = random_half(rng);
-  }
-  const int64_t n = 256 * 64;
-  std::vector<float> yf(n);
-  std::vector<double> yd(n);
-  dequantize_row_q6_k(yf.data(), blocks.data(), n);
-  dequantize_row_q6_k(yd.data(), blocks.data(), n);
+  std::vector<BlockQ6_K> blocks = random_blocks<BlockQ6_K>(rng, 64);
+  for (BlockQ6_K& b : blocks) b.d = random_half(rng);
+  const auto [yf, yd] = dequantise_both_ways(Format::Q6_K, blocks);
+  const int64_t n = int64_t(yd.size());
   for (int64_t i = 0; i < n; i++) ASSERT_EQ(double(yf[size_t(i)]), yd[size_t(i)]) << i;
 }
 
@@ -585,22 +558,12 @@ double rms_difference(const std::vector<float>& a, const std::vector<float>& b) 
 // On N(0, 1) weights with 1% outliers, relative to the RMS of the data: 4-bit Q4_0 lands near 0.15, Q4_K (a scale
 // and a min per 32 weights, fitted by search) near 0.10, and 6-bit Q6_K near 0.033.
 TEST(KQuants, RoundTripErrorIsSmallerThanQ4_0sAndQ6_KsMuchSmaller) {
-  std::mt19937 rng(23);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t n = 256 * 256;
-  std::vector<float> x(n);
-  for (auto& v : x) v = normal(rng);
+  std::vector<float> x = normal_floats(n, 23);
   for (int64_t i = 0; i < n; i += 101) x[size_t(i)] *= 20.0f;
-  std::vector<BlockQ4_0> q4_0(n / 32);
-  std::vector<BlockQ4_K> q4_k(n / 256);
-  std::vector<BlockQ6_K> q6_k(n / 256);
-  quantize_row_q4_0(q4_0.data(), x.data(), n);
-  quantize_row_q4_k(q4_k.data(), x.data(), n);
-  quantize_row_q6_k(q6_k.data(), x.data(), n);
-  std::vector<float> y4_0(n), y4_k(n), y6_k(n);
-  dequantize_row_q4_0(y4_0.data(), q4_0.data(), n);
-  dequantize_row_q4_k(y4_k.data(), q4_k.data(), n);
-  dequantize_row_q6_k(y6_k.data(), q6_k.data(), n);
+  const std::vector<float> y4_0 = round_trip<BlockQ4_0>(Format::Q4_0, x).second,
+                           y4_k = round_trip<BlockQ4_K>(Format::Q4_K, x).second,
+                           y6_k = round_trip<BlockQ6_K>(Format::Q6_K, x).second;
   const double e4_0 = rms_difference(x, y4_0) / rms(x), e4_k = rms_difference(x, y4_k) / rms(x),
                e6_k = rms_difference(x, y6_k) / rms(x);
   EXPECT_LT(e4_0, 0.16);
@@ -640,20 +603,10 @@ TEST(Q6_K, BlockWhoseScalesAreAllBelowTheEpsilonIsAllZeroBytes) {
 }
 
 TEST(KQuants, MatrixQuantizersWriteRowsOfBlocksBackToBack) {
-  const int64_t n_out = 3, n_in = 512;
-  std::vector<float> w(n_out * n_in);
+  std::vector<float> w(3 * 512);
   for (size_t i = 0; i < w.size(); i++) w[i] = std::sin(0.37f * float(i));
-  std::vector<uint8_t> out4(n_out * row_bytes(Format::Q4_K, n_in)), out6(n_out * row_bytes(Format::Q6_K, n_in));
-  out4 = quantize_matrix(Format::Q4_K, w, n_out, n_in);
-  out6 = quantize_matrix(Format::Q6_K, w, n_out, n_in);
-  for (int64_t r = 0; r < n_out; r++) {
-    BlockQ4_K row4[2];
-    BlockQ6_K row6[2];
-    quantize_row_q4_k(row4, w.data() + r * n_in, n_in);
-    quantize_row_q6_k(row6, w.data() + r * n_in, n_in);
-    EXPECT_EQ(std::memcmp(out4.data() + r * 288, row4, 288), 0) << "row " << r;
-    EXPECT_EQ(std::memcmp(out6.data() + r * 420, row6, 420), 0) << "row " << r;
-  }
+  expect_rows_back_to_back(Format::Q4_K, w, 3, 512);
+  expect_rows_back_to_back(Format::Q6_K, w, 3, 512);
 }
 
 // The Vulkan layout of Q6_K (kernels/shapes.h): 13 blocks take two groups of 8, the second with 3 zero blocks;

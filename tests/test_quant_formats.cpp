@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -18,17 +20,21 @@
 #include <functional>
 #include <iomanip>
 #include <limits>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "error_of.h"
+#include "kernels/formats.h"
 #include "kernels/quant/f16.h"
 #include "kernels/quant/iq4.h"
 #include "kernels/quant/k_quants.h"
 #include "kernels/quant/legacy_quants.h"
 #include "kernels/quant/q4_0.h"
 #include "kernels/quant/q8_0.h"
+#include "kernels/random_inputs.h"
 
 namespace q4t::quant {
 namespace {
@@ -36,94 +42,48 @@ namespace {
 namespace fs = std::filesystem;
 
 // ---------------------------------------------------------------------------------------------------------------
-// Every format behind one interface: rows of floats to GGML's bytes and back.
+// Every format behind one interface: its row of kernels/formats.h (rows of floats to GGML's bytes and back) and
+// what these tests add to it.
 
 struct Codec {
-  std::string name;
+  std::string name;           // upper case, as llama.cpp prints it ("Q4_K")
   int ggml_type;              // GGML's enum ggml_type
-  const char* ggml_to_float;  // the libggml-base.so function that turns a row of this type into floats
+  std::string ggml_to_float;  // the libggml-base.so function that turns a row of this type into floats
   int64_t block_elems, block_bytes;
-  std::function<void(uint8_t*, const float*, int64_t)> quantize;
-  std::function<void(float*, const uint8_t*, int64_t)> dequantize;
-  std::function<void(double*, const uint8_t*, int64_t)> dequantize_f64;
+  void (*quantize)(uint8_t*, const float*, int64_t);
+  void (*dequantize)(float*, const uint8_t*, int64_t);
+  void (*dequantize_f64)(double*, const uint8_t*, int64_t);
   double max_rel_rms;  // bound on rms(dequantize(quantize(x)) − x) / rms(x) for normal x (0: not tested here)
 };
 
-// A codec of typed block functions. Blocks are built in (aligned) vectors of Block and copied to bytes.
-template <typename Block, void (*Quantize)(Block*, const float*, int64_t), void (*ToF32)(float*, const Block*, int64_t),
-          void (*ToF64)(double*, const Block*, int64_t)>
-Codec block_codec(const char* name, int type, const char* to_float, int64_t elems, double max_rel_rms) {
-  auto blocks_of = [elems](int64_t n) { return std::vector<Block>(size_t(std::max<int64_t>(n / elems, 0))); };
-  auto load = [blocks_of](const uint8_t* bytes, int64_t n) {
-    std::vector<Block> blocks = blocks_of(n);
-    if (!blocks.empty()) std::memcpy(blocks.data(), bytes, blocks.size() * sizeof(Block));
-    return blocks;
-  };
-  return Codec{name,
-               type,
-               to_float,
-               elems,
-               int64_t(sizeof(Block)),
-               [blocks_of](uint8_t* out, const float* x, int64_t n) {
-                 std::vector<Block> blocks = blocks_of(n);
-                 Quantize(blocks.data(), x, n);
-                 if (!blocks.empty()) std::memcpy(out, blocks.data(), blocks.size() * sizeof(Block));
-               },
-               [load](float* y, const uint8_t* bytes, int64_t n) { ToF32(y, load(bytes, n).data(), n); },
-               [load](double* y, const uint8_t* bytes, int64_t n) { ToF64(y, load(bytes, n).data(), n); },
-               max_rel_rms};
+// GGML's name for the float rows of a type: dequantize_row_<type> with the K-quants' K in upper case
+// ("dequantize_row_q4_K"), ggml_fp16_to_fp32_row and ggml_bf16_to_fp32_row for the 16-bit floats.
+std::string ggml_to_float(const FormatTraits& t) {
+  std::string name = t.name;
+  if (t.block_elems == 1) return "ggml_" + (name == "f16" ? std::string("fp16") : name) + "_to_fp32_row";
+  if (name.ends_with("_k")) name.back() = 'K';
+  return "dequantize_row_" + name;
 }
 
-// GGML's type numbers (enum ggml_type).
-enum GgmlType {
-  kF16 = 1,
-  kQ4_0 = 2,
-  kQ4_1 = 3,
-  kQ5_0 = 6,
-  kQ5_1 = 7,
-  kQ8_0 = 8,
-  kQ2_K = 10,
-  kQ3_K = 11,
-  kQ4_K = 12,
-  kQ5_K = 13,
-  kQ6_K = 14,
-  kIQ4_NL = 20,
-  kIQ4_XS = 23,
-  kBF16 = 30,
-};
-
 // The relative rms bounds are about 1.25x what each new format measures on normal data (Q4_1 0.078, Q5_0 0.042,
-// Q5_1 0.038, Q2_K 0.296, Q3_K 0.151, Q5_K 0.036, IQ4_NL 0.075, IQ4_XS 0.075, BF16 0.0017).
+// Q5_1 0.038, Q2_K 0.296, Q3_K 0.151, Q5_K 0.036, IQ4_NL 0.075, IQ4_XS 0.075, BF16 0.0017). The formats that had
+// codecs before (Q4_0, Q8_0, Q4_K, Q6_K, F16) are compared with llama.cpp only (tests/test_quant.cpp has the rest).
 const std::vector<Codec>& all_codecs() {
-  static const std::vector<Codec> codecs = {
-      block_codec<BlockQ4_1, quantize_row_q4_1, dequantize_row_q4_1, dequantize_row_q4_1>(
-          "Q4_1", kQ4_1, "dequantize_row_q4_1", 32, 0.10),
-      block_codec<BlockQ5_0, quantize_row_q5_0, dequantize_row_q5_0, dequantize_row_q5_0>(
-          "Q5_0", kQ5_0, "dequantize_row_q5_0", 32, 0.053),
-      block_codec<BlockQ5_1, quantize_row_q5_1, dequantize_row_q5_1, dequantize_row_q5_1>(
-          "Q5_1", kQ5_1, "dequantize_row_q5_1", 32, 0.048),
-      block_codec<BlockQ2_K, quantize_row_q2_k, dequantize_row_q2_k, dequantize_row_q2_k>(
-          "Q2_K", kQ2_K, "dequantize_row_q2_K", 256, 0.37),
-      block_codec<BlockQ3_K, quantize_row_q3_k, dequantize_row_q3_k, dequantize_row_q3_k>(
-          "Q3_K", kQ3_K, "dequantize_row_q3_K", 256, 0.19),
-      block_codec<BlockQ5_K, quantize_row_q5_k, dequantize_row_q5_k, dequantize_row_q5_k>(
-          "Q5_K", kQ5_K, "dequantize_row_q5_K", 256, 0.045),
-      block_codec<BlockIQ4_NL, quantize_row_iq4_nl, dequantize_row_iq4_nl, dequantize_row_iq4_nl>(
-          "IQ4_NL", kIQ4_NL, "dequantize_row_iq4_nl", 32, 0.094),
-      block_codec<BlockIQ4_XS, quantize_row_iq4_xs, dequantize_row_iq4_xs, dequantize_row_iq4_xs>(
-          "IQ4_XS", kIQ4_XS, "dequantize_row_iq4_xs", 256, 0.094),
-      Codec{"BF16", kBF16, "ggml_bf16_to_fp32_row", 1, 2, f32_row_to_bf16, bf16_row_to_f32, bf16_row_to_f64, 0.0021},
-      // The formats that had codecs before: compared with llama.cpp only (tests/test_quant.cpp has the rest).
-      block_codec<BlockQ4_0, quantize_row_q4_0, dequantize_row_q4_0, dequantize_row_q4_0>(
-          "Q4_0", kQ4_0, "dequantize_row_q4_0", 32, 0),
-      block_codec<BlockQ8_0, quantize_row_q8_0, dequantize_row_q8_0, dequantize_row_q8_0>(
-          "Q8_0", kQ8_0, "dequantize_row_q8_0", 32, 0),
-      block_codec<BlockQ4_K, quantize_row_q4_k, dequantize_row_q4_k, dequantize_row_q4_k>(
-          "Q4_K", kQ4_K, "dequantize_row_q4_K", 256, 0),
-      block_codec<BlockQ6_K, quantize_row_q6_k, dequantize_row_q6_k, dequantize_row_q6_k>(
-          "Q6_K", kQ6_K, "dequantize_row_q6_K", 256, 0),
-      Codec{"F16", kF16, "ggml_fp16_to_fp32_row", 1, 2, f32_row_to_f16, f16_row_to_f32, f16_row_to_f64, 0},
-  };
+  static const std::vector<Codec> codecs = [] {
+    const std::map<Format, double> bounds = {
+        {Format::Q4_1, 0.10}, {Format::Q5_0, 0.053},   {Format::Q5_1, 0.048},   {Format::Q2_K, 0.37},
+        {Format::Q3_K, 0.19}, {Format::Q5_K, 0.045},   {Format::IQ4_NL, 0.094}, {Format::IQ4_XS, 0.094},
+        {Format::BF16, 0.0021}};
+    std::vector<Codec> out;
+    for (const FormatTraits& t : format_table()) {
+      std::string upper = t.name;
+      for (char& ch : upper) ch = char(std::toupper(uint8_t(ch)));
+      const auto bound = bounds.find(t.format);
+      out.push_back({upper, int(t.format), ggml_to_float(t), t.block_elems, t.block_bytes, t.quantize_row,
+                     t.dequantize_row, t.dequantize_row_f64, bound == bounds.end() ? 0.0 : bound->second});
+    }
+    return out;
+  }();
   return codecs;
 }
 
@@ -151,25 +111,6 @@ std::vector<double> dequantize_f64(const Codec& c, const std::vector<uint8_t>& b
   return y;
 }
 
-uint32_t bits_of(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
-float float_of(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof f);
-  return f;
-}
-
-std::vector<float> normal_values(size_t n, uint32_t seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, sigma);
-  std::vector<float> x(n);
-  for (float& v : x) v = normal(rng);
-  return x;
-}
-
 double rel_rms_error(const std::vector<float>& x, const std::vector<float>& y) {
   double err = 0, ref = 0;
   for (size_t i = 0; i < x.size(); i++) {
@@ -179,14 +120,7 @@ double rel_rms_error(const std::vector<float>& x, const std::vector<float>& y) {
   return std::sqrt(err / ref);
 }
 
-std::string shape_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ShapeError& e) {
-    return e.what();
-  }
-  return "(no ShapeError thrown)";
-}
+constexpr auto& shape_error = test::error_of<ShapeError>;
 
 std::string hex(const uint8_t* p, size_t n) {
   std::ostringstream s;
@@ -204,7 +138,7 @@ class QuantFormat : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(QuantFormat, RoundTripOfNormalDataIsWithinTheFormatsBound) {
-  const std::vector<float> x = normal_values(16 * 1024, 7);
+  const std::vector<float> x = normal_floats(16 * 1024, 7);
   const std::vector<float> y = dequantize(c(), quantize(c(), x));
   const double e = rel_rms_error(x, y);
   EXPECT_LT(e, c().max_rel_rms) << c().name;
@@ -225,7 +159,7 @@ TEST_P(QuantFormat, ZerosRoundTripToZeros) {
 // format measures under 0.05%); the block's other weights are then coarse, but within a tenth of the outlier (half
 // a 2-bit step would be 17).
 TEST_P(QuantFormat, BlockWithOneHugeOutlierKeepsTheOutlier) {
-  std::vector<float> x = normal_values(512, 11);
+  std::vector<float> x = normal_floats(512, 11);
   const size_t at = 300;
   x[at] = 100.0f;
   const std::vector<float> y = dequantize(c(), quantize(c(), x));
@@ -259,7 +193,7 @@ TEST_P(QuantFormat, PartialBlocksAreRejectedWithActionableMessages) {
 // integers and an f16) or rounds once (Q4_1, Q5_1, Q2_K, Q5_K: an exact product plus or minus an exact offset),
 // so it is the exact (double) value rounded to float.
 TEST_P(QuantFormat, FloatDequantisationIsTheExactValueRoundedOnce) {
-  std::vector<float> x = normal_values(4096, 5);
+  std::vector<float> x = normal_floats(4096, 5);
   for (size_t i = 0; i < x.size(); i += 97) x[i] *= 30.0f;
   for (size_t i = 1024; i < 1536; i++) x[i] = std::fabs(x[i]) + 2.0f;  // positive blocks: large mins
   const std::vector<uint8_t> q = quantize(c(), x);
@@ -267,7 +201,7 @@ TEST_P(QuantFormat, FloatDequantisationIsTheExactValueRoundedOnce) {
   const std::vector<double> yd = dequantize_f64(c(), q);
   int mismatches = 0;
   for (size_t i = 0; i < x.size(); i++) {
-    if (bits_of(yf[i]) != bits_of(float(yd[i])) && mismatches++ < 5)
+    if (std::bit_cast<uint32_t>(yf[i]) != std::bit_cast<uint32_t>(float(yd[i])) && mismatches++ < 5)
       ADD_FAILURE() << c().name << " weight " << i << ": float " << yf[i] << ", double " << yd[i];
   }
   EXPECT_EQ(mismatches, 0);
@@ -346,12 +280,12 @@ TEST(BF16, KnownValuesConvertBothWays) {
   EXPECT_EQ(f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3F81);
   EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::max()), 0x7F80);  // rounds up to inf
   EXPECT_EQ(f32_to_bf16(INFINITY), 0x7F80);
-  EXPECT_EQ(f32_to_bf16(float_of(0x7F800001)), 0x7FC0);  // a signalling NaN comes out quiet, not inf
-  EXPECT_EQ(f32_to_bf16(float_of(0xFFC12345)), 0xFFC1);
-  EXPECT_EQ(f32_to_bf16(float_of(0x00018000)), 0x0002);  // subnormals round too (not flushed): tie to even
-  EXPECT_EQ(f32_to_bf16(float_of(0x00008000)), 0x0000);
+  EXPECT_EQ(f32_to_bf16(std::bit_cast<float>(0x7F800001u)), 0x7FC0);  // a signalling NaN comes out quiet, not inf
+  EXPECT_EQ(f32_to_bf16(std::bit_cast<float>(0xFFC12345u)), 0xFFC1);
+  EXPECT_EQ(f32_to_bf16(std::bit_cast<float>(0x00018000u)), 0x0002);  // subnormals round too (not flushed): tie to even
+  EXPECT_EQ(f32_to_bf16(std::bit_cast<float>(0x00008000u)), 0x0000);
   for (uint32_t h : {0x0000u, 0x3F80u, 0xC2F7u, 0x0001u, 0x7F80u, 0xFF80u, 0x7F7Fu})
-    EXPECT_EQ(bits_of(bf16_to_f32(uint16_t(h))), h << 16) << h;
+    EXPECT_EQ(std::bit_cast<uint32_t>(bf16_to_f32(uint16_t(h))), h << 16) << h;
   // Every bf16 that is not a NaN survives the round trip.
   for (uint32_t h = 0; h < 0x10000; h++) {
     if ((h & 0x7FFF) > 0x7F80) continue;
@@ -469,11 +403,11 @@ std::vector<Input> awkward_inputs() {
   auto add = [&](std::string name, int64_t nrows, int64_t n_per_row, std::vector<float> x) {
     in.push_back({std::move(name), nrows, n_per_row, std::move(x)});
   };
-  add("normal 3x256", 3, 256, normal_values(3 * 256, 101));
-  add("normal 4x1024", 4, 1024, normal_values(4 * 1024, 102));
-  add("normal 2x4096", 2, 4096, normal_values(2 * 4096, 103, 0.02f));
+  add("normal 3x256", 3, 256, normal_floats(3 * 256, 101));
+  add("normal 4x1024", 4, 1024, normal_floats(4 * 1024, 102));
+  add("normal 2x4096", 2, 4096, normal_floats(2 * 4096, 103, 0.02f));
   {
-    std::vector<float> x = normal_values(3 * 1024, 104);
+    std::vector<float> x = normal_floats(3 * 1024, 104);
     for (size_t i = 0; i < x.size(); i += 37) x[i] *= 50.0f;
     x[100] = 1e4f;
     x[1500] = -3e3f;
@@ -483,7 +417,7 @@ std::vector<Input> awkward_inputs() {
   {
     // 16-weight groups at scales from well below to well above 1e-15, and f16-subnormal scales.
     const float scales[] = {1e-17f, 1e-16f, 4e-16f, 9e-16f, 1e-15f, 1.1e-15f, 3e-15f, 1e-14f, 1e-10f, 1e-7f, 3e-6f};
-    std::vector<float> x = normal_values(2 * 1024, 105);
+    std::vector<float> x = normal_floats(2 * 1024, 105);
     for (size_t i = 0; i < x.size(); i++) x[i] *= scales[(i / 16) % std::size(scales)];
     add("tiny 2x1024", 2, 1024, std::move(x));
   }
@@ -496,17 +430,17 @@ std::vector<Input> awkward_inputs() {
   add("all equal -0.25 1x512", 1, 512, std::vector<float>(512, -0.25f));
   add("all equal 3 1x256", 1, 256, std::vector<float>(256, 3.0f));
   {
-    std::vector<float> x = normal_values(3 * 512, 106);
+    std::vector<float> x = normal_floats(3 * 512, 106);
     for (float& v : x) v = -std::fabs(v) - 0.05f;
     add("all negative 3x512", 3, 512, std::move(x));
   }
   {
-    std::vector<float> x = normal_values(2 * 512, 107);
+    std::vector<float> x = normal_floats(2 * 512, 107);
     for (float& v : x) v = std::fabs(v) + 0.3f;
     add("all positive 2x512", 2, 512, std::move(x));
   }
   {
-    std::vector<float> x = normal_values(2 * 2048, 108);
+    std::vector<float> x = normal_floats(2 * 2048, 108);
     for (size_t i = 0; i < x.size(); i++) {
       const size_t block = i / 32, sub = i / 16;
       if (block % 3 == 0 || sub % 11 == 5) x[i] = 0.0f;
@@ -522,7 +456,7 @@ std::vector<Input> awkward_inputs() {
     add("sparse 2x1024", 2, 1024, std::move(x));
   }
   {
-    std::vector<float> x = normal_values(4 * 512, 110);
+    std::vector<float> x = normal_floats(4 * 512, 110);
     const float row_scale[] = {1e-3f, 1.0f, 2e3f, 1e-6f};
     for (size_t i = 0; i < x.size(); i++) x[i] *= row_scale[i / 512];
     add("row scales 4x512", 4, 512, std::move(x));
@@ -552,8 +486,9 @@ std::vector<Input> awkward_inputs() {
 Input special_values() {
   std::vector<float> x = {0.0f,          -0.0f,         1.0f,           -1.0f,          65504.0f,      65519.0f,
                           65520.0f,      -70000.0f,     INFINITY,       -INFINITY,      0x1p-24f,      0x1p-25f,
-                          3 * 0x1p-25f,  1e-30f,        1e-40f,         -1e-42f,        float_of(0x00018000),
-                          float_of(0x3F808000),         float_of(0x3F818000),           3.4e38f,       -3.4e38f,
+                          3 * 0x1p-25f,  1e-30f,        1e-40f,         -1e-42f,
+                          std::bit_cast<float>(0x00018000u), std::bit_cast<float>(0x3F808000u),
+                          std::bit_cast<float>(0x3F818000u), 3.4e38f,       -3.4e38f,
                           std::numeric_limits<float>::quiet_NaN(),      -std::numeric_limits<float>::quiet_NaN(),
                           1.0f + 0x1p-11f,              1.0f + 3 * 0x1p-11f,            0.1f,          -0.3f};
   x.resize(256, 0.25f);
@@ -564,7 +499,7 @@ Input special_values() {
 // dequantizer to turn llama.cpp's bytes into llama.cpp's floats bit for bit.
 void expect_agreement(const Codec& c, const Input& in) {
   const Ggml& g = ggml();
-  const auto to_float = reinterpret_cast<ToFloat>(dlsym(g.handle, c.ggml_to_float));
+  const auto to_float = reinterpret_cast<ToFloat>(dlsym(g.handle, c.ggml_to_float.c_str()));
   ASSERT_NE(to_float, nullptr) << g.path << " has no " << c.ggml_to_float;
   const int64_t n = in.nrows * in.n_per_row;
   const size_t row_bytes = size_t(in.n_per_row / c.block_elems * c.block_bytes);
@@ -601,7 +536,7 @@ void expect_agreement(const Codec& c, const Input& in) {
   c.dequantize(y_ours.data(), theirs.data(), n);
   size_t diff = 0, first_diff = SIZE_MAX;
   for (size_t i = 0; i < size_t(n); i++) {
-    if (bits_of(y_ours[i]) == bits_of(y_theirs[i])) continue;
+    if (std::bit_cast<uint32_t>(y_ours[i]) == std::bit_cast<uint32_t>(y_theirs[i])) continue;
     if (first_diff == SIZE_MAX) first_diff = i;
     diff++;
   }
@@ -644,7 +579,7 @@ TEST_F(QuantVsLlamaCpp, F16) { agree("F16"); }
 // Many more random blocks than the named inputs, for the formats whose searches have the most float comparisons
 // that could tip differently: normal data at several scales, 64 rows of 4096.
 TEST_F(QuantVsLlamaCpp, ManyRandomBlocksOfTheSearchingFormats) {
-  std::vector<float> x = normal_values(64 * 4096, 2024);
+  std::vector<float> x = normal_floats(64 * 4096, 2024);
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> log_scale(-6.0f, 3.0f);
   for (size_t b = 0; b < x.size() / 256; b++) {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,8 @@
 #include <map>
 #include <regex>
 #include <sstream>
+
+#include "scratch_dir.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -44,14 +47,6 @@ std::vector<std::string> lines_of(const std::string& text) {
 
 class RunLogTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string templ = testing::TempDir() + "/q4t_runlog_XXXXXX";
-    ASSERT_NE(mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
-    metrics_ = dir_ + "/metrics.jsonl";
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Steps 1..n of train lines, with an eval line after every 5th step.
   void log_steps(MetricsLog& log, int64_t first, int64_t last) {
     for (int64_t s = first; s <= last; ++s) {
@@ -60,7 +55,8 @@ class RunLogTest : public ::testing::Test {
     }
   }
 
-  std::string dir_, metrics_;
+  const q4t::test::TempDir tmp_{"q4t_runlog_"};
+  const std::string dir_ = tmp_.path(), metrics_ = dir_ + "/metrics.jsonl";
 };
 
 // ---- metrics.jsonl ----
@@ -697,7 +693,7 @@ struct DecodedEvent {
 DecodedEvent decode_event(const std::string& data) {
   DecodedEvent e;
   for (const ProtoField& f : read_proto(data)) {
-    if (f.number == 1) std::memcpy(&e.wall_time, &f.scalar, 8);
+    if (f.number == 1) e.wall_time = std::bit_cast<double>(f.scalar);
     if (f.number == 2) e.step = int64_t(f.scalar);
     if (f.number == 3) e.file_version = f.bytes;
     if (f.number == 7) e.session_status = int64_t(read_proto(f.bytes).at(0).scalar);
@@ -709,7 +705,7 @@ DecodedEvent decode_event(const std::string& data) {
       for (const ProtoField& vf : read_proto(value.bytes)) {
         if (vf.number == 1) tag = vf.bytes;
         const auto bits = uint32_t(vf.scalar);
-        if (vf.number == 2) std::memcpy(&v, &bits, 4);
+        if (vf.number == 2) v = std::bit_cast<float>(bits);
       }
       e.scalars[tag] = v;
     }

@@ -296,3 +296,19 @@ TEST(BpeDefault, IsWhatAFileWithoutPreTokenizerKeyGets) {
   EXPECT_EQ(t->encode("it's 1234"), make("gpt2", vocab, {"' s"}, "default")->encode("it's 1234"));
   EXPECT_EQ(t->encode("it's"), (Ids{'i', 't', '\'', 's'}));
 }
+
+// A vocabulary may mark as a byte token a text that names no byte; decoding it is a tokenizer error that names
+// the token, not a number-parsing exception.
+TEST(Spm, AByteTokenThatNamesNoByteIsAnErrorNamingTheToken) {
+  auto t = make("llama", spm_vocab({{"<0xZZ>", 6}, {"<0x4G>", 6}, {"<0x41)", 6}}));
+  EXPECT_EQ(t->decode(Ids{byte_id('A')}), "A");
+  for (int32_t id : {kSpmExtra, kSpmExtra + 1, kSpmExtra + 2}) {
+    try {
+      t->decode(Ids{id});
+      ADD_FAILURE() << "no error for token " << id;
+    } catch (const TokenizerError& e) {
+      EXPECT_EQ(std::string(e.what()), "token " + std::to_string(id) + " '" + t->token_text(id) +
+                                           "' is a byte token, but its text is not <0x00>..<0xFF>");
+    }
+  }
+}

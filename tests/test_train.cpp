@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "autograd/backend.h"
+#include "shell.h"
 #include "data/dataset.h"
 #include "kernels/vulkan/device.h"
 #include "train/commands.h"
@@ -238,17 +239,24 @@ void check_accumulation(ag::Backend& be, const std::string& label) {
   fs::remove_all(dir);
 }
 
-TEST(GradAccumulation, MicroBatchesGiveTheGradientsOfOneBatchCpu) {
-  auto be = ag::Backend::cpu();
-  check_accumulation(*be, "cpu");
-}
+// The checks that run on each backend: the CPU, and Vulkan where the machine has a device.
+class EachBackend : public ::testing::TestWithParam<std::string> {
+ protected:
+  // check(backend, label) on this instance's backend; skipped without a Vulkan device.
+  void on_backend(void (*check)(ag::Backend&, const std::string&)) {
+    if (GetParam() == "cpu") {
+      auto be = ag::Backend::cpu();
+      check(*be, "cpu");
+      return;
+    }
+    if (vk::Device::list().empty()) GTEST_SKIP() << "no Vulkan device";
+    auto dev = vk::Device::open({-1, true});
+    auto be = ag::Backend::vulkan(*dev);
+    check(*be, dev->name());
+  }
+};
 
-TEST(GradAccumulation, MicroBatchesGiveTheGradientsOfOneBatchVulkan) {
-  if (vk::Device::list().empty()) GTEST_SKIP() << "no Vulkan device";
-  auto dev = vk::Device::open({-1, true});
-  auto be = ag::Backend::vulkan(*dev);
-  check_accumulation(*be, dev->name());
-}
+TEST_P(EachBackend, MicroBatchesGiveTheGradientsOfOneBatch) { on_backend(check_accumulation); }
 
 // ---------------------------------------------------------------------------------------------------------------
 // The memory plan changes where tensors live, never a result: with every tensor in memory of its own, with the
@@ -284,17 +292,10 @@ void check_memory_modes(ag::Backend& be, const std::string& label) {
   fs::remove_all(dir);
 }
 
-TEST(MemoryPlan, PlannedAndRecomputedStepsGiveIdenticalGradientsInLessMemoryCpu) {
-  auto be = ag::Backend::cpu();
-  check_memory_modes(*be, "cpu");
-}
+TEST_P(EachBackend, PlannedAndRecomputedStepsGiveIdenticalGradientsInLessMemory) { on_backend(check_memory_modes); }
 
-TEST(MemoryPlan, PlannedAndRecomputedStepsGiveIdenticalGradientsInLessMemoryVulkan) {
-  if (vk::Device::list().empty()) GTEST_SKIP() << "no Vulkan device";
-  auto dev = vk::Device::open({-1, true});
-  auto be = ag::Backend::vulkan(*dev);
-  check_memory_modes(*be, dev->name());
-}
+INSTANTIATE_TEST_SUITE_P(Backends, EachBackend, ::testing::Values("cpu", "vulkan"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // ---------------------------------------------------------------------------------------------------------------
 // Exact resume: killed (SIGKILL) at three points and resumed, the run ends with the same bytes as a straight run.
@@ -316,26 +317,43 @@ int64_t last_logged_step(const fs::path& metrics) {
   return last;
 }
 
-TEST(Resume, KilledThreeTimesEndsWithTheBytesOfAStraightRun) {
-  const fs::path dir = temp_dir("resume");
-  const fs::path model = make_model(dir, 128, 2);
-  const Result straight = run(resume_args(model, dir / "straight"), dir, "straight");
-  ASSERT_EQ(straight.code, 0) << straight.err;
+// Waits until the run c has logged step `step` into out/metrics.jsonl, for at most two minutes; false, with a
+// failure, when the run ended before.
+bool wait_until_logged(const Child& c, const fs::path& out, int64_t step) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (last_logged_step(out / "metrics.jsonl") < step && std::chrono::steady_clock::now() < deadline) {
+    int status;
+    if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      ADD_FAILURE() << "the run ended before step " << step << ": " << read_file(c.err);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  return true;
+}
 
+// A model and a straight run of resume_args in dir/straight, whose bytes an interrupted and resumed run must end
+// with.
+class Resume : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const Result straight = run(resume_args(model, dir / "straight"), dir, "straight");
+    ASSERT_EQ(straight.code, 0) << straight.err;
+  }
+  const fs::path dir = temp_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  const fs::path model = make_model(dir, 128, 2);
+};
+
+TEST_F(Resume, KilledThreeTimesEndsWithTheBytesOfAStraightRun) {
   const fs::path out = dir / "killed";
   int kills = 0;
   for (int64_t kill_after : {5, 16, 27}) {
     std::vector<std::string> args = resume_args(model, out);
     if (kills > 0) args.push_back("--resume");
     const Child c = spawn(args, dir, "killed" + std::to_string(kills));
-    // Wait until the run has logged step kill_after, then kill it wherever it is (inside a step, an eval or a
-    // checkpoint write).
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (last_logged_step(out / "metrics.jsonl") < kill_after && std::chrono::steady_clock::now() < deadline) {
-      int status;
-      if (waitpid(c.pid, &status, WNOHANG) == c.pid) FAIL() << "the run ended before step " << kill_after << ": " << read_file(c.err);
-      std::this_thread::sleep_for(std::chrono::microseconds(500));
-    }
+    // Once the run has logged step kill_after, kill it wherever it is (inside a step, an eval or a checkpoint
+    // write).
+    if (!wait_until_logged(c, out, kill_after)) return;
     kill(c.pid, SIGKILL);
     const Result r = wait_for(c);
     ASSERT_EQ(r.code, -SIGKILL) << "not killed at step " << kill_after << ": " << r.err;
@@ -387,18 +405,10 @@ TEST(Resume, KilledThreeTimesEndsWithTheBytesOfAStraightRun) {
 
 // Ctrl-C (SIGINT): the run saves a checkpoint of the step it finished, says how to continue and exits 130;
 // --resume DIR then ends with the bytes of a straight run.
-TEST(Resume, InterruptSavesACheckpointThenResumeFinishes) {
-  const fs::path dir = temp_dir("interrupt");
-  const fs::path model = make_model(dir, 128, 2);
-  const Result straight = run(resume_args(model, dir / "straight"), dir, "straight");
-  ASSERT_EQ(straight.code, 0) << straight.err;
+TEST_F(Resume, InterruptSavesACheckpointThenResumeFinishes) {
   const fs::path out = dir / "interrupted";
   const Child c = spawn(resume_args(model, out), dir, "interrupted");
-  while (last_logged_step(out / "metrics.jsonl") < 8) {
-    int status;
-    if (waitpid(c.pid, &status, WNOHANG) == c.pid) FAIL() << "the run ended before step 8: " << read_file(c.err);
-    std::this_thread::sleep_for(std::chrono::microseconds(500));
-  }
+  if (!wait_until_logged(c, out, 8)) return;
   kill(c.pid, SIGINT);
   const Result r = wait_for(c);
   ASSERT_EQ(r.code, 130) << r.err;
@@ -443,6 +453,14 @@ class TrainErrors : public ::testing::Test {
   std::vector<std::string> base() {
     return {"--model", model.string(), "--data", kDemoData, "--out", (dir / "out").string(), "--device", "cpu"};
   }
+  // expect_error for the base options and then `more`.
+  void expect_error_with(const std::vector<std::string>& more, const std::vector<std::string>& want) {
+    std::vector<std::string> a = base();
+    a.insert(a.end(), more.begin(), more.end());
+    expect_error(a, want);
+  }
+  // The options of a config file c.toml holding `text`.
+  std::vector<std::string> config(const std::string& text) { return {"--config", write("c.toml", text).string()}; }
   fs::path write(const std::string& name, const std::string& text) {
     std::ofstream(dir / name) << text;
     return dir / name;
@@ -451,37 +469,22 @@ class TrainErrors : public ::testing::Test {
 };
 
 TEST_F(TrainErrors, UnknownConfigKey) {
-  const fs::path c = write("c.toml", "lora-rank = 8\nlearning-rate = 0.1\n");
-  auto a = base();
-  a.insert(a.end(), {"--config", c.string()});
-  expect_error(a, {"c.toml:2:1: unknown key 'learning-rate'"});
+  expect_error_with(config("lora-rank = 8\nlearning-rate = 0.1\n"), {"c.toml:2:1: unknown key 'learning-rate'"});
 }
 
 TEST_F(TrainErrors, WrongTypeInConfig) {
-  const fs::path c = write("c.toml", "lora-rank = \"eight\"\n");
-  auto a = base();
-  a.insert(a.end(), {"--config", c.string()});
-  expect_error(a, {"c.toml:1:13: 'lora-rank' wants an integer, not the string \"eight\""});
+  expect_error_with(config("lora-rank = \"eight\"\n"),
+                    {"c.toml:1:13: 'lora-rank' wants an integer, not the string \"eight\""});
 }
 
 TEST_F(TrainErrors, FlagGivenANumberInConfig) {
-  const fs::path c = write("c.toml", "pack = 3\n");
-  auto a = base();
-  a.insert(a.end(), {"--config", c.string()});
-  expect_error(a, {"c.toml:1:8: 'pack' wants true or false, not the integer 3"});
+  expect_error_with(config("pack = 3\n"), {"c.toml:1:8: 'pack' wants true or false, not the integer 3"});
 }
 
-TEST_F(TrainErrors, RankZero) {
-  auto a = base();
-  a.insert(a.end(), {"--lora-rank", "0"});
-  expect_error(a, {"--lora-rank", "0"});
-}
+TEST_F(TrainErrors, RankZero) { expect_error_with({"--lora-rank", "0"}, {"--lora-rank", "0"}); }
 
 TEST_F(TrainErrors, RankZeroInConfig) {
-  const fs::path c = write("c.toml", "lora-rank = 0\n");
-  auto a = base();
-  a.insert(a.end(), {"--config", c.string()});
-  expect_error(a, {"c.toml:1:13: 'lora-rank': ", "65536"});
+  expect_error_with(config("lora-rank = 0\n"), {"c.toml:1:13: 'lora-rank': ", "65536"});
 }
 
 TEST_F(TrainErrors, MissingModelFile) {
@@ -490,27 +493,20 @@ TEST_F(TrainErrors, MissingModelFile) {
 }
 
 TEST_F(TrainErrors, MissingConfigFile) {
-  auto a = base();
-  a.insert(a.end(), {"--config", (dir / "none.toml").string()});
-  expect_error(a, {"none.toml: no such config file"});
+  expect_error_with({"--config", (dir / "none.toml").string()}, {"none.toml: no such config file"});
 }
 
 TEST_F(TrainErrors, KeepFfnLayersWithoutGradCheckpoint) {
-  auto a = base();
-  a.insert(a.end(), {"--keep-ffn-layers", "1"});
-  expect_error(a, {"--keep-ffn-layers", "only with --grad-checkpoint"});
+  expect_error_with({"--keep-ffn-layers", "1"}, {"--keep-ffn-layers", "only with --grad-checkpoint"});
 }
 
 TEST_F(TrainErrors, KeepFfnLayersBeyondTheModel) {
-  auto a = base();
-  a.insert(a.end(), {"--grad-checkpoint", "--keep-ffn-layers", "2"});
-  expect_error(a, {"--keep-ffn-layers", "2 exceeds the model's layer count (1)"});
+  expect_error_with({"--grad-checkpoint", "--keep-ffn-layers", "2"},
+                    {"--keep-ffn-layers", "2 exceeds the model's layer count (1)"});
 }
 
 TEST_F(TrainErrors, UnknownLoraTarget) {
-  auto a = base();
-  a.insert(a.end(), {"--lora-targets", "q,v,attn"});
-  expect_error(a, {"--lora-targets", "attn"});
+  expect_error_with({"--lora-targets", "q,v,attn"}, {"--lora-targets", "attn"});
 }
 
 TEST_F(TrainErrors, OutputDirectoryUnderAFile) {
@@ -629,6 +625,41 @@ TEST(Demo, EmbeddedDefaultLearnsARuleThatHoldsOnHeldOutPrompts) {
   EXPECT_GE(right, 3) << r.out;
   EXPECT_EQ(base_right, 0) << r.out;
   fs::remove_all(dir);
+}
+
+// A sample prompt longer than the samples' context is an option error before the first step, not a failure
+// after the last one.
+TEST_F(TrainErrors, SamplePromptLongerThanTheContextIsRefusedBeforeTraining) {
+  auto a = base();
+  a.insert(a.begin(), "train");
+  a.insert(a.end(), {"--steps", "2", "--seq-len", "64", "--sample-prompt", "hi", "--sample-prompt",
+                     std::string(600, 'x')});
+  const Result r = run(a, dir, "long-prompt");
+  EXPECT_NE(r.code, 0);
+  const auto l = lines_of(r.err);
+  ASSERT_EQ(l.size(), 1u) << r.err;
+  EXPECT_EQ(l[0], "q4tune: error: --sample-prompt: prompt 2 ('" + std::string(40, 'x') +
+                      "...') is 602 tokens, more than the samples' context of 511 prompt tokens");
+  EXPECT_EQ(r.out.find("step "), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "out" / "metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(dir / "out" / "checkpoints"));
+}
+
+// A full disk is named as such, and the write probe does not stay behind. The disk fills for the probe's
+// write only (strace's fault injection on that path).
+TEST_F(TrainErrors, AFullDiskIsSaidSoAndLeavesNoProbe) {
+  const fs::path out = dir / "out";
+  fs::create_directories(out);
+  std::string cmd = "strace -f -qq -o /dev/null -P " + test::quoted(out / ".q4tune-write-probe") +
+                    " -e inject=write:error=ENOSPC " + test::quoted(Q4TUNE_BIN) + " train";
+  for (const std::string& arg : base()) cmd += " " + test::quoted(arg);
+  const test::CmdResult r = test::run_shell(cmd);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("q4tune: error: --out: cannot write in directory '" + out.string() +
+                       "': No space left on device"),
+            std::string::npos)
+      << r.out;
+  EXPECT_TRUE(fs::is_empty(out)) << "something was left in " << out;
 }
 
 }  // namespace

@@ -18,7 +18,6 @@
 #include "kernels/shapes.h"
 #include "kernels/vulkan/linear_kernels.h"
 #include "kernels/vulkan/pipeline.h"
-#include "kernels/vulkan/shaders.h"
 
 namespace q4t {
 namespace {
@@ -901,20 +900,6 @@ TEST_F(VulkanKernels, AnIndependentGroupRunsBetweenOrderedCommands) {
   const std::vector<float> y_ref_f(y_ref.begin(), y_ref.end());
   const auto dx_ref = ref::frozen_dx(f, w_host.data(), y_ref_f.data(), nullptr, 1, n_out, n_in, 0, n_out);
   EXPECT_LE(ref::max_rel_error(dx.download_as<float>(n_in).data(), dx_ref), kBound);
-}
-
-// Which bindings a shader writes, from its SPIR-V: writeonly and read-write buffers count, readonly ones do not,
-// also where two readonly views share a binding (the coop GEMM's A).
-TEST(SpirvReflection, FindsTheBindingsAShaderWrites) {
-  const auto& table = vk::shader_table();
-  EXPECT_EQ(vk::spirv_written_bindings(table.at("copy"), 2), (std::vector<bool>{true, false}));
-  EXPECT_EQ(vk::spirv_written_bindings(table.at("q4_0_dx_reduce"), 2), (std::vector<bool>{true, false}));
-  EXPECT_EQ(vk::spirv_written_bindings(table.at("q4_0_gemm_coop"), 5),
-            (std::vector<bool>{true, false, false, false, false}));
-  // Bindings past the ones asked for are left out; a module that is not SPIR-V is an error.
-  EXPECT_EQ(vk::spirv_written_bindings(table.at("copy"), 1), (std::vector<bool>{true}));
-  const std::vector<uint32_t> junk{1, 2, 3, 4, 5, 6};
-  EXPECT_THROW(vk::spirv_written_bindings(junk, 2), vk::DeviceError);
 }
 
 // Commands run in levels, a barrier between levels: a command goes one level past the last command before it that

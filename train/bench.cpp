@@ -3,12 +3,15 @@
 // GEMV/dx report GB/s of the bytes they must move (weights + activations) and the fraction of the copy's
 // GB/s; GEMMs report TFLOPS. On a GPU, weights rotate through enough copies to exceed the last-level cache,
 // so the numbers are from DRAM, not cache.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <random>
@@ -24,6 +27,7 @@
 #include "kernels/quant/q8_0.h"
 #include "kernels/shapes.h"
 #include "kernels/vulkan/linear_kernels.h"
+#include "train/cli_common.h"
 #include "train/commands.h"
 #include "train/device_choice.h"
 
@@ -551,6 +555,40 @@ int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& ou
   }
   json.write(rows);
   return 0;
+}
+
+Command add_bench(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  auto* cmd = app.add_subcommand("bench",
+                                 "Benchmark the copy roofline and the Q4_0 kernels (GEMV, GEMM at --tokens, dx at "
+                                 "T=1 and at --tokens) on model-sized shapes");
+  const auto dev = add_device_flags(cmd, /*with_precision=*/false);
+  cmd->add_option("--kernels", o->kernels, "comma-separated subset of copy,q4_0_gemv,q4_0_gemm,q4_0_dx (the default set) and "
+                  "<format>_gemv, <format>_gemm, <format>_dx for every other format (" + format_list() + "); "
+                  "f16_coop_gemm (the plain f16 tensor-core GEMM: the ceiling each product at --tokens is compared "
+                  "with); lora_hs, lora_y, lora_dh, lora_db, lora_da, lora_dxa (a rank-16 adapter's products); <format>_mixed_gemm, <format>_mixed_dx (each tile decoded in the GEMM) and "
+                  "<format>_decoded_gemm, <format>_decoded_dx (W decoded to f16 first), f16_coop_gemm and the "
+                  "<format>_mixed_* kernels with a tile suffix " + mixed_tile_suffixes() + " (Vulkan only)")
+      ->delimiter(',');
+  cmd->add_option_function<std::string>(
+         "--precision", [o](const std::string& v) { o->precision = parse_precision(v, "--precision"); },
+         "f32 or mixed: the numerics of the gemm and dx kernels at --tokens (default f32)");
+  cmd->add_option("--shapes", o->shapes,
+                  "comma-separated N_OUTxN_IN shapes (default 4096x4096,4096x14336,14336x4096,16384x16384)")
+      ->delimiter(',');
+  cmd->add_option("--json", o->json_path, "also write the results as a JSON array to this file");
+  cmd->add_option("--tokens", o->tokens, "tokens (T) of the GEMM and dx cases")->capture_default_str();
+  cmd->add_option("--seconds", o->seconds_per_case, "time budget per case")
+      ->check(CLI::Range(0.01, 60.0))
+      ->capture_default_str();
+  set_examples(cmd, "  q4tune bench --kernels copy,q4_k_gemv,q4_k_gemm --shapes 4096x4096 --precision mixed");
+  const Command train = add_bench_train(*cmd);
+  return {cmd, [o, dev, train] {
+            if (!*train.cmd) return run_bench(dev->open(), *o, std::cout);
+            if (!o->kernels.empty() || !o->shapes.empty() || !o->json_path.empty())
+              throw std::invalid_argument("bench train: give its options after `train` (--kernels and --shapes belong to the kernel bench)");
+            return train.run();
+          }};
 }
 
 }  // namespace q4t

@@ -1,11 +1,14 @@
 // q4tune bench train: full LoRA training steps (forward, backward, gradient clip, AdamW) on a random model of a
 // named shape made in memory (--type: its weights), timed after warm-up; tokens/s and peak memory per batch size.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <map>
 #include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <random>
@@ -13,6 +16,7 @@
 
 #include "autograd/optim.h"
 #include "kernels/cpu/threads.h"
+#include "train/cli_common.h"
 #include "train/commands.h"
 #include "train/device_choice.h"
 #include "train/loss_graph.h"
@@ -206,6 +210,38 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
   }
   json.write(rows);
   return 0;
+}
+
+Command add_bench_train(CLI::App& bench) {
+  auto o = std::make_shared<BenchTrainOptions>();
+  auto* cmd = bench.add_subcommand(
+      "train",
+      "Time full LoRA training steps (forward, backward, clip, AdamW) on a random model of a named shape made in "
+      "memory (Q4_0 weights unless --type says otherwise): tokens/s and peak memory per batch size");
+  const auto dev = add_device_flags(cmd, /*with_precision=*/true);
+  cmd->add_option("--type", o->type,
+                  "the random model's weights: q4_0, q8_0 or f16 (every matrix), or q4_k_m (llama-quantize's "
+                  "Q4_K_M mix: Q4_K, with Q6_K for the output matrix and attn_v/ffn_down of some layers)")
+      ->check(CLI::IsMember({"q4_0", "q4_k_m", "q8_0", "f16"}))
+      ->capture_default_str();
+  cmd->add_option("--shape", o->shape, "small (dim 512, 8 layers), tinyllama-1.1b or llama-7b")->capture_default_str();
+  cmd->add_option("--seq-len", o->seq_len, "tokens per row")->capture_default_str();
+  cmd->add_option("--batch-sizes", o->batch_sizes, "comma-separated batch sizes, each timed on its own (default 1,4)")
+      ->delimiter(',');
+  cmd->add_option("--steps", o->steps, "timed steps per batch size")->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "untimed steps before them")->capture_default_str();
+  cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank on all seven targets (alpha = 2 * rank)")->capture_default_str();
+  cmd->add_flag("--profile", o->profile, "Vulkan: also print the GPU time per op (forward and backward) of the timed steps");
+  cmd->add_flag("--grad-checkpoint", o->grad_checkpoint,
+                "keep each layer's output, attention inputs and output and residual from the forward and "
+                "recompute the ffn's activations in the backward");
+  cmd->add_option("--keep-ffn-layers", o->keep_ffn_layers,
+                  "with --grad-checkpoint: the last N layers keep their ffn gate and up outputs instead of "
+                  "recomputing them")
+      ->capture_default_str();
+  cmd->add_option("--json", o->json_path, "also write the results as a JSON array to this file");
+  set_examples(cmd, "  q4tune bench train --shape tinyllama-1.1b --type q4_k_m --batch-sizes 1,4 --grad-checkpoint");
+  return {cmd, [o, dev] { return run_bench_train(dev->open(), *o, std::cout); }};
 }
 
 }  // namespace q4t

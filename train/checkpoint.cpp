@@ -14,8 +14,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 
+#include "data/checksum.h"
 #include "data/splitmix.h"
 
 namespace q4t {
@@ -29,60 +31,34 @@ static_assert(std::endian::native == std::endian::little, "checkpoint files are 
 
 constexpr const char* kMarker = "complete";
 constexpr const char* kFormat = "q4tune-checkpoint";
-constexpr int kFormatVersion = 1;
+// Version 2 hashes files with XXH3 (data/checksum.h). Version 1, written before, hashed them with checksum_v1
+// below; it is still read, and verified with that hash.
+constexpr int kFormatVersion = 2;
 constexpr char kTensorMagic[8] = {'Q', '4', 'T', 'T', 'E', 'N', 'S', '1'};
 constexpr uint32_t kMaxRank = 8;
 
 std::string sys_error() { return std::strerror(errno); }
 
-// A 64-bit hash of a file's bytes: FNV-style multiply-xor over 8-byte words in four interleaved lanes (so large
-// moment files hash at memory speed), folded with a splitmix64 finalizer. Each step is a bijection of the lane
-// state, so any single changed word, and any change of length, changes the digest. Detects truncation and
-// corruption; it is not a defence against deliberate tampering.
-class Hash64 {
- public:
-  void update(const void* data, size_t n) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    total_ += n;
-    if (buffered_ > 0) {
-      const size_t take = std::min(n, sizeof(buf_) - buffered_);
-      std::memcpy(buf_ + buffered_, p, take);
-      buffered_ += take;
-      p += take;
-      n -= take;
-      if (buffered_ < sizeof(buf_)) return;
-      block(buf_);
-      buffered_ = 0;
-    }
-    for (; n >= sizeof(buf_); p += sizeof(buf_), n -= sizeof(buf_)) block(p);
-    std::memcpy(buf_, p, n);
-    buffered_ = n;
-  }
-
-  uint64_t digest() const {
-    uint64_t tail = kOffset;
-    for (size_t i = 0; i < buffered_; ++i) tail = (tail ^ buf_[i]) * kPrime;
-    uint64_t h = mix64(total_ ^ tail);
-    for (uint64_t lane : lane_) h = mix64(h ^ lane);
-    return h;
-  }
-
- private:
-  static constexpr uint64_t kPrime = 0x100000001b3ULL;
-  static constexpr uint64_t kOffset = 0xcbf29ce484222325ULL;
-  uint64_t lane_[4] = {kOffset, kOffset ^ 1, kOffset ^ 2, kOffset ^ 3};
-  uint8_t buf_[32];
-  size_t buffered_ = 0;
-  uint64_t total_ = 0;
-
-  void block(const uint8_t* p) {
+// The file hash of version 1 checkpoints: FNV-style multiply-xor over 8-byte words in four interleaved lanes, the
+// tail bytes FNV-1a, all folded with the length by splitmix64's finalizer.
+uint64_t checksum_v1(std::string_view bytes) {
+  constexpr uint64_t kPrime = 0x100000001b3ULL;
+  constexpr uint64_t kOffset = 0xcbf29ce484222325ULL;
+  uint64_t lane[4] = {kOffset, kOffset ^ 1, kOffset ^ 2, kOffset ^ 3};
+  size_t at = 0;
+  for (; bytes.size() - at >= 32; at += 32) {
     for (int k = 0; k < 4; ++k) {
       uint64_t w;
-      std::memcpy(&w, p + 8 * k, 8);
-      lane_[k] = std::rotl((lane_[k] ^ w) * kPrime, 29);
+      std::memcpy(&w, bytes.data() + at + 8 * k, 8);
+      lane[k] = std::rotl((lane[k] ^ w) * kPrime, 29);
     }
   }
-};
+  uint64_t tail = kOffset;
+  for (; at < bytes.size(); ++at) tail = (tail ^ uint8_t(bytes[at])) * kPrime;
+  uint64_t h = mix64(bytes.size() ^ tail);
+  for (uint64_t l : lane) h = mix64(h ^ l);
+  return h;
+}
 
 std::string hex64(uint64_t x) {
   char buf[17];
@@ -109,7 +85,7 @@ class SyncedFileWriter {
   SyncedFileWriter& operator=(const SyncedFileWriter&) = delete;
 
   void write(const void* data, size_t n) {
-    hash_.update(data, n);
+    hash_.bytes(data, n);
     bytes_ += n;
     const auto* p = static_cast<const char*>(data);
     if (buf_.size() + n <= kBufBytes) {
@@ -139,7 +115,7 @@ class SyncedFileWriter {
   std::string path_;
   int fd_ = -1;
   std::string buf_;
-  Hash64 hash_;
+  Checksum64 hash_;
   uint64_t bytes_ = 0;
 
   [[noreturn]] void fail(const char* what) const {
@@ -383,8 +359,11 @@ std::vector<std::pair<std::string, std::string>> read_verified(const std::string
   if (!marker.is_object() || marker.value("format", "") != kFormat) {
     throw std::runtime_error(marker_path + ": not a q4tune checkpoint marker");
   }
-  if (json_field<int>(marker, "version", marker_path) != kFormatVersion) {
-    throw std::runtime_error(marker_path + ": unsupported checkpoint version");
+  const int version = json_field<int>(marker, "version", marker_path);
+  if (version < 1 || version > kFormatVersion) {
+    throw std::runtime_error(marker_path + ": checkpoint format version " + std::to_string(version) +
+                             ", but this q4tune reads versions 1 to " + std::to_string(kFormatVersion) +
+                             (version > kFormatVersion ? " (a newer q4tune wrote it)" : ""));
   }
   *step = json_field<int64_t>(marker, "step", marker_path);
   const json files = json_field<json>(marker, "files", marker_path);
@@ -400,9 +379,8 @@ std::vector<std::pair<std::string, std::string>> read_verified(const std::string
       throw std::runtime_error(path + ": " + std::to_string(bytes.size()) + " bytes, the marker says " +
                                std::to_string(want_bytes) + " (truncated or overwritten)");
     }
-    Hash64 h;
-    h.update(bytes.data(), bytes.size());
-    if (hex64(h.digest()) != want_hash) {
+    const uint64_t hash = version == 1 ? checksum_v1(bytes) : checksum64(bytes.data(), bytes.size());
+    if (hex64(hash) != want_hash) {
       throw std::runtime_error(path + ": checksum mismatch (the file is corrupted)");
     }
     out.emplace_back(name, std::move(bytes));

@@ -4,7 +4,8 @@
 //                                   opaque JSON strings, elapsed_s
 //   lora.bin, adam_m.bin, adam_v.bin  tensors: "Q4TTENS1", u64 count, then per tensor u32 name length, name,
 //                                   u32 rank, i64 shape[rank], f32 values (little-endian, row-major)
-//   complete                        written last: JSON listing every file with its size and 64-bit hash
+//   complete                        written last: the format version and, for every file, its size and 64-bit
+//                                   hash (XXH3; checkpoints of format version 1 used an older hash, still read)
 // It is built in a hidden .tmp-step-N-XXXXXX directory (every file fsynced, then the directory) and renamed
 // into place, so a crash or an error never leaves a step-N that is not whole. One trainer owns OUT at a time:
 // a save removes leftover .tmp-/.old- directories of earlier, interrupted saves.

@@ -3,6 +3,9 @@
 #include <CLI/CLI.hpp>
 #include <memory>
 
+#include "kernels/cpu/threads.h"
+#include "train/device_choice.h"
+
 namespace q4t {
 
 void add_model_argument(CLI::App* cmd, std::string& model, const std::string& description, std::string* text,
@@ -39,5 +42,29 @@ std::string unescape(const std::string& s) {
 }
 
 void set_examples(CLI::App* cmd, const std::string& lines) { cmd->footer("\nExample:\n" + lines); }
+
+std::shared_ptr<DeviceFlags> add_device_flags(CLI::App* cmd, bool with_precision) {
+  auto f = std::make_shared<DeviceFlags>();
+  cmd->add_option("--device", f->device,
+                  "auto (the best Vulkan GPU, else the CPU kernels; a CPU-emulated Vulkan device such as lavapipe only when named), cpu, vulkan (best Vulkan device), or vulkan:N "
+                  "(see `q4tune devices`)")
+      ->capture_default_str();
+  cmd->add_option("--threads", f->threads, "CPU worker threads (0: one per core)")->check(CLI::NonNegativeNumber);
+  if (!with_precision) return f;
+  f->precision = "auto";
+  cmd->add_option("--precision", f->precision,
+                  "auto (mixed where the device has cooperative matrices, f32 elsewhere), mixed (f16 inputs with f32 "
+                  "sums for the products of 32 tokens or more) or f32")
+      ->check(CLI::IsMember({"auto", "mixed", "f32"}))
+      ->capture_default_str();
+  return f;
+}
+
+DeviceChoice DeviceFlags::open() const {
+  cpu::set_num_threads(threads);
+  DeviceChoice dev = choose_device(device);
+  if (!precision.empty()) dev.set_precision(precision);
+  return dev;
+}
 
 }  // namespace q4t

@@ -1,7 +1,9 @@
-// The q4tune subcommands implemented in train/; each returns the process exit code.
+// The q4tune subcommands implemented in train/: how each registers on the command line, and what it runs (each
+// run_* returns the process exit code).
 #pragma once
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <iosfwd>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -10,9 +12,37 @@
 #include "data/gguf.h"
 #include "kernels/precision.h"
 
+namespace CLI {
+class App;
+}
+
 namespace q4t {
 
 struct DeviceChoice;
+
+// A subcommand as main runs it: `cmd`, registered on the app with its options bound to state that `run` owns, and
+// `run`, which runs the command once the command line is parsed and returns the exit code.
+struct Command {
+  CLI::App* cmd;
+  std::function<int()> run;
+};
+// Each add_<command> registers `q4tune <command>` (its options, --help text and examples) on app, next to the
+// code that runs it; bench registers `bench train` under itself.
+Command add_devices(CLI::App& app);        // device_choice.cpp
+Command add_selftest(CLI::App& app);       // selftest.cpp
+Command add_gradcheck(CLI::App& app);      // gradcheck_cmd.cpp
+Command add_info(CLI::App& app);           // info_cmd.cpp
+Command add_init_model(CLI::App& app);     // model_cmds.cpp
+Command add_quantize(CLI::App& app);       // model_cmds.cpp
+Command add_merge(CLI::App& app);          // merge.cpp
+Command add_logits(CLI::App& app);         // model_cmds.cpp
+Command add_tokenize(CLI::App& app);       // tokenize_cmd.cpp
+Command add_bench(CLI::App& app);          // bench.cpp
+Command add_bench_train(CLI::App& bench);  // bench_train.cpp
+Command add_train(CLI::App& app);          // train_cli.cpp
+Command add_eval(CLI::App& app);           // eval_export.cpp
+Command add_export(CLI::App& app);         // eval_export.cpp
+Command add_generate(CLI::App& app);       // generate_cli.cpp
 
 // Runs every kernel on the device against the double-precision reference; one line per kernel.
 int run_selftest(const DeviceChoice& dev, std::ostream& out);

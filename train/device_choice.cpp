@@ -1,6 +1,12 @@
 #include "train/device_choice.h"
 
+#include <CLI/CLI.hpp>
+#include <iostream>
 #include <stdexcept>
+
+#include "kernels/cpu/threads.h"
+#include "train/cli_common.h"
+#include "train/commands.h"
 
 namespace q4t {
 
@@ -49,6 +55,29 @@ DeviceChoice choose_device(const std::string& spec_text, bool validation) {
     if (spec.kind != vk::DeviceSpec::Kind::Auto) throw;
   }
   return c;
+}
+
+namespace {
+
+// q4tune devices: the CPU, then each Vulkan device by its --device name, with what --precision auto takes there.
+int list_devices(std::ostream& out) {
+  const auto devs = vk::Device::list();
+  out << "cpu          the CPU kernels (" << cpu::num_threads() << " threads; f32)\n";
+  if (devs.empty()) out << "(no Vulkan devices)\n";
+  for (const auto& d : devs)
+    out << "vulkan:" << d.index << "     " << d.name << " (" << d.type << ", Vulkan "
+        << VK_API_VERSION_MAJOR(d.api_version) << "." << VK_API_VERSION_MINOR(d.api_version) << "; "
+        << (d.coop_matrix ? "tensor cores: --precision auto is mixed" : "no tensor cores: --precision auto is f32")
+        << ")\n";
+  return 0;
+}
+
+}  // namespace
+
+Command add_devices(CLI::App& app) {
+  auto* cmd = app.add_subcommand("devices", "List the devices --device can name");
+  set_examples(cmd, "  q4tune devices");
+  return {cmd, [] { return list_devices(std::cout); }};
 }
 
 }  // namespace q4t

@@ -1,9 +1,11 @@
 // q4tune eval (loss and perplexity on a dataset, with or without an adapter) and q4tune export (a checkpoint's
 // adapters as a GGUF LoRA or a PEFT folder).
+#include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -12,6 +14,8 @@
 #include "data/gguf.h"
 #include "data/tokenizer.h"
 #include "train/checkpoint.h"
+#include "train/cli_common.h"
+#include "train/commands.h"
 #include "train/device_choice.h"
 #include "train/export.h"
 #include "train/loss_graph.h"
@@ -113,7 +117,7 @@ RunInfo read_run(const std::string& dir) {
   return r;
 }
 
-void load_run_adapters(model::ModelGraph& mg, const RunInfo& run, double scale) {
+model::LoraSpec run_lora_spec(const RunInfo& run) {
   model::LoraSpec spec;
   try {
     spec.targets = run.config.at("lora-targets").get<std::vector<std::string>>();
@@ -124,6 +128,11 @@ void load_run_adapters(model::ModelGraph& mg, const RunInfo& run, double scale) 
   } catch (const json::exception& e) {
     throw std::runtime_error(run.checkpoint + "/state.json: the run's LoRA options are missing: " + e.what());
   }
+  return spec;
+}
+
+void load_run_adapters(model::ModelGraph& mg, const RunInfo& run, double scale) {
+  model::LoraSpec spec = run_lora_spec(run);
   spec.cfg.alpha *= scale;
   std::mt19937 rng(0);
   mg.add_adapters(spec, rng);
@@ -158,7 +167,8 @@ int run_export(const ExportOptions& o, std::ostream& out) {
   ag::Graph g(*be);
   model::ModelGraph mg(*model, g);
   load_run_adapters(mg, run);
-  const double alpha = run.config.at("lora-alpha").get<double>();
+  const ag::LoraConfig lora = run_lora_spec(run).cfg;
+  const double alpha = lora.alpha;
   const int64_t step = run.state.step;
   if (o.format == "gguf") {
     const std::string path = o.out.empty() ? (fs::path(run.checkpoint) / "adapter.gguf").string() : o.out;
@@ -168,14 +178,56 @@ int run_export(const ExportOptions& o, std::ostream& out) {
     const std::string dir = o.out.empty() ? (fs::path(run.checkpoint) / "peft").string() : o.out;
     ExportInfo info;
     info.alpha = alpha;
-    info.rslora = run.config.at("rslora").get<bool>();
-    info.dropout = run.config.at("lora-dropout").get<double>();
+    info.rslora = lora.rslora;
+    info.dropout = lora.dropout;
     info.base_model = o.hf_base_model.empty() ? base_model_name(*file) : o.hf_base_model;
     export_peft(mg, info, dir);
     out << "wrote " << dir << "/adapter_model.safetensors and adapter_config.json (PEFT, " << run.checkpoint
         << ", step " << step << "; base_model_name_or_path " << info.base_model << ")\n";
   }
   return 0;
+}
+
+Command add_eval(CLI::App& app) {
+  auto o = std::make_shared<EvalOptions>();
+  auto* cmd = app.add_subcommand("eval", "Loss and perplexity of a model, with or without an adapter, on a dataset");
+  const auto dev = add_device_flags(cmd, /*with_precision=*/true);
+  add_model_argument(cmd, o->model, "GGUF base model", nullptr, /*required=*/false);
+  cmd->add_option("--run", o->run,
+                  "a training run's --out directory (or one of its checkpoints): its model, chat template, seq-len "
+                  "and newest complete checkpoint's adapters, for what is not given");
+  cmd->add_option("--data", o->data, "data: .txt, .jsonl or .json, read as by train")->required();
+  cmd->add_option("--adapter,--lora", o->adapter, "GGUF LoRA adapter to apply");
+  cmd->add_option("--adapter-scale", o->adapter_scale, "scale of the adapter")->capture_default_str();
+  cmd->add_option("-c,--seq-len", o->seq_len, "tokens per row (default: the run's, else 512)");
+  cmd->add_option("--batch-size", o->batch_size, "rows per forward pass")->capture_default_str();
+  cmd->add_option("--eval-batches", o->eval_batches, "stop after this many batches (0: all)")->capture_default_str();
+  cmd->add_flag("--pack", o->pack, "pack several examples into each row");
+  cmd->add_flag("--train-on-prompt", o->train_on_prompt, "count prompts and non-assistant turns too");
+  cmd->add_option("--chat-template", o->chat_template, "chat template for messages data");
+  add_data_format_options(cmd, o->data_format, "Options");
+  set_examples(cmd, "  q4tune eval -m model.gguf --data val.jsonl --lora my-run/adapter.gguf\n"
+                    "  q4tune eval --run my-run --data val.jsonl      (the run's model, seq-len and newest adapters)");
+  return {cmd, [o, dev] { return run_eval(*o, dev->open(), std::cout); }};
+}
+
+Command add_export(CLI::App& app) {
+  auto o = std::make_shared<ExportOptions>();
+  auto* cmd = app.add_subcommand("export", "Write a checkpoint's adapters as a GGUF LoRA (llama.cpp --lora) or a PEFT folder");
+  auto* checkpoint = cmd->add_option("CHECKPOINT", o->checkpoint,
+                                     "a training run's --out directory (its newest complete checkpoint) or a checkpoint "
+                                     "(OUT/checkpoints/step-N)");
+  cmd->add_option("--run", o->checkpoint, "the same as CHECKPOINT")->excludes(checkpoint);
+  cmd->add_option("--format", o->format, "gguf or peft")->capture_default_str();
+  cmd->add_option("-o,--out", o->out,
+                  "output file (gguf) or directory (peft); default CHECKPOINT/adapter.gguf or CHECKPOINT/peft");
+  cmd->add_option("-m,--model", o->model, "the base model, when it has moved since training");
+  cmd->add_option("--hf-base-model", o->hf_base_model,
+                  "peft: base_model_name_or_path, the Hugging Face id of the base model (default: the model file's "
+                  "general.source.* or general.base_model.* repository, else its general.name)");
+  set_examples(cmd, "  q4tune export my-run --format peft -o my-adapter-peft\n"
+                    "  q4tune export my-run/checkpoints/step-200 -o step200.gguf");
+  return {cmd, [o] { return run_export(*o, std::cout); }};
 }
 
 }  // namespace q4t

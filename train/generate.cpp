@@ -169,6 +169,7 @@ Generation generate(model::Decoder& dec, const tok::Tokenizer& tok, const std::s
   std::mt19937_64 rng(o.seed);
   TextStream text(tok, gen.prompt_ids, p.stop, stream);
   dec.reset();
+  dec.reserve(int64_t(gen.prompt_ids.size()) + o.max_tokens);  // the cache for this text, not the whole context
   std::vector<float> logits = dec.feed(gen.prompt_ids);
   for (int64_t i = 0; i < o.max_tokens; ++i) {
     const int32_t id = sample_token(logits, o, rng);
@@ -187,6 +188,12 @@ Generation generate(model::Decoder& dec, const tok::Tokenizer& tok, const std::s
   }
   gen.text = text.finish();
   return gen;
+}
+
+ChatPrompt chat_prompt(chat::Template t, const tok::Tokenizer& tok, const std::vector<chat::Message>& msgs) {
+  auto text_of = [&](int32_t id) { return id >= 0 ? tok.token_text(id) : std::string(); };
+  const std::string eos = text_of(tok.eos());
+  return {chat::generation_prompt(t, msgs, text_of(tok.bos()), eos), {true, chat::turn_end(t, eos)}};
 }
 
 namespace {
@@ -250,21 +257,18 @@ int run_generate(const GenerateOptions& opt, const DeviceChoice& dev, std::ostre
     return 0;
   }
   const chat::Template t = chat_template_for(o, adapter_template, *tok);
-  auto text_of = [&](int32_t id) { return id >= 0 ? tok->token_text(id) : std::string(); };
-  const std::string bos = text_of(tok->bos()), eos = text_of(tok->eos());
-  const PromptOptions p{true, chat::turn_end(t, eos)};
   std::vector<chat::Message> msgs;
   if (!o.system.empty()) msgs.push_back({"system", o.system});
   auto reply = [&](const std::string& user) {
     msgs.push_back({"user", user});
-    std::string prompt;
+    ChatPrompt prompt;
     try {
       chat::check_conversation(t, msgs);
-      prompt = chat::generation_prompt(t, msgs, bos, eos);
+      prompt = chat_prompt(t, *tok, msgs);
     } catch (const chat::TemplateError& e) {
       throw std::invalid_argument(std::string("--chat: ") + e.what());
     }
-    const Generation g = generate(dec, *tok, prompt, o.sample, &out, p);
+    const Generation g = generate(dec, *tok, prompt.text, o.sample, &out, prompt.options);
     out << "\n";
     out.flush();
     msgs.push_back({"assistant", g.text});

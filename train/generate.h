@@ -12,12 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "data/chat_template.h"
 #include "data/tokenizer.h"
 #include "train/model/decoder.h"
-
-namespace CLI {
-class App;
-}
 
 namespace q4t {
 
@@ -60,6 +57,14 @@ struct PromptOptions {
 std::vector<int32_t> encode_prompt(const tok::Tokenizer& tok, const std::string& prompt, const model::Decoder& dec,
                                    bool parse_special = false);
 
+// A conversation (ending with a user message) as the prompt of the assistant's next turn in template t, with
+// tok's BOS and EOS texts, and the options that read its control tokens and end the generation with the turn.
+struct ChatPrompt {
+  std::string text;
+  PromptOptions options;
+};
+ChatPrompt chat_prompt(chat::Template t, const tok::Tokenizer& tok, const std::vector<chat::Message>& msgs);
+
 // Resets dec and feeds it the prompt (encode_prompt), then samples up to o.max_tokens tokens (fewer when EOS comes
 // or the context is full, or the text reaches p.stop). Each piece of text goes to *stream (when given) as soon as
 // it forms complete UTF-8 characters that cannot be the start of p.stop.
@@ -86,8 +91,5 @@ struct GenerateOptions {
 int run_generate(const GenerateOptions& o, const DeviceChoice& dev, std::ostream& out, std::istream& input);
 // The same on the device that o.device and o.threads name, reading std::cin.
 int run_generate(const GenerateOptions& o, std::ostream& out);
-
-// The `generate` subcommand with all its options (device flags included) bound to opt (train/generate_cli.cpp).
-CLI::App* add_generate_command(CLI::App& app, GenerateOptions& opt);
 
 }  // namespace q4t

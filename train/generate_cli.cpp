@@ -1,13 +1,18 @@
 // The `q4tune generate` subcommand's options (apart from generate.cpp, which does not need CLI11).
 #include <CLI/CLI.hpp>
+#include <iostream>
+#include <memory>
 
 #include "data/chat_template.h"
 #include "train/cli_common.h"
+#include "train/commands.h"
 #include "train/generate.h"
 
 namespace q4t {
 
-CLI::App* add_generate_command(CLI::App& app, GenerateOptions& opt) {
+Command add_generate(CLI::App& app) {
+  auto o = std::make_shared<GenerateOptions>();
+  GenerateOptions& opt = *o;
   auto* cmd = app.add_subcommand("generate",
                                  "Continue a prompt with the model (and a LoRA adapter), printing the text as it comes; "
                                  "or chat with it (--chat)");
@@ -60,7 +65,7 @@ CLI::App* add_generate_command(CLI::App& app, GenerateOptions& opt) {
                "  q4tune generate -m model.gguf -p \"Once upon a time\" -n 64\n"
                "  q4tune generate --run my-run --chat -p \"What is LoRA?\"      (the run's model, template, adapter)\n"
                "  q4tune generate -m model.gguf --lora my-run/adapter.gguf --chat --system \"Be brief.\"   (interactive)");
-  return cmd;
+  return {cmd, [o] { return run_generate(*o, std::cout); }};
 }
 
 }  // namespace q4t

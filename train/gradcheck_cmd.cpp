@@ -1,10 +1,13 @@
 // q4tune gradcheck: every gradient-check case of the autograd op table, one line each: finite differences in
 // double on the CPU, then the f32 CPU and the chosen Vulkan device against the double-precision CPU; with
 // --precision mixed, also the device's mixed precision against its f32 (each case's mixed_bound).
+#include <CLI/CLI.hpp>
 #include <cstdio>
-#include <ostream>
+#include <iostream>
+#include <memory>
 
 #include "autograd/gradcheck.h"
+#include "train/cli_common.h"
 #include "train/commands.h"
 #include "train/device_choice.h"
 
@@ -55,6 +58,21 @@ int run_gradcheck_cmd(const DeviceChoice& dev, std::ostream& out) {
   }
   out << (failed == 0 ? "gradcheck passed" : "gradcheck FAILED: " + std::to_string(failed) + " case(s)") << "\n";
   return failed == 0 ? 0 : 1;
+}
+
+Command add_gradcheck(CLI::App& app) {
+  auto* cmd = app.add_subcommand("gradcheck",
+                                 "Check every autograd op's gradients against finite differences (double) "
+                                 "and the f32 CPU and Vulkan device against the double-precision CPU");
+  const auto dev = add_device_flags(cmd, /*with_precision=*/false);
+  dev->precision = "f32";
+  cmd->add_option("--precision", dev->precision,
+                  "f32 (the checks against double precision), or mixed: also every case's forward and "
+                  "gradients in mixed precision against f32 on the device, within the case's stated bound")
+      ->check(CLI::IsMember({"f32", "mixed"}))
+      ->capture_default_str();
+  set_examples(cmd, "  q4tune gradcheck --device cpu");
+  return {cmd, [dev] { return run_gradcheck_cmd(dev->open(), std::cout); }};
 }
 
 }  // namespace q4t

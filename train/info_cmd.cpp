@@ -1,15 +1,18 @@
 // q4tune info MODEL: what a GGUF file holds: version, alignment, every metadata key with its type and value, and
 // every tensor with its shape, type, size and whether q4tune can compute with it. A bad file throws before
 // anything is printed, so the user sees only main's one-line error.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <iomanip>
-#include <ostream>
+#include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "data/gguf.h"
 #include "kernels/formats.h"
+#include "train/cli_common.h"
 #include "train/commands.h"
 #include "train/run_log.h"
 
@@ -128,6 +131,14 @@ int run_info(const std::string& path, std::ostream& out) {
   print_metadata(*f, out);
   print_tensors(*f, out);
   return 0;
+}
+
+Command add_info(CLI::App& app) {
+  auto path = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("info", "Print a GGUF file's metadata and tensors, and which tensor types q4tune supports");
+  add_model_argument(cmd, *path, "GGUF file (a model or an adapter)");
+  set_examples(cmd, "  q4tune info -m model.gguf");
+  return {cmd, [path] { return run_info(*path, std::cout); }};
 }
 
 }  // namespace q4t

@@ -2,17 +2,20 @@
 // W' = dequant(W) + Σ scale·B·A and is quantized again, to its own type or to --type; every other tensor and the
 // metadata are copied. The output streams one tensor at a time (gguf::Writer's produced tensors), so memory holds
 // one weight in f32 beside the mapped input, and it appears under its name only once whole.
+#include <CLI/CLI.hpp>
 #include <Eigen/Core>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <map>
+#include <memory>
 #include <mutex>
-#include <ostream>
 
 #include "data/gguf.h"
 #include "kernels/cpu/threads.h"
 #include "kernels/formats.h"
+#include "train/cli_common.h"
 #include "train/commands.h"
 #include "train/run_log.h"
 #include "train/train.h"
@@ -76,35 +79,22 @@ void read_adapter_file(const std::string& path, double user_scale, const gguf::F
   if (arch != model_arch)
     throw std::invalid_argument(path + ": an adapter for a " + arch + " model; " + model.path() + " is " + model_arch);
   const double alpha = a->get_float("adapter.lora.alpha");
-  int pairs = 0;
-  for (const gguf::TensorInfo& ta : a->tensors()) {
-    const std::string suffix = ".lora_a";
-    if (ta.name.size() <= suffix.size() || ta.name.compare(ta.name.size() - suffix.size(), suffix.size(), suffix) != 0)
-      continue;
-    const std::string weight = ta.name.substr(0, ta.name.size() - suffix.size());
-    const gguf::TensorInfo* tb = a->tensor(weight + ".lora_b");
+  const std::vector<model::AdapterPair> pairs = model::adapter_pairs(*a);
+  if (pairs.empty()) throw std::invalid_argument(path + ": no '*.lora_a' tensors");
+  for (const auto& [weight, ta, tb] : pairs) {
     if (!tb) throw std::invalid_argument(path + ": '" + weight + ".lora_b' is missing (its lora_a is present)");
-    if (ta.ne.size() != 2 || tb->ne.size() != 2 || ta.ne[1] != tb->ne[0])
+    if (ta->ne.size() != 2 || tb->ne.size() != 2 || ta->ne[1] != tb->ne[0])
       throw std::invalid_argument(path + ": '" + weight + "': lora_a and lora_b do not share a rank");
-    const int64_t r = ta.ne[1];
-    add_lora(path, model, weight, tensor_floats(ta), r, tensor_floats(*tb), user_scale * alpha / double(r), out);
-    ++pairs;
+    const int64_t r = ta->ne[1];
+    add_lora(path, model, weight, tensor_floats(*ta), r, tensor_floats(*tb), user_scale * alpha / double(r), out);
   }
-  if (pairs == 0) throw std::invalid_argument(path + ": no '*.lora_a' tensors");
 }
 
 // A training run (its newest complete checkpoint) or a checkpoint: its LoRA tensors blk.N.<proj>.lora_a [r, n_in]
 // and .lora_b [n_out, r], scaled by user_scale · alpha / r (alpha / sqrt(r) with rsLoRA).
 void read_run_adapters(const std::string& dir, double user_scale, const gguf::File& model, HostLoras& out) {
   RunInfo run = read_run(dir);
-  double alpha = 0;
-  bool rslora = false;
-  try {
-    alpha = run.config.at("lora-alpha").get<double>();
-    rslora = run.config.at("rslora").get<bool>();
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(run.checkpoint + "/state.json: the run's LoRA options are missing: " + e.what());
-  }
+  ag::LoraConfig lora = run_lora_spec(run).cfg;
   std::map<std::string, NamedTensor*> by_name;
   for (NamedTensor& t : run.state.lora) by_name[t.name] = &t;
   int pairs = 0;
@@ -115,8 +105,8 @@ void read_run_adapters(const std::string& dir, double user_scale, const gguf::Fi
     auto tb = by_name.find(stem + ".lora_b");
     if (tb == by_name.end() || ta->shape.size() != 2 || tb->second->shape.size() != 2)
       throw std::runtime_error(run.checkpoint + "/lora.bin: '" + stem + "' lacks a 2-D lora_a and lora_b");
-    const int64_t r = ta->shape[0];
-    const double scale = user_scale * (rslora ? alpha / std::sqrt(double(r)) : alpha / double(r));
+    const int64_t r = lora.rank = ta->shape[0];  // the pair's own rank
+    const double scale = user_scale * lora.scale();
     add_lora(run.checkpoint, model, stem + ".weight", std::move(ta->values), r, std::move(tb->second->values), scale,
              out);
     ++pairs;
@@ -331,6 +321,31 @@ int run_merge(const MergeOptions& o, std::ostream& out) {
   if (converted > 0) out << ", " << train::plural(converted, "other tensor") << " converted";
   out << ", " << train::plural(int64_t(tensors.size()) - merged - converted, "tensor") << " copied\n";
   return 0;
+}
+
+Command add_merge(CLI::App& app) {
+  auto o = std::make_shared<MergeOptions>();
+  auto* cmd = app.add_subcommand("merge",
+                                 "Fold LoRA adapters into their base model and write one GGUF that llama.cpp runs as "
+                                 "it is: W' = dequant(W) + scale·B·A for each adapted weight, quantized again");
+  cmd->add_option("-m,--model", o->model, "the base GGUF model")->required();
+  cmd->add_option("--adapter,--lora", o->adapters,
+                  "a GGUF LoRA adapter, a training run's --out directory (its newest complete checkpoint) or a "
+                  "checkpoint; give it again to merge several")
+      ->required()
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--adapter-scale", o->scales, "the scale of each adapter, in the order of --adapter (default 1)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("-o,--out", o->out, "the merged GGUF (written whole or not at all)")->required();
+  cmd->add_option("--type", o->type,
+                  "same (each tensor keeps its type), or a llama-quantize file type or format for every matrix: " +
+                      std::string("f32, f16, bf16, q4_k_m, q8_0, ... (as quantize --type)"))
+      ->capture_default_str();
+  set_examples(cmd, "  q4tune merge -m model-q4_k_m.gguf --lora my-run/adapter.gguf -o merged-q4_k_m.gguf\n"
+                    "  q4tune merge -m model.gguf --lora my-run --type f16 -o merged-f16.gguf    (the run's newest checkpoint)");
+  return {cmd, [o] { return run_merge(*o, std::cout); }};
 }
 
 }  // namespace q4t

@@ -1,11 +1,13 @@
 // q4tune init-model, quantize and logits: making small models, converting F32/F16 GGUFs to Q4_0 or Q4_K_M, and running
 // the forward on given token ids (for users debugging a model or an adapter, and for the interop tests).
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -16,6 +18,7 @@
 #include "kernels/quant/k_quants.h"
 #include "kernels/quant/q4_0.h"
 #include "kernels/quant/q8_0.h"
+#include "train/cli_common.h"
 #include "train/commands.h"
 #include "train/device_choice.h"
 #include "train/model/model.h"
@@ -225,7 +228,17 @@ std::vector<float> llama3_rope_factors(int64_t head_dim, double base, int64_t n_
   return f;
 }
 
-int run_init_model(const InitModelOptions& o, std::ostream& out) {
+namespace {
+
+// The sizes init-model's options give: the head size, its rotated dims and the RoPE scaling.
+struct InitModelShape {
+  int64_t head_dim = 0, rope_dims = 0;
+  std::string scaling_type;  // "", linear or yarn
+  double scaling_factor = 1;
+};
+
+// Checks init-model's options (std::invalid_argument naming the flag) and works out the sizes they give.
+InitModelShape check_init_model(const InitModelOptions& o) {
   const std::vector<std::string>& archs = model::supported_architectures();
   if (std::find(archs.begin(), archs.end(), o.arch) == archs.end()) {
     std::string names;
@@ -236,31 +249,88 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
     throw std::invalid_argument("init-model: --dim, --layers, --heads, --kv-heads, --ff and --ctx must be positive");
   if ((o.head_dim == 0 && o.dim % o.heads != 0) || o.heads % o.kv_heads != 0)
     throw std::invalid_argument("init-model: --heads must divide --dim (or give --head-dim), and --kv-heads must divide --heads");
-  const int64_t D = o.head_dim > 0 ? o.head_dim : o.dim / o.heads;
+  InitModelShape s;
+  const int64_t D = s.head_dim = o.head_dim > 0 ? o.head_dim : o.dim / o.heads;
   if (D % 2 != 0) throw std::invalid_argument("init-model: the head size " + std::to_string(D) + " must be even");
-  const int64_t R = o.rope_dims > 0 ? o.rope_dims : D;  // rotated dims
+  const int64_t R = s.rope_dims = o.rope_dims > 0 ? o.rope_dims : D;
   const bool partial_ok = o.arch == "phi3" || o.arch == "gemma2" || o.arch == "gemma3";
   if (R % 2 != 0 || R > D || o.rope_dims < 0 || (R != D && !partial_ok))
     throw std::invalid_argument("--rope-dims: " + std::to_string(o.rope_dims) + " must be even, at most the head size " +
                                 std::to_string(D) + ", and less than it for phi3 and gemma only");
   if (o.rope_freqs && o.arch != "llama") throw std::invalid_argument("--rope-freqs: only llama models carry rope_freqs.weight");
-  const bool gemma = o.arch == "gemma2" || o.arch == "gemma3";
-  if (gemma && !o.tied && o.arch == "gemma2")
+  if (o.arch == "gemma2" && !o.tied)
     throw std::invalid_argument("init-model: gemma2 always uses token_embd as its output matrix: add --tied");
   if (o.sliding_window < 0 || o.swa_pattern < 0) throw std::invalid_argument("init-model: --sliding-window and --swa-pattern must be non-negative");
-  const bool phi3 = o.arch == "phi3";
-  if (o.longrope != 0 && (!phi3 || o.longrope < 1)) throw std::invalid_argument("--longrope: a positive original context, for phi3 only");
-  std::string scaling_type;
-  double scaling_factor = 1;
+  if (o.longrope != 0 && (o.arch != "phi3" || o.longrope < 1)) throw std::invalid_argument("--longrope: a positive original context, for phi3 only");
   if (!o.rope_scaling.empty()) {
     const size_t colon = o.rope_scaling.find(':');
-    scaling_type = o.rope_scaling.substr(0, colon);
+    s.scaling_type = o.rope_scaling.substr(0, colon);
     char* end = nullptr;
     const std::string factor = colon == std::string::npos ? "" : o.rope_scaling.substr(colon + 1);
-    scaling_factor = std::strtod(factor.c_str(), &end);
-    if ((scaling_type != "linear" && scaling_type != "yarn") || factor.empty() || *end != '\0' || !(scaling_factor > 0))
+    s.scaling_factor = std::strtod(factor.c_str(), &end);
+    if ((s.scaling_type != "linear" && s.scaling_type != "yarn") || factor.empty() || *end != '\0' || !(s.scaling_factor > 0))
       throw std::invalid_argument("--rope-scaling: '" + o.rope_scaling + "' is not linear:FACTOR or yarn:FACTOR");
   }
+  return s;
+}
+
+// The architecture's hyperparameters under "<arch>.", as llama.cpp reads them.
+void set_init_model_metadata(gguf::Writer& w, const InitModelOptions& o, const InitModelShape& s, uint32_t file_type) {
+  const bool gemma = o.arch == "gemma2" || o.arch == "gemma3";
+  const std::string a = o.arch + ".";
+  w.set("general.architecture", Value::str(o.arch));
+  w.set("general.name", Value::str("q4tune random " + o.arch));
+  w.set("general.file_type", Value::u32(file_type));
+  w.set(a + "context_length", Value::u32(uint32_t(o.ctx)));
+  w.set(a + "embedding_length", Value::u32(uint32_t(o.dim)));
+  w.set(a + "block_count", Value::u32(uint32_t(o.layers)));
+  w.set(a + "feed_forward_length", Value::u32(uint32_t(o.ff)));
+  w.set(a + "attention.head_count", Value::u32(uint32_t(o.heads)));
+  w.set(a + "attention.head_count_kv", Value::u32(uint32_t(o.kv_heads)));
+  w.set(a + "rope.dimension_count", Value::u32(uint32_t(s.rope_dims)));
+  w.set(a + "rope.freq_base", Value::f32(float(o.rope_base)));
+  w.set(a + "attention.layer_norm_rms_epsilon", Value::f32(1e-5f));
+  if (gemma) {
+    if (o.sliding_window > 0) w.set(a + "attention.sliding_window", Value::u32(uint32_t(o.sliding_window)));
+    if (o.swa_pattern > 0) w.set(a + "attention.sliding_window_pattern", Value::u32(uint32_t(o.swa_pattern)));
+    if (o.arch == "gemma3") w.set(a + "rope.freq_base_swa", Value::f32(10000.0f));
+    if (o.attn_softcap >= 0 && o.arch == "gemma2") w.set(a + "attn_logit_softcapping", Value::f32(float(o.attn_softcap)));
+    if (o.final_softcap >= 0) w.set(a + "final_logit_softcapping", Value::f32(float(o.final_softcap)));
+  }
+  if (o.longrope > 0) {  // as the converter writes LongRoPE: factors, the original context, the attention factor
+    const double scale = double(o.ctx) / double(o.longrope);
+    w.set(a + "rope.scaling.original_context_length", Value::u32(uint32_t(o.longrope)));
+    w.set(a + "rope.scaling.attn_factor",
+          Value::f32(float(scale > 1 ? std::sqrt(1 + std::log(scale) / std::log(double(o.longrope))) : 1.0)));
+  }
+  if (o.head_dim > 0 || o.arch == "qwen3" || gemma) {
+    w.set(a + "attention.key_length", Value::u32(uint32_t(s.head_dim)));
+    w.set(a + "attention.value_length", Value::u32(uint32_t(s.head_dim)));
+  }
+  if (!s.scaling_type.empty()) {
+    w.set(a + "rope.scaling.type", Value::str(s.scaling_type));
+    w.set(a + "rope.scaling.factor", Value::f32(float(s.scaling_factor)));
+    w.set(a + "rope.scaling.original_context_length", Value::u32(uint32_t(o.ctx)));
+  }
+}
+
+// phi3's LongRoPE factors over the rotated pairs (R/2 of each): short ones near 1, long ones growing to 8.
+void add_longrope_factors(gguf::Writer& w, int64_t R) {
+  std::vector<float> s(static_cast<size_t>(R / 2)), l(static_cast<size_t>(R / 2));
+  for (int64_t i = 0; i < R / 2; ++i) {
+    s[size_t(i)] = float(1.0 + 0.1 * double(i) / double(R / 2));
+    l[size_t(i)] = float(1.0 + 7.0 * double(i) / double(R / 2));
+  }
+  w.add_tensor("rope_factors_long.weight", {R / 2}, GgmlType::F32, as_bytes(l));
+  w.add_tensor("rope_factors_short.weight", {R / 2}, GgmlType::F32, as_bytes(s));
+}
+
+}  // namespace
+
+int run_init_model(const InitModelOptions& o, std::ostream& out) {
+  const InitModelShape shape = check_init_model(o);
+  const int64_t D = shape.head_dim, R = shape.rope_dims;
+  const bool gemma = o.arch == "gemma2" || o.arch == "gemma3", phi3 = o.arch == "phi3";
   const Recipe recipe = parse_recipe("--type", o.type, true);
   // llama.cpp looks up <|endoftext|> in a phi3 file's vocabulary (its special-token attributes).
   const std::vector<std::string> extra_tokens = phi3 ? std::vector<std::string>{"<|endoftext|>"} : std::vector<std::string>{};
@@ -287,52 +357,10 @@ int run_init_model(const InitModelOptions& o, std::ostream& out) {
   };
 
   gguf::Writer w;
-  const std::string a = o.arch + ".";
-  w.set("general.architecture", Value::str(o.arch));
-  w.set("general.name", Value::str("q4tune random " + o.arch));
-  w.set("general.file_type", Value::u32(recipe.file_type));
-  w.set(a + "context_length", Value::u32(uint32_t(o.ctx)));
-  w.set(a + "embedding_length", Value::u32(uint32_t(C)));
-  w.set(a + "block_count", Value::u32(uint32_t(o.layers)));
-  w.set(a + "feed_forward_length", Value::u32(uint32_t(F)));
-  w.set(a + "attention.head_count", Value::u32(uint32_t(H)));
-  w.set(a + "attention.head_count_kv", Value::u32(uint32_t(Hkv)));
-  w.set(a + "rope.dimension_count", Value::u32(uint32_t(R)));
-  w.set(a + "rope.freq_base", Value::f32(float(o.rope_base)));
-  w.set(a + "attention.layer_norm_rms_epsilon", Value::f32(1e-5f));
-  if (gemma) {
-    if (o.sliding_window > 0) w.set(a + "attention.sliding_window", Value::u32(uint32_t(o.sliding_window)));
-    if (o.swa_pattern > 0) w.set(a + "attention.sliding_window_pattern", Value::u32(uint32_t(o.swa_pattern)));
-    if (o.arch == "gemma3") w.set(a + "rope.freq_base_swa", Value::f32(10000.0f));
-    if (o.attn_softcap >= 0 && o.arch == "gemma2") w.set(a + "attn_logit_softcapping", Value::f32(float(o.attn_softcap)));
-    if (o.final_softcap >= 0) w.set(a + "final_logit_softcapping", Value::f32(float(o.final_softcap)));
-  }
-  if (o.longrope > 0) {  // as the converter writes LongRoPE: factors, the original context, the attention factor
-    const double scale = double(o.ctx) / double(o.longrope);
-    w.set(a + "rope.scaling.original_context_length", Value::u32(uint32_t(o.longrope)));
-    w.set(a + "rope.scaling.attn_factor",
-          Value::f32(float(scale > 1 ? std::sqrt(1 + std::log(scale) / std::log(double(o.longrope))) : 1.0)));
-  }
-  if (o.head_dim > 0 || o.arch == "qwen3" || gemma) {
-    w.set(a + "attention.key_length", Value::u32(uint32_t(D)));
-    w.set(a + "attention.value_length", Value::u32(uint32_t(D)));
-  }
-  if (!scaling_type.empty()) {
-    w.set(a + "rope.scaling.type", Value::str(scaling_type));
-    w.set(a + "rope.scaling.factor", Value::f32(float(scaling_factor)));
-    w.set(a + "rope.scaling.original_context_length", Value::u32(uint32_t(o.ctx)));
-  }
+  set_init_model_metadata(w, o, shape, recipe.file_type);
   if (write_byte_vocab(w, extra_tokens) != V) throw std::logic_error("init-model: the vocabulary's size");
   if (o.rope_freqs) w.add_tensor("rope_freqs.weight", {D / 2}, GgmlType::F32, as_bytes(llama3_rope_factors(D, o.rope_base, o.ctx)));
-  if (o.longrope > 0) {  // short factors near 1, long ones growing to 8 over the rotated pairs
-    std::vector<float> s(static_cast<size_t>(R / 2)), l(static_cast<size_t>(R / 2));
-    for (int64_t i = 0; i < R / 2; ++i) {
-      s[size_t(i)] = float(1.0 + 0.1 * double(i) / double(R / 2));
-      l[size_t(i)] = float(1.0 + 7.0 * double(i) / double(R / 2));
-    }
-    w.add_tensor("rope_factors_long.weight", {R / 2}, GgmlType::F32, as_bytes(l));
-    w.add_tensor("rope_factors_short.weight", {R / 2}, GgmlType::F32, as_bytes(s));
-  }
+  if (o.longrope > 0) add_longrope_factors(w, R);
 
   add_matrix(w, "token_embd.weight", uniform(V * C, 1.0), V, C, type_of("token_embd.weight", C, o.tied));
   for (int64_t l = 0; l < o.layers; ++l) {
@@ -454,6 +482,70 @@ int run_logits(const LogitsOptions& o, const DeviceChoice& dev, std::ostream& ou
   else
     write_file_atomic(o.out, text);
   return 0;
+}
+
+Command add_init_model(CLI::App& app) {
+  auto o = std::make_shared<InitModelOptions>();
+  auto* cmd = app.add_subcommand("init-model",
+                                 "Write a small random-initialised GGUF of a supported architecture (byte-level vocabulary)");
+  cmd->add_option("-o,--out", o->out, "output GGUF file")->required();
+  cmd->add_option("--arch", o->arch, "llama, qwen2, qwen3, gemma2, gemma3 or phi3")->capture_default_str();
+  cmd->add_option("--type", o->type, "weight types: f32 or a format (every matrix: " + format_list() + "), or a mix as llama-quantize writes it (q2_k, q3_k_m, q4_k_m, q5_k_s, q5_k_m: the output matrix Q6_K, attn_v/ffn_down/attn_output as llama-quantize picks them; rows that are not whole super-blocks fall back as it does)")->capture_default_str();
+  cmd->add_option("--dim", o->dim, "embedding length")->capture_default_str();
+  cmd->add_option("--layers", o->layers, "number of transformer blocks")->capture_default_str();
+  cmd->add_option("--heads", o->heads, "attention heads")->capture_default_str();
+  cmd->add_option("--kv-heads", o->kv_heads, "key/value heads (grouped-query attention)")->capture_default_str();
+  cmd->add_option("--ff", o->ff, "feed-forward length")->capture_default_str();
+  cmd->add_option("--context-length", o->ctx, "the model's context length")->capture_default_str();
+  cmd->add_option("--head-dim", o->head_dim, "head size (attention.key_length; default dim / heads)");
+  cmd->add_option("--rope-dims", o->rope_dims, "rotated dims of a head (rope.dimension_count; default all; fewer: partial rotary as phi-4-mini, for phi3 and gemma)");
+  cmd->add_option("--rope-base", o->rope_base, "RoPE frequency base")->capture_default_str();
+  cmd->add_flag("--rope-freqs", o->rope_freqs, "llama: add a rope_freqs.weight of llama 3.1's per-pair factors (factor 8, original context --context-length)");
+  cmd->add_option("--rope-scaling", o->rope_scaling, "RoPE context scaling linear:FACTOR or yarn:FACTOR (original context --context-length)");
+  cmd->add_option("--sliding-window", o->sliding_window, "gemma: the local layers' attention window (0: the architecture's default; gemma3: no local layers)")->capture_default_str();
+  cmd->add_option("--swa-pattern", o->swa_pattern, "gemma: every N-th layer is global, the others local (default gemma2 2, gemma3 6)");
+  cmd->add_option("--attn-softcap", o->attn_softcap, "gemma2: attention-logit soft-cap (default 50)");
+  cmd->add_option("--final-softcap", o->final_softcap, "gemma: final-logit soft-cap (default gemma2 30, gemma3 none)");
+  cmd->add_option("--longrope", o->longrope, "phi3: LongRoPE factors (rope_factors_short/long) for this original context (longer contexts take the long ones)");
+  cmd->add_flag("--tied", o->tied, "no output.weight: token_embd is the output matrix");
+  cmd->add_option("--seed", o->seed, "random seed")->capture_default_str();
+  set_examples(cmd, "  q4tune init-model -o tiny.gguf --dim 256 --layers 4 --heads 8 --kv-heads 4 --ff 704 --type q4_k_m");
+  return {cmd, [o] { return run_init_model(*o, std::cout); }};
+}
+
+Command add_quantize(CLI::App& app) {
+  struct Files {
+    std::string in, out, type = "q4_0";
+  };
+  auto o = std::make_shared<Files>();
+  auto* cmd = app.add_subcommand("quantize", "Convert the 2-D F32/F16 weights of a GGUF as llama-quantize would (other tensors are copied)");
+  add_model_argument(cmd, o->in, "input GGUF");
+  auto* out_pos = cmd->add_option("OUT", o->out, "output GGUF (or -o)");
+  cmd->add_option("-o,--out", o->out, "output GGUF")->excludes(out_pos);
+  cmd->add_option("--type", o->type, "a llama-quantize file type, with its choice of type per matrix (the output matrix Q6_K but in q8_0 and bf16; attn_v, ffn_down and attn_output per mix): q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k_m, q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, iq4_xs, bf16, or another format for every matrix; rows that are not whole super-blocks fall back as llama-quantize does (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K to Q4_0, IQ4_XS to IQ4_NL), rows that are not whole blocks stay F32")->capture_default_str();
+  set_examples(cmd, "  q4tune quantize -m model-f16.gguf -o model-q4_k_m.gguf --type q4_k_m");
+  return {cmd, [o] { return run_quantize(o->in, o->out, o->type, std::cout); }};
+}
+
+Command add_logits(CLI::App& app) {
+  auto o = std::make_shared<LogitsOptions>();
+  auto* cmd = app.add_subcommand("logits", "Run the model on token ids and write the logits at every position as JSON");
+  const auto dev = add_device_flags(cmd, /*with_precision=*/true);
+  add_model_argument(cmd, o->model, "GGUF model");
+  auto* ids = cmd->add_option("--ids", o->ids, "comma-separated token ids")->delimiter(',');
+  cmd->add_option("--ids-file", o->ids_file, "JSON array of token ids")->excludes(ids);
+  cmd->add_option("--adapter,--lora", o->adapter, "GGUF LoRA adapter to apply");
+  cmd->add_option("--adapter-scale", o->adapter_scale, "scale of the adapter")->capture_default_str();
+  cmd->add_flag("--llama-cpp-numerics", o->llama_cpp_numerics,
+                "round the input of each quantized matrix to 8-bit blocks as llama.cpp's CPU matmuls do (Q8_0 or Q8_K, "
+                "by the format's vec_dot_type; F16 and BF16 inputs are not rounded): the logits then agree with "
+                "llama.cpp's to about 1e-6 of their largest, until an activation lies within float rounding of an "
+                "8-bit step, which the two may then round to neighbouring steps; gemma's GELU, which llama.cpp "
+                "looks up in an f16 table, is computed exactly, so gemma models agree to about 1e-2 (the default "
+                "keeps f32 activations, as training does)");
+  cmd->add_option("-o,--out", o->out, "write {\"logits\": [[...], ...]} here instead of stdout");
+  set_examples(cmd, "  q4tune logits -m model.gguf --ids 1,15043,3186 -o logits.json");
+  return {cmd, [o, dev] { return run_logits(*o, dev->open(), std::cout); }};
 }
 
 }  // namespace q4t

@@ -1,8 +1,10 @@
 // q4tune selftest: every linear kernel on the chosen device against the plain double-precision reference, on
 // awkward shapes (one block, odd row counts, tiles that don't divide), so a user can check their driver.
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <functional>
-#include <ostream>
+#include <iostream>
+#include <memory>
 #include <random>
 #include <span>
 #include <string>
@@ -13,6 +15,8 @@
 #include "kernels/quant/k_quants.h"
 #include "kernels/quant/q4_0.h"
 #include "kernels/quant/q8_0.h"
+#include "kernels/random_inputs.h"
+#include "train/cli_common.h"
 #include "train/commands.h"
 #include "train/device_choice.h"
 
@@ -32,18 +36,6 @@ const Shape kShapes[] = {{1, 32, 1},  {7, 64, 1},    {65, 4128, 1}, {1000, 64, 1
 // The K-quants' widths are whole 256-weight super-blocks.
 const Shape kKQuantShapes[] = {{1, 256, 1},   {7, 512, 1},    {65, 4096, 1},  {1000, 256, 1}, {37, 768, 1},
                                {7, 256, 3},   {65, 512, 17},  {1000, 768, 3}, {63, 256, 17},  {257, 512, 65}};
-
-std::vector<float> random_floats(std::mt19937& rng, int64_t n) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = u(rng);
-  return v;
-}
-
-// Uniform(-1, 1) weights in format f.
-std::vector<uint8_t> random_weights(Format f, std::mt19937& rng, int64_t n_out, int64_t n_in) {
-  return quantize_matrix(f, random_floats(rng, n_out * n_in), n_out, n_in);
-}
 
 // A frozen weight format and the shapes to check it on.
 struct FormatCase {
@@ -96,7 +88,7 @@ void check_dx(HostKernels& k, std::mt19937& rng, const FormatCase& f, const Shap
 
 void check_frozen(HostKernels& k, std::mt19937& rng, const FormatCase& f, FormatResults& r) {
   for (const Shape& s : f.shapes) {
-    const auto w = random_weights(f.format, rng, s.n_out, s.n_in);
+    const auto w = random_weights(rng, f.format, s.n_out, s.n_in);
     const auto x = random_floats(rng, s.T * s.n_in);
     std::vector<float> y(size_t(s.T * s.n_out));
     k.frozen_gemm(f.format, y, w, x, s.T, s.n_out, s.n_in);
@@ -131,7 +123,7 @@ void check_f32(HostKernels& k, std::mt19937& rng, HostGemm fn, RefGemm ref_fn, K
 void check_gemv(HostKernels& k, std::mt19937& rng, const FormatCase& f, KernelResult& r) {
   for (const Shape& s : f.shapes) {
     if (s.T != 1) continue;
-    const auto w = random_weights(f.format, rng, s.n_out, s.n_in);
+    const auto w = random_weights(rng, f.format, s.n_out, s.n_in);
     const auto x = random_floats(rng, s.n_in);
     std::vector<float> y(size_t(s.n_out));
     k.frozen_gemm(f.format, y, w, x, 1, s.n_out, s.n_in);
@@ -143,7 +135,7 @@ void check_gemv(HostKernels& k, std::mt19937& rng, const FormatCase& f, KernelRe
 void check_one_token_dx(HostKernels& k, std::mt19937& rng, const FormatCase& f, std::span<const Shape> shapes,
                         KernelResult& r) {
   for (const Shape& s : shapes)
-    if (s.T == 1) check_dx(k, rng, f, s, random_weights(f.format, rng, s.n_out, s.n_in), r);
+    if (s.T == 1) check_dx(k, rng, f, s, random_weights(rng, f.format, s.n_out, s.n_in), r);
 }
 
 template <class F>
@@ -219,6 +211,15 @@ int run_selftest(const DeviceChoice& dev, std::ostream& out) {
   }
   out << (ok ? "selftest passed" : "selftest FAILED") << "\n";
   return ok ? 0 : 1;
+}
+
+Command add_selftest(CLI::App& app) {
+  auto* cmd = app.add_subcommand("selftest",
+                                 "Check every kernel on a device against a double-precision reference; "
+                                 "exits non-zero on any failure");
+  const auto dev = add_device_flags(cmd, /*with_precision=*/false);
+  set_examples(cmd, "  q4tune selftest --device vulkan");
+  return {cmd, [dev] { return run_selftest(dev->open(), std::cout); }};
 }
 
 }  // namespace q4t

@@ -1,6 +1,9 @@
 // `q4tune tokenize`: the model's tokenizer on a text, a file, or a JSON array of strings.
+#include <CLI/CLI.hpp>
 #include <fstream>
+#include <iostream>
 #include <iterator>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <sstream>
@@ -8,6 +11,7 @@
 
 #include "data/gguf.h"
 #include "data/tokenizer.h"
+#include "train/cli_common.h"
 #include "train/commands.h"
 
 namespace q4t {
@@ -63,6 +67,23 @@ int run_tokenize(const TokenizeOptions& o, std::ostream& out) {
   out << "\n";
   if (o.decode) out << t->decode(ids) << "\n";
   return 0;
+}
+
+Command add_tokenize(CLI::App& app) {
+  auto o = std::make_shared<TokenizeOptions>();
+  auto* cmd = app.add_subcommand("tokenize", "Print the token ids of a text with the model's tokenizer");
+  add_model_argument(cmd, o->model, "GGUF model", &o->text);
+  auto* text = cmd->add_option("TEXT", o->text, "text to tokenize");
+  auto* file = cmd->add_option("--file", o->file, "tokenize this file's contents")->excludes(text);
+  cmd->add_option("--json-in", o->json_in, "JSON array of strings: write a JSON array of id arrays")
+      ->excludes(text)
+      ->excludes(file);
+  cmd->add_option("-o,--out", o->out, "with --json-in: write here instead of stdout");
+  cmd->add_flag("--decode", o->decode, "also print the text the ids decode to");
+  cmd->add_flag("--parse-special", o->parse_special, "recognise control tokens (\"<s>\", ...) written in the text");
+  cmd->add_flag("--add-special", o->add_special, "add BOS/EOS as the model's add_bos_token/add_eos_token say");
+  set_examples(cmd, "  q4tune tokenize -m model.gguf \"Hello world\" --decode");
+  return {cmd, [o] { return run_tokenize(*o, std::cout); }};
 }
 
 }  // namespace q4t

@@ -119,6 +119,9 @@ struct RunInfo {
 };
 // Throws std::invalid_argument naming dir when it holds no complete checkpoint.
 RunInfo read_run(const std::string& dir);
+// The LoRA options the run trained with (targets, rank, alpha, rsLoRA, dropout); throws std::runtime_error naming
+// the checkpoint's state.json when one is missing. Their scale is cfg.scale().
+model::LoraSpec run_lora_spec(const RunInfo& run);
 // Adds the run's adapters to mg with the checkpoint's values, their output scaled by `scale`.
 void load_run_adapters(model::ModelGraph& mg, const RunInfo& run, double scale = 1.0);
 // The chat template the run trained with: its --chat-template, else the family of the model's

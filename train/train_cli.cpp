@@ -1,9 +1,12 @@
 // The flags of `q4tune train` (CLI11; each flag is also a key of the --config TOML file) and the embedded demo.
 #include <CLI/CLI.hpp>
 #include <filesystem>
+#include <iostream>
+#include <memory>
 
 #include "train/config_file.h"
 #include "train/cli_common.h"
+#include "train/commands.h"
 #include "train/train.h"
 
 namespace q4t {
@@ -35,8 +38,10 @@ void add_data_format_options(CLI::App* cmd, data::DataFormat& f, const std::stri
       ->group(group);
 }
 
-void add_train_options(CLI::App* cmd, TrainOptions& o) {
-  // CLI11 reads config files for the top-level app only, so the subcommand applies its own (see the callback).
+namespace {
+
+// --config and --print-config (no group: they head the list); returns --config.
+CLI::Option* add_config_options(CLI::App* cmd, TrainOptions& o) {
   auto* config = cmd->add_option("--config", o.config,
                                  "TOML file of options: each key is a flag without its dashes (lora-rank = 8); flags "
                                  "given on the command line win. With neither --config nor --model, the embedded "
@@ -44,8 +49,11 @@ void add_train_options(CLI::App* cmd, TrainOptions& o) {
   cmd->add_flag("--print-config", o.print_config,
                 "print every option as TOML (the command line over --config over the defaults; --config loads it "
                 "back) and exit without reading the data or the model or using a device");
+  return config;
+}
 
-  auto* g = "Data and model";
+void add_data_options(CLI::App* cmd, TrainOptions& o) {
+  const char* g = "Data and model";
   cmd->add_option("-m,--model", o.model, "GGUF base model (frozen; quantized weights stay quantized), or builtin:demo-model")
       ->group(g);
   cmd->add_option("--data", o.data, "training data: .txt (one document), .jsonl (one record per line: text, "
@@ -63,8 +71,10 @@ void add_train_options(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--chat-template", o.chat_template, "chat template for messages data (default: recognised from the model)")
       ->group(g);
   add_data_format_options(cmd, o.data_format, g);
+}
 
-  g = "Device";
+void add_device_options(CLI::App* cmd, TrainOptions& o) {
+  const char* g = "Device";
   cmd->add_option("--device", o.device, "auto (the best Vulkan GPU, else the CPU kernels; a CPU-emulated Vulkan device such as lavapipe only when named), cpu, vulkan or vulkan:N")
       ->capture_default_str()->group(g);
   cmd->add_option("--threads", o.threads, "CPU worker threads (0: one per core)")->capture_default_str()->group(g);
@@ -74,8 +84,10 @@ void add_train_options(CLI::App* cmd, TrainOptions& o) {
                   "f32) or f32")
       ->check(CLI::IsMember({"auto", "mixed", "f32"}))
       ->capture_default_str()->group(g);
+}
 
-  g = "LoRA";
+void add_lora_options(CLI::App* cmd, TrainOptions& o) {
+  const char* g = "LoRA";
   cmd->add_option("--lora-rank", o.lora_rank, "rank r of every adapter")->check(CLI::Range(int64_t(1), int64_t(65536)))
       ->capture_default_str()->group(g);
   cmd->add_option("--lora-alpha", o.lora_alpha, "alpha: the adapter output is scaled by alpha/r (alpha/sqrt(r) with --rslora)")
@@ -87,8 +99,11 @@ void add_train_options(CLI::App* cmd, TrainOptions& o) {
   cmd->add_flag("--rslora", o.rslora, "rank-stabilised scale alpha/sqrt(r)")->group(g);
   cmd->add_option("--lora-init", o.lora_init, "A's initialisation: kaiming (uniform, as PEFT) or gaussian (N(0, 1/r)); B starts at 0")
       ->capture_default_str()->group(g);
+}
 
-  g = "Optimizer";
+// AdamW and the learning-rate schedule.
+void add_optimizer_options(CLI::App* cmd, TrainOptions& o) {
+  const char* g = "Optimizer";
   cmd->add_option("--lr", o.lr, "peak learning rate (AdamW)")->capture_default_str()->group(g);
   cmd->add_option("--schedule", o.schedule, "constant, linear or cosine decay after the warmup")->capture_default_str()->group(g);
   cmd->add_option("--warmup-steps", o.warmup_steps, "linear warmup steps from 0")->capture_default_str()->group(g);
@@ -101,15 +116,17 @@ void add_train_options(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")->capture_default_str()->group(g);
   cmd->add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to this (0: no clipping)")
       ->capture_default_str()->group(g);
+}
 
-  g = "Steps";
+// What one step is and how many run, and what the step keeps in memory.
+void add_step_options(CLI::App* cmd, TrainOptions& o) {
+  const char* g = "Steps";
   cmd->add_option("--batch-size", o.batch_size, "rows per micro-batch")->capture_default_str()->group(g);
   cmd->add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step (the loss is the mean over all their "
                                                 "counted tokens)")
       ->capture_default_str()->group(g);
-  auto* steps = cmd->add_option("--steps", o.steps, "optimizer steps (0: from --epochs)")->capture_default_str()->group(g);
+  cmd->add_option("--steps", o.steps, "optimizer steps (0: from --epochs)")->capture_default_str()->group(g);
   cmd->add_option("--epochs", o.epochs, "passes over the training rows, when --steps is 0")->capture_default_str()->group(g);
-  (void)steps;
   cmd->add_option("--seed", o.seed, "seed of the adapters' initialisation, the data order and the dropout masks")
       ->capture_default_str()->group(g);
   cmd->add_option("--vocab-tile", o.vocab_tile, "vocabulary rows per tile of the fused output projection + loss")
@@ -122,8 +139,13 @@ void add_train_options(CLI::App* cmd, TrainOptions& o) {
                   "with --grad-checkpoint: the last N layers keep their ffn gate and up outputs instead of computing "
                   "them again (faster; 8 bytes per token per ffn unit per layer more)")
       ->capture_default_str()->group(g);
+}
 
-  g = "Evaluation, checkpoints and output";
+const char* const kOutputGroup = "Evaluation, checkpoints and output";
+
+// Evaluation, checkpoints, the log and --resume; returns --resume.
+CLI::Option* add_checkpoint_options(CLI::App* cmd, TrainOptions& o) {
+  const char* g = kOutputGroup;
   cmd->add_option("--eval-every", o.eval_every, "evaluate on the validation data every N steps (0: only at the end)")
       ->capture_default_str()->group(g);
   cmd->add_option("--eval-batches", o.eval_batches, "batches per evaluation (0: the whole validation set)")
@@ -138,9 +160,13 @@ void add_train_options(CLI::App* cmd, TrainOptions& o) {
                   "also write the metrics as TensorBoard event files into DIR (a new file per run, a resume "
                   "included): tensorboard --logdir DIR")
       ->type_name("DIR")->group(g);
-  auto* resume = cmd->add_option("--resume", o.resume_dir,
-                                 "continue from the newest complete checkpoint under --out, or from DIR")
-                     ->expected(0, 1)->group(g);
+  return cmd->add_option("--resume", o.resume_dir, "continue from the newest complete checkpoint under --out, or from DIR")
+      ->expected(0, 1)->group(g);
+}
+
+// What the end of the run adds: the samples and the PEFT export's base model.
+void add_end_of_run_options(CLI::App* cmd, TrainOptions& o) {
+  const char* g = kOutputGroup;
   cmd->add_option("--sample-prompt", o.sample_prompts,
                   "after training, answer this prompt greedily with the base model and with the adapter (\\n and \\t "
                   "are read as newline and tab; give it again for more prompts; a list in the config file); a run on "
@@ -153,13 +179,40 @@ void add_train_options(CLI::App* cmd, TrainOptions& o) {
                   "the PEFT export's base_model_name_or_path: the Hugging Face id of the base model (default: the "
                   "model file's general.source.* or general.base_model.* repository, else its general.name)")
       ->group(g);
+}
 
+}  // namespace
+
+void add_train_options(CLI::App* cmd, TrainOptions& o) {
+  // CLI11 reads config files for the top-level app only, so the subcommand applies its own (see the callback).
+  auto* config = add_config_options(cmd, o);
+  add_data_options(cmd, o);
+  add_device_options(cmd, o);
+  add_lora_options(cmd, o);
+  add_optimizer_options(cmd, o);
+  add_step_options(cmd, o);
+  auto* resume = add_checkpoint_options(cmd, o);
+  add_end_of_run_options(cmd, o);
   cmd->callback([cmd, &o, resume, config] {
     if (config->count() > 0) apply_config_file(cmd, o.config, kNotInConfigFiles);
     if (o.print_config) o.effective_config = options_as_toml(cmd, kNotInConfigFiles);
     o.resume = resume->count() > 0;
     for (std::string& p : o.sample_prompts) p = unescape(p);
   });
+}
+
+Command add_train(CLI::App& app) {
+  auto o = std::make_shared<TrainOptions>();
+  auto* cmd = app.add_subcommand("train",
+                                 "Train LoRA adapters on a frozen GGUF model; writes adapter.gguf, peft/, metrics.jsonl, "
+                                 "loss.svg and checkpoints/ under --out. With no --model and no --config, runs the "
+                                 "embedded demo (configs/demo.toml)");
+  add_train_options(cmd, *o);
+  set_examples(cmd, "  q4tune train                                   (the embedded demo)\n"
+                    "  q4tune train -m model.gguf --data chats.jsonl -o my-run --lora-rank 16 --steps 500\n"
+                    "  q4tune train --config configs/tiny.toml --data my.jsonl\n"
+                    "  q4tune train --config my-run.toml --resume");
+  return {cmd, [o] { return run_train(*o, std::cout); }};
 }
 
 }  // namespace q4t

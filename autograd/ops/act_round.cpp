@@ -13,10 +13,13 @@ namespace q4t::ag {
 
 namespace {
 
-// The block length of each rounding op: node.params.i[0].
+struct ActRoundParams {
+  int64_t block;  // values per rounding block: 32 (Q8_0) or 256 (Q8_K)
+};
+
 Shape act_round_shape(const Graph& g, const Node& n) {
   const Tensor& x = g.node(n.inputs[0]).value;
-  const int64_t block = n.params.i[0];
+  const int64_t block = n.params_as<ActRoundParams>().block;
   if (x.cols() % block != 0)
     throw GraphError(std::string(n.op->name) + ": rows of " + std::to_string(x.cols()) + " values are not whole " +
                      std::to_string(block) + "-value blocks");
@@ -125,16 +128,12 @@ const OpRegistration kRegistration({&kActRoundOp, &kActRoundKOp}, add_cases);
 
 Var act_round_q8_0(Var x) {
   if (!is_real(x.value().dtype())) throw GraphError("act_round_q8_0: input is not a real tensor");
-  OpParams p;
-  p.i[0] = 32;
-  return x.g->add(kActRoundOp, {x}, p);
+  return x.g->add(kActRoundOp, {x}, ActRoundParams{.block = 32});
 }
 
 Var act_round_q8_k(Var x) {
   if (!is_real(x.value().dtype())) throw GraphError("act_round_q8_k: input is not a real tensor");
-  OpParams p;
-  p.i[0] = 256;
-  return x.g->add(kActRoundKOp, {x}, p);
+  return x.g->add(kActRoundKOp, {x}, ActRoundParams{.block = 256});
 }
 
 }  // namespace q4t::ag

@@ -37,17 +37,22 @@ struct Dims {
 
 bool is_segmented(const OpContext& c) { return c.node.inputs.size() == 4; }
 
-// params.i[0] = n_head, params.i[1] = n_head_kv, params.i[2] = window (0: none); params.f[0] = softcap (0: none).
-int64_t window_of(const OpContext& c) { return c.node.params.i[2]; }
-double softcap_of(const OpContext& c) { return c.node.params.f[0]; }
+struct AttentionParams {
+  int64_t n_head, n_head_kv;
+  AttentionOptions options;  // window and softcap, 0: none
+};
+const AttentionParams& params_of(const OpContext& c) { return c.node.params_as<AttentionParams>(); }
+int64_t window_of(const OpContext& c) { return params_of(c).options.window; }
+double softcap_of(const OpContext& c) { return params_of(c).options.softcap; }
 Dims attention_dims(const OpContext& c) {
-  const int64_t H = c.node.params.i[0];
-  return {c.in(0).rows(), H, c.node.params.i[1], c.in(0).cols() / H};
+  const AttentionParams& p = params_of(c);
+  return {c.in(0).rows(), p.n_head, p.n_head_kv, c.in(0).cols() / p.n_head};
 }
 
 Shape attention_shape(const Graph& g, const Node& n) {
   const Tensor &q = g.node(n.inputs[0]).value, &k = g.node(n.inputs[1]).value, &v = g.node(n.inputs[2]).value;
-  const int64_t H = n.params.i[0], Hkv = n.params.i[1];
+  const AttentionParams& params = n.params_as<AttentionParams>();
+  const int64_t H = params.n_head, Hkv = params.n_head_kv;
   auto fail = [&](const std::string& why) {
     throw GraphError("attention: " + why + " (q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " +
                      shape_str(v.shape()) + ", n_head " + std::to_string(H) + ", n_head_kv " + std::to_string(Hkv) +
@@ -461,11 +466,7 @@ Var attention(Var q, Var k, Var v, int64_t n_head, int64_t n_head_kv, const Atte
   if (o.window < 0 || !(o.softcap >= 0) || !std::isfinite(o.softcap))
     throw GraphError("attention: window " + std::to_string(o.window) + " and softcap " + std::to_string(o.softcap) +
                      " must be non-negative (0: none)");
-  OpParams p;
-  p.i[0] = n_head;
-  p.i[1] = n_head_kv;
-  p.i[2] = o.window;
-  p.f[0] = o.softcap;
+  const AttentionParams p{.n_head = n_head, .n_head_kv = n_head_kv, .options = o};
   if (!segment_ids.g) return q.g->add(kAttentionOp, {q, k, v}, p);
   return q.g->add(kAttentionOp, {q, k, v, segment_ids}, p);
 }

@@ -90,9 +90,13 @@ void kv_cache_write_forward(OpContext& c) {
 // Query t attends rows j ≤ start + t; S[h, t, j] = q_t · k_j / sqrt(D), softmax over j (row max subtracted),
 // out_t = Σ_j P[h, t, j] v_j; query head h reads kv head h / (H / Hkv). The CPU sums in the order of ops
 // attention, so both give the same numbers for the same q, k and v; Vulkan runs one pass with an online softmax
-// (cached_attention.comp), so no [H, T, S] scores buffer exists. params: i[0] = H, i[1] = Hkv.
+// (cached_attention.comp), so no [H, T, S] scores buffer exists.
 // Inputs: q, k_cache, v_cache, start.
 
+struct CachedAttentionParams {
+  int64_t n_head, n_head_kv;
+  AttentionOptions options;  // window and softcap, 0: none
+};
 struct CachedAttentionPush {
   uint32_t T, S, H, Hkv, D;
   float scale;
@@ -103,7 +107,8 @@ constexpr int64_t kMaxVulkanHeadDim = 256;  // MAX_D of cached_attention.comp
 
 Shape cached_attention_shape(const Graph& g, const Node& n) {
   const Tensor &q = g.node(n.inputs[0]).value, &k = g.node(n.inputs[1]).value, &v = g.node(n.inputs[2]).value;
-  const int64_t H = n.params.i[0], Hkv = n.params.i[1];
+  const CachedAttentionParams& params = n.params_as<CachedAttentionParams>();
+  const int64_t H = params.n_head, Hkv = params.n_head_kv;
   auto fail = [&](const std::string& why) {
     throw GraphError("cached_attention: " + why + " (q " + shape_str(q.shape()) + ", k cache " + shape_str(k.shape()) +
                      ", v cache " + shape_str(v.shape()) + ", n_head " + std::to_string(H) + ", n_head_kv " +
@@ -127,13 +132,14 @@ Shape cached_attention_shape(const Graph& g, const Node& n) {
 
 template <class Real>
 void cached_attention_cpu(OpContext& c) {
-  const int64_t H = c.node.params.i[0], Hkv = c.node.params.i[1], T = c.in(0).rows(), D = c.in(0).cols() / H;
+  const CachedAttentionParams& params = c.node.params_as<CachedAttentionParams>();
+  const int64_t H = params.n_head, Hkv = params.n_head_kv, T = c.in(0).rows(), D = c.in(0).cols() / H;
   const int64_t start = start_of(c, 3, T, c.in(1).rows(), "cached_attention");
   const Real *q = c.in(0).data<Real>(), *k = c.in(1).data<Real>(), *v = c.in(2).data<Real>();
   Real* out = c.node.value.data<Real>();
   const Real scale = Real(1 / std::sqrt(double(D)));
-  const int64_t qs = H * D, ks = Hkv * D, G = H / Hkv, W = c.node.params.i[2];
-  const double cap = c.node.params.f[0];
+  const int64_t qs = H * D, ks = Hkv * D, G = H / Hkv, W = params.options.window;
+  const double cap = params.options.softcap;
   std::vector<Real> p(size_t(start + T));  // one row of probabilities
   for (int64_t h = 0; h < H; ++h) {
     const int64_t kvo = (h / G) * D;
@@ -161,11 +167,12 @@ void cached_attention_cpu(OpContext& c) {
 void cached_attention_forward(OpContext& c) {
   if (c.be.is_cpu())
     return c.be.real() == DType::F64 ? cached_attention_cpu<double>(c) : cached_attention_cpu<float>(c);
-  const int64_t H = c.node.params.i[0], T = c.in(0).rows(), D = c.in(0).cols() / H;
-  const int64_t W = c.node.params.i[2];
-  const CachedAttentionPush push{uint32_t(T), uint32_t(c.in(1).rows()), uint32_t(H), uint32_t(c.node.params.i[1]),
+  const CachedAttentionParams& params = c.node.params_as<CachedAttentionParams>();
+  const int64_t H = params.n_head, T = c.in(0).rows(), D = c.in(0).cols() / H, W = params.options.window;
+  const CachedAttentionPush push{uint32_t(T), uint32_t(c.in(1).rows()), uint32_t(H), uint32_t(params.n_head_kv),
                                  uint32_t(D), float(1 / std::sqrt(double(D))),
-                                 W > 0 && W < c.in(1).rows() ? uint32_t(W) : 0xFFFFFFFFu, float(c.node.params.f[0])};
+                                 W > 0 && W < c.in(1).rows() ? uint32_t(W) : 0xFFFFFFFFu,
+                                 float(params.options.softcap)};
   c.seq->dispatch(c.be.pipeline("cached_attention", 5, sizeof(push)),
                   {&c.node.value.buffer(), &c.in(0).buffer(), &c.in(1).buffer(), &c.in(2).buffer(), &c.in(3).buffer()},
                   push, groups_for(H * T * 64, 64));  // one workgroup of 64 per row (h, t)
@@ -229,12 +236,8 @@ Var cached_attention(Var q, Var k_cache, Var v_cache, Var start, int64_t n_head,
   if (o.window < 0 || !(o.softcap >= 0) || !std::isfinite(o.softcap))
     throw GraphError("cached_attention: window " + std::to_string(o.window) + " and softcap " +
                      std::to_string(o.softcap) + " must be non-negative (0: none)");
-  OpParams p;
-  p.i[0] = n_head;
-  p.i[1] = n_head_kv;
-  p.i[2] = o.window;
-  p.f[0] = o.softcap;
-  return q.g->add(kCachedAttentionOp, {q, k_cache, v_cache, start}, p);
+  return q.g->add(kCachedAttentionOp, {q, k_cache, v_cache, start},
+                  CachedAttentionParams{.n_head = n_head, .n_head_kv = n_head_kv, .options = o});
 }
 
 }  // namespace q4t::ag

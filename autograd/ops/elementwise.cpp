@@ -17,6 +17,17 @@ struct ColSumPush {
   uint32_t rows, cols, op;
 };
 
+// The nodes' parameters (Node::params).
+struct ScaleParams {
+  double factor;
+};
+struct ReshapeParams {
+  Shape shape;  // 1 to 5 dims
+};
+struct SliceColsParams {
+  int64_t begin, n;  // columns begin .. begin + n - 1
+};
+
 Shape binary_shape(const char* op, const Graph& g, const Node& n) {
   const Shape& a = g.node(n.inputs[0]).value.shape();
   const Shape& b = g.node(n.inputs[1]).value.shape();
@@ -29,18 +40,16 @@ Shape binary_shape(const char* op, const Graph& g, const Node& n) {
 Shape add_shape(const Graph& g, const Node& n) { return binary_shape("add", g, n); }
 Shape mul_shape(const Graph& g, const Node& n) { return binary_shape("mul", g, n); }
 Shape scale_shape(const Graph& g, const Node& n) { return g.node(n.inputs[0]).value.shape(); }
-// params.i[0] = number of dims, i[1..5] = the dims.
 Shape reshape_shape(const Graph& g, const Node& n) {
   const Shape& a = g.node(n.inputs[0]).value.shape();
-  const Shape out(n.params.i.begin() + 1, n.params.i.begin() + 1 + n.params.i[0]);
+  const Shape& out = n.params_as<ReshapeParams>().shape;
   if (numel(out) != numel(a)) throw GraphError("reshape: cannot view " + shape_str(a) + " as " + shape_str(out));
   return out;
 }
 
-// slice_cols: params.i[0] = begin, i[1] = n.
 Shape slice_cols_shape(const Graph& g, const Node& n) {
   const Shape& a = g.node(n.inputs[0]).value.shape();
-  const int64_t begin = n.params.i[0], count = n.params.i[1];
+  const auto [begin, count] = n.params_as<SliceColsParams>();
   if (a.size() != 2 || begin < 0 || count < 1 || begin + count > a[1])
     throw GraphError("slice_cols: columns " + std::to_string(begin) + " .. " + std::to_string(begin + count - 1) +
                      " are not inside x " + shape_str(a));
@@ -49,14 +58,15 @@ Shape slice_cols_shape(const Graph& g, const Node& n) {
 
 // --- CPU ---------------------------------------------------------------------------------------------------
 
+// factor: kScale's (unused by kAdd and kMul).
 template <class T>
-void ew_forward_cpu(OpContext& c, EwOp op) {
+void ew_forward_cpu(OpContext& c, EwOp op, double factor) {
   const Tensor &a = c.in(0), &y = c.node.value;
   const int64_t n = a.numel();
   T* py = y.data<T>();
   const T* pa = a.data<T>();
   if (op == kScale) {
-    const T s = T(c.node.params.f[0]);
+    const T s = T(factor);
     for (int64_t i = 0; i < n; ++i) py[i] = s * pa[i];
     return;
   }
@@ -68,12 +78,12 @@ void ew_forward_cpu(OpContext& c, EwOp op) {
 
 // g_b += Σ over rows of (dy or dy * other), or elementwise when b is not broadcast.
 template <class T>
-void ew_backward_cpu(OpContext& c, EwOp op) {
+void ew_backward_cpu(OpContext& c, EwOp op, double factor) {
   const T* dy = c.node.grad.data<T>();
   const int64_t n = c.node.value.numel();
   if (op == kScale) {
     T* da = c.in_grad(0).data<T>();
-    const T s = T(c.node.params.f[0]);
+    const T s = T(factor);
     for (int64_t i = 0; i < n; ++i) da[i] += s * dy[i];
     return;
   }
@@ -99,13 +109,13 @@ void ew_dispatch(OpContext& c, const Tensor& y, const Tensor& a, const Tensor* b
   c.seq->dispatch(p, {&y.buffer(), &a.buffer(), &bb.buffer()}, push, groups_for(y.numel(), 256));
 }
 
-void ew_forward_vk(OpContext& c, EwOp op) {
-  ew_dispatch(c, c.node.value, c.in(0), op == kScale ? nullptr : &c.in(1), op, float(c.node.params.f[0]));
+void ew_forward_vk(OpContext& c, EwOp op, double factor) {
+  ew_dispatch(c, c.node.value, c.in(0), op == kScale ? nullptr : &c.in(1), op, float(factor));
 }
 
-void ew_backward_vk(OpContext& c, EwOp op) {
+void ew_backward_vk(OpContext& c, EwOp op, double factor) {
   const Tensor& dy = c.node.grad;
-  if (op == kScale) return ew_dispatch(c, c.in_grad(0), dy, nullptr, kAccScale, float(c.node.params.f[0]));
+  if (op == kScale) return ew_dispatch(c, c.in_grad(0), dy, nullptr, kAccScale, float(factor));
   if (c.needs_grad(0)) {
     if (op == kAdd) ew_dispatch(c, c.in_grad(0), dy, nullptr, kAccScale, 1.0f);
     else ew_dispatch(c, c.in_grad(0), dy, &c.in(1), kAccMul, 0.0f);
@@ -123,16 +133,27 @@ void ew_backward_vk(OpContext& c, EwOp op) {
                   {ceil_div_u32(dy.cols(), 64), 1, 1});
 }
 
+void ew_forward_with(OpContext& c, EwOp op, double factor) {
+  if (!c.be.is_cpu()) return ew_forward_vk(c, op, factor);
+  c.be.real() == DType::F64 ? ew_forward_cpu<double>(c, op, factor) : ew_forward_cpu<float>(c, op, factor);
+}
+void ew_backward_with(OpContext& c, EwOp op, double factor) {
+  if (!c.be.is_cpu()) return ew_backward_vk(c, op, factor);
+  c.be.real() == DType::F64 ? ew_backward_cpu<double>(c, op, factor) : ew_backward_cpu<float>(c, op, factor);
+}
 template <EwOp op>
 void ew_forward(OpContext& c) {
-  if (!c.be.is_cpu()) return ew_forward_vk(c, op);
-  c.be.real() == DType::F64 ? ew_forward_cpu<double>(c, op) : ew_forward_cpu<float>(c, op);
+  ew_forward_with(c, op, 0.0);
 }
 template <EwOp op>
 void ew_backward(OpContext& c) {
-  if (!c.be.is_cpu()) return ew_backward_vk(c, op);
-  c.be.real() == DType::F64 ? ew_backward_cpu<double>(c, op) : ew_backward_cpu<float>(c, op);
+  ew_backward_with(c, op, 0.0);
 }
+void scale_forward(OpContext& c) { ew_forward_with(c, kScale, c.node.params_as<ScaleParams>().factor); }
+void scale_backward(OpContext& c) { ew_backward_with(c, kScale, c.node.params_as<ScaleParams>().factor); }
+// reshape: a copy with another shape (forward y = 1 * x, backward dx += dy); values keep their row-major order.
+void reshape_forward(OpContext& c) { ew_forward_with(c, kScale, 1.0); }
+void reshape_backward(OpContext& c) { ew_backward_with(c, kScale, 1.0); }
 
 void check_real(const char* op, Var v) {
   if (!is_real(v.value().dtype()))
@@ -153,7 +174,7 @@ void slice_cols_cpu(const Tensor& out, const Tensor& in, int64_t begin, int64_t 
 }
 
 void slice_cols_run(OpContext& c, const Tensor& out, const Tensor& in, bool backward) {
-  const int64_t begin = c.node.params.i[0], n = c.node.params.i[1];
+  const auto [begin, n] = c.node.params_as<SliceColsParams>();
   if (c.be.is_cpu()) {
     if (c.be.real() == DType::F64) return slice_cols_cpu<double>(out, in, begin, n, backward);
     return slice_cols_cpu<float>(out, in, begin, n, backward);
@@ -169,9 +190,8 @@ void slice_cols_backward(OpContext& c) { slice_cols_run(c, c.in_grad(0), c.node.
 
 const OpDef kAddOp{"add", add_shape, nullptr, ew_forward<kAdd>, ew_backward<kAdd>, 0u};  // no values
 const OpDef kMulOp{"mul", mul_shape, nullptr, ew_forward<kMul>, ew_backward<kMul>, 0b11u};  // a, b
-const OpDef kScaleOp{"scale", scale_shape, nullptr, ew_forward<kScale>, ew_backward<kScale>, 0u};
-// A copy with another shape (forward y = 1 * x, backward dx += dy): values keep their row-major order.
-const OpDef kReshapeOp{"reshape", reshape_shape, nullptr, ew_forward<kScale>, ew_backward<kScale>, 0u};
+const OpDef kScaleOp{"scale", scale_shape, nullptr, scale_forward, scale_backward, 0u};
+const OpDef kReshapeOp{"reshape", reshape_shape, nullptr, reshape_forward, reshape_backward, 0u};
 const OpDef kSliceColsOp{"slice_cols", slice_cols_shape, nullptr, slice_cols_forward, slice_cols_backward, 0u};
 
 void add_cases(std::vector<GradcheckCase>& out) {
@@ -221,27 +241,18 @@ Var mul(Var a, Var b) {
 }
 Var scale(Var a, double s) {
   check_real("scale", a);
-  OpParams p;
-  p.f[0] = s;
-  return a.g->add(kScaleOp, {a}, p);
+  return a.g->add(kScaleOp, {a}, ScaleParams{.factor = s});
 }
 
 Var slice_cols(Var x, int64_t begin, int64_t n) {
   check_real("slice_cols", x);
-  OpParams p;
-  p.i[0] = begin;
-  p.i[1] = n;
-  return x.g->add(kSliceColsOp, {x}, p);
+  return x.g->add(kSliceColsOp, {x}, SliceColsParams{.begin = begin, .n = n});
 }
 
 Var reshape(Var a, const Shape& shape) {
   check_real("reshape", a);
   if (shape.empty() || shape.size() > 5) throw GraphError("reshape: 1 to 5 dimensions, not " + shape_str(shape));
-  OpParams p;
-  p.i[0] = int64_t(shape.size());
-  for (size_t k = 0; k < shape.size(); ++k) p.i[k + 1] = shape[k];
-  p.f[0] = 1.0;
-  return a.g->add(kReshapeOp, {a}, p);
+  return a.g->add(kReshapeOp, {a}, ReshapeParams{.shape = shape});
 }
 
 }  // namespace q4t::ag

@@ -251,7 +251,12 @@ Shape linear_ce_shape(const Graph& g, const Node& n) {
   return {1};
 }
 
-int64_t tile_rows(const OpContext& c) { return std::min(c.node.params.i[0], c.in(1).dim(0)); }
+struct LinearCrossEntropyParams {
+  int64_t vocab_tile;  // rows of w per tile
+};
+int64_t tile_rows(const OpContext& c) {
+  return std::min(c.node.params_as<LinearCrossEntropyParams>().vocab_tile, c.in(1).dim(0));
+}
 
 // Whether the output product runs mixed (f16 inputs, f32 sums: LinearKernels::mixed_for) on this graph.
 bool mixed_output(const OpContext& c) {
@@ -436,8 +441,9 @@ const OpDef kCrossEntropyOp{"cross_entropy", cross_entropy_shape, cross_entropy_
 const OpDef kLinearCrossEntropyOp{"linear_cross_entropy", linear_ce_shape, linear_ce_prepare, linear_ce_forward,
                                   linear_ce_backward};
 
+// --- gradient-check cases ------------------------------------------------------------------------------------
 
-void add_cases(std::vector<GradcheckCase>& out) {
+void add_embedding_cases(std::vector<GradcheckCase>& out) {
   out.push_back({"embedding f32 table V=11 C=6, repeated ids", [](Graph& g, std::mt19937& r) {
                    Var table = random_param(g, r, {11, 6}, "table");
                    return embedding(table, ids_constant(g, {3, 0, 10, 3, 7, 3, 0}, "ids"));
@@ -469,10 +475,9 @@ void add_cases(std::vector<GradcheckCase>& out) {
                    Var s = random_param(g, r, {13}, "s");
                    return mul(embedding(table, ids_constant(g, {6, 0, 3, 3}, "ids")), s);
                  }});
-  out.push_back({"cross_entropy T=6 V=13, one -100 label", [](Graph& g, std::mt19937& r) {
-                   Var logits = random_param(g, r, {6, 13}, "logits", -3, 3);
-                   return cross_entropy(logits, ids_constant(g, {4, -100, 12, 4, 0, 4}, "labels"));
-                 }});
+}
+
+void add_linear_ce_cases(std::vector<GradcheckCase>& out) {
   out.push_back({"linear_cross_entropy q4_0 T=5 C=64 V=37 vocab_tile=10", [](Graph& g, std::mt19937& r) {
                    Var w = random_q4_0(g, r, 37, 64, "w");
                    Var x = random_param(g, r, {5, 64}, "x");
@@ -516,7 +521,10 @@ void add_cases(std::vector<GradcheckCase>& out) {
                    Var x = random_param(g, r, {3, 22}, "x");
                    return linear_cross_entropy(x, w, ids_constant(g, {69, 0, 64}, "labels"), 65);
                  }});
-  // The formats beyond those above, through the table: a lookup and a loss of rows of one or two blocks.
+}
+
+// The formats beyond those of the cases above, through the table: a lookup and a loss of rows of one or two blocks.
+void add_other_format_cases(std::vector<GradcheckCase>& out) {
   for (const FormatTraits& f : format_table()) {
     const Format fm = f.format;
     if (fm == Format::Q4_0 || fm == Format::Q8_0 || fm == Format::Q4_K || fm == Format::Q6_K || fm == Format::F16)
@@ -535,6 +543,16 @@ void add_cases(std::vector<GradcheckCase>& out) {
                      return linear_cross_entropy(x, w, ids_constant(g, {36, 5, -100, 5, 20}, "labels"), 10);
                    }});
   }
+}
+
+void add_cases(std::vector<GradcheckCase>& out) {
+  add_embedding_cases(out);
+  out.push_back({"cross_entropy T=6 V=13, one -100 label", [](Graph& g, std::mt19937& r) {
+                   Var logits = random_param(g, r, {6, 13}, "logits", -3, 3);
+                   return cross_entropy(logits, ids_constant(g, {4, -100, 12, 4, 0, 4}, "labels"));
+                 }});
+  add_linear_ce_cases(out);
+  add_other_format_cases(out);
   out.push_back({"linear_cross_entropy f32 weight T=4 C=20 V=9 vocab_tile=4", [](Graph& g, std::mt19937& r) {
                    Var w = random_constant(g, r, {9, 20}, "w");
                    Var x = random_param(g, r, {4, 20}, "x");
@@ -561,7 +579,6 @@ Var cross_entropy(Var logits, Var labels) {
   return logits.g->add(kCrossEntropyOp, {logits, labels});
 }
 
-// params.i[0] = vocab_tile.
 Var linear_cross_entropy(Var x, Var w, Var labels, int64_t vocab_tile) {
   if (vocab_tile < 1)
     throw GraphError("linear_cross_entropy: vocab_tile must be at least 1, not " + std::to_string(vocab_tile));
@@ -580,9 +597,7 @@ Var linear_cross_entropy(Var x, Var w, Var labels, int64_t vocab_tile) {
     throw GraphError(std::string("linear_cross_entropy: a ") + dtype_name(t) + " weight on Vulkan needs C a multiple "
                      "of " + std::to_string(format_traits(frozen_format(t)).gpu_n_in_multiple) + " (its kernels read "
                      "rows in whole units), not C = " + std::to_string(wn.value.dim(1)));
-  OpParams p;
-  p.i[0] = vocab_tile;
-  return x.g->add(kLinearCrossEntropyOp, {x, w, labels}, p);
+  return x.g->add(kLinearCrossEntropyOp, {x, w, labels}, LinearCrossEntropyParams{.vocab_tile = vocab_tile});
 }
 
 }  // namespace q4t::ag

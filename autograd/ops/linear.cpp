@@ -187,10 +187,13 @@ void matmul_backward(OpContext& c) {
 
 // --- lora_linear: y[T, n_out] = x·Wᵀ + scale·(xa·Aᵀ)·Bᵀ, W frozen ------------------------------------------
 // Inputs: 0 x (the frozen product's), 1 W [n_out, n_in], 2 A [r, n_in], 3 B [n_out, r], 4 xa (the adapter's:
-// x itself, or x after dropout while the frozen product reads x rounded as llama.cpp does). f[0]: scale.
+// x itself, or x after dropout while the frozen product reads x rounded as llama.cpp does). Parameters: LoraParams.
 // One node for what linear, two matmul_nt, scale and add would do: the adapter's term is added into y in place,
 // and the backward gives no gradient to either term on its own. Saved: hs = scale·xa·Aᵀ [T, r] (for dB = dyᵀ·hs);
 // dh [T, r] (the backward's scale·dy·B); on Vulkan a pass scratch per product (LoraScratch, below).
+struct LoraParams {
+  double scale;
+};
 struct LoraDims {
   int64_t T, n_out, n_in, r;
 };
@@ -257,18 +260,17 @@ void lora_forward(OpContext& c) {
   const Tensor &x = c.in(0), &w = c.in(1), &a = c.in(2), &b = c.in(3), &xa = c.in(4), &y = c.node.value;
   const Tensor& hs = c.node.saved[0];
   const auto [T_, n_out, n_in, r] = lora_dims(x, w, a);
-  const float scale = float(c.node.params.f[0]);
+  const double scale = c.node.params_as<LoraParams>().scale;
   if (lora_kernels(c, r)) {
     auto& k = c.be.linear();
-    k.lora_rows(*c.seq, hs.buffer(), xa.buffer(), a.buffer(), T_, n_in, n_in, r, false, false, scale,
+    k.lora_rows(*c.seq, hs.buffer(), xa.buffer(), a.buffer(), T_, n_in, n_in, r, false, false, float(scale),
                 &lora_scratch(c, kHsScratch)->buffer());  // hs = s·xa·Aᵀ
     frozen_forward(c, y, x, w, lora_scratch(c, kFrozenScratch));
     k.lora_wide(*c.seq, y.buffer(), hs.buffer(), b.buffer(), T_, n_out, r, false, true, 1.0f);  // y += hs·Bᵀ
     return;
   }
   // hs first: it does not wait for y, and y += hs·Bᵀ waits for both.
-  product(c, Prod::NT, hs, xa, a, T_, r, n_in, false, c.node.params.f[0],
-          lora_scratch(c, kHsScratch));  // hs = scale·xa·Aᵀ
+  product(c, Prod::NT, hs, xa, a, T_, r, n_in, false, scale, lora_scratch(c, kHsScratch));  // hs = scale·xa·Aᵀ
   // A format with a tensor-core GEMM adds hs·Bᵀ in its own pass, without reading and writing y again.
   if (!c.be.is_cpu() && is_frozen_storage(w.dtype()) &&
       c.be.linear().gemm_lora(frozen_format(w.dtype()), *c.seq, y.buffer(), w.buffer(), x.buffer(), T_, n_out, n_in,
@@ -283,11 +285,11 @@ void lora_backward(OpContext& c) {
   const Tensor &hs = c.node.saved[0], &dh = c.node.saved[1];
   const auto [T_, n_out, n_in, r] = lora_dims(c.in(0), w, a);
   const bool adapter_input = c.needs_grad(2) || c.needs_grad(4);
+  const double scale = c.node.params_as<LoraParams>().scale;
   if (lora_kernels(c, r)) {
     auto& k = c.be.linear();
-    const float scale = float(c.node.params.f[0]);
     if (adapter_input)  // dh = s·dy·B
-      k.lora_rows(*c.seq, dh.buffer(), dy.buffer(), b.buffer(), T_, n_out, n_out, r, true, false, scale,
+      k.lora_rows(*c.seq, dh.buffer(), dy.buffer(), b.buffer(), T_, n_out, n_out, r, true, false, float(scale),
                   &lora_scratch(c, kDhScratch)->buffer());
     if (c.needs_grad(0)) frozen_backward(c, c.in_grad(0), dy, w, lora_scratch(c, kFrozenScratch));
     if (c.needs_grad(3))  // dB += dyᵀ·hs
@@ -301,7 +303,7 @@ void lora_backward(OpContext& c) {
     return;
   }
   if (adapter_input)  // dh = scale·dy·B
-    product(c, Prod::NN, dh, dy, b, T_, r, n_out, false, c.node.params.f[0], lora_scratch(c, kDhScratch));
+    product(c, Prod::NN, dh, dy, b, T_, r, n_out, false, scale, lora_scratch(c, kDhScratch));
   // Where the frozen product and the adapter read one input (no dropout, no rounding), a format with a
   // tensor-core dx adds dh·A into its dx in the same pass.
   const bool fused_dx = !c.be.is_cpu() && is_frozen_storage(w.dtype()) && c.node.inputs[0] == c.node.inputs[4] &&
@@ -424,9 +426,7 @@ Var matmul_nt(Var a, Var b) { return a.g->add(kMatmulOp, {a, b}); }
 
 Var lora_linear(Var x, Var w, Var a, Var b, double scale, Var xa) {
   check_frozen_weight("lora_linear", x, w);
-  OpParams p;
-  p.f[0] = scale;
-  return x.g->add(kLoraOp, {x, w, a, b, xa.g ? xa : x}, p);
+  return x.g->add(kLoraOp, {x, w, a, b, xa.g ? xa : x}, LoraParams{.scale = scale});
 }
 
 }  // namespace q4t::ag

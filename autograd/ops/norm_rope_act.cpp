@@ -2,7 +2,6 @@
 // Shapes: x [T, C] with T rows (tokens) of C channels; rope's x is [T, H*D] (H heads of head dim D).
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <span>
 #include <stdexcept>
@@ -21,9 +20,12 @@ void check_real(const char* op, Var v) {
 }
 
 // --- rms_norm: y[t, c] = x[t, c] * rstd[t] * w[c], rstd[t] = 1 / sqrt(mean_c x[t, c]² + eps) --------------
-// params: f[0] = eps. saved[0] = rstd [T], written by the forward for the backward; on Vulkan with a trainable
-// w, saved[1] = the dw scratch below.
+// saved[0] = rstd [T], written by the forward for the backward; on Vulkan with a trainable w, saved[1] = the dw
+// scratch below.
 
+struct RmsNormParams {
+  double eps;
+};
 struct RmsNormPush {
   uint32_t rows, cols;
   float eps;
@@ -57,7 +59,7 @@ template <class T>
 void rms_norm_forward_cpu(OpContext& c) {
   const Tensor& x = c.in(0);
   const int64_t rows = x.rows(), C = x.cols();
-  const T eps = T(c.node.params.f[0]);
+  const T eps = T(c.node.params_as<RmsNormParams>().eps);
   const T *px = x.data<T>(), *pw = c.in(1).data<T>();
   T *py = c.node.value.data<T>(), *rstd = c.node.saved[0].data<T>();
   for (int64_t t = 0; t < rows; ++t) {
@@ -97,7 +99,7 @@ void rms_norm_backward_cpu(OpContext& c) {
 // One workgroup per row for the forward and dx (a row reduction each); dw is a column sum in two passes.
 void rms_norm_forward_vk(OpContext& c) {
   const Tensor& x = c.in(0);
-  const RmsNormPush push{uint32_t(x.rows()), uint32_t(x.cols()), float(c.node.params.f[0])};
+  const RmsNormPush push{uint32_t(x.rows()), uint32_t(x.cols()), float(c.node.params_as<RmsNormParams>().eps)};
   const auto& p = c.be.pipeline("rms_norm_forward", 4, sizeof(push));
   c.seq->dispatch(p, {&c.node.value.buffer(), &c.node.saved[0].buffer(), &x.buffer(), &c.in(1).buffer()}, push,
                   groups_for(x.rows(), 1));
@@ -105,7 +107,7 @@ void rms_norm_forward_vk(OpContext& c) {
 
 void rms_norm_backward_vk(OpContext& c) {
   const Tensor &x = c.in(0), &w = c.in(1), &dy = c.node.grad, &rstd = c.node.saved[0];
-  const RmsNormPush push{uint32_t(x.rows()), uint32_t(x.cols()), float(c.node.params.f[0])};
+  const RmsNormPush push{uint32_t(x.rows()), uint32_t(x.cols()), float(c.node.params_as<RmsNormParams>().eps)};
   if (c.needs_grad(0)) {
     const auto& p = c.be.pipeline("rms_norm_backward_dx", 5, sizeof(push));
     c.seq->dispatch(p, {&c.in_grad(0).buffer(), &dy.buffer(), &x.buffer(), &w.buffer(), &rstd.buffer()}, push,
@@ -135,9 +137,14 @@ void rms_norm_backward(OpContext& c) {
 // --- rope: rotate pairs of each head of x [T, H*D] by theta_i = pos * freq[i], cos and sin times mscale ------
 // Inputs: x, freqs [R/2] (a constant), and for rope_at start [1] i32. Token t sits at pos = pos_offset + t, or
 // start[0] + t. Partial rotary (R < D): the first R dims of each head rotate (norm: pairs (2i, 2i+1), neox:
-// (i, i + R/2)), the other D − R pass through. params: i[0] = H, i[1] = D, i[2] = mode (RopeMode),
-// i[3] = pos_offset; f[0] = mscale.
+// (i, i + R/2)), the other D − R pass through.
 
+struct RopeParams {
+  int64_t n_head, head_dim;  // H, D
+  RopeMode mode;
+  int64_t pos_offset;  // rope: the position of token 0 (rope_at: 0, the position is start[0])
+  double mscale;       // cos and sin are multiplied by it
+};
 struct RopePush {
   uint32_t n_pairs, n_head, head_dim, mode, pos_offset, has_start, n_rot;
   float mscale, sin_sign;
@@ -150,7 +157,8 @@ Shape rope_shape(const Graph& g, const Node& n) {
   const char* op = rope_has_start(n) ? "rope_at" : "rope";
   const Tensor& x = g.node(n.inputs[0]).value;
   const Tensor& freqs = g.node(n.inputs[1]).value;
-  const int64_t H = n.params.i[0], D = n.params.i[1];
+  const RopeParams& params = n.params_as<RopeParams>();
+  const int64_t H = params.n_head, D = params.head_dim;
   const std::string dims = "n_head " + std::to_string(H) + ", head_dim " + std::to_string(D);
   if (!is_real(x.dtype())) throw GraphError(std::string(op) + ": x is " + dtype_name(x.dtype()) + ", not real");
   if (H <= 0 || D <= 0 || D % 2 != 0)
@@ -161,8 +169,8 @@ Shape rope_shape(const Graph& g, const Node& n) {
   if (!is_real(freqs.dtype()) || freqs.shape().size() != 1 || freqs.shape()[0] < 1 || freqs.shape()[0] > D / 2)
     throw GraphError(std::string(op) + ": freqs " + shape_str(freqs.shape()) + " must be real [rotated dims / 2], "
                      "at most [head_dim / 2] = [" + std::to_string(D / 2) + "]");
-  if (n.params.i[3] < 0)
-    throw GraphError(std::string(op) + ": pos_offset " + std::to_string(n.params.i[3]) + " must be non-negative");
+  if (params.pos_offset < 0)
+    throw GraphError(std::string(op) + ": pos_offset " + std::to_string(params.pos_offset) + " must be non-negative");
   if (rope_has_start(n)) {
     const Tensor& start = g.node(n.inputs[2]).value;
     if (start.dtype() != DType::I32 || start.shape() != Shape{1})
@@ -176,10 +184,10 @@ Shape rope_shape(const Graph& g, const Node& n) {
 // accumulate: the transpose of a scaled rotation is the same scale times its inverse. theta, sin and cos are
 // computed in double for both T.
 template <class T>
-void rope_cpu(const Tensor& out, const Tensor& in, const Tensor& freqs, int64_t first_pos, const OpParams& p,
+void rope_cpu(const Tensor& out, const Tensor& in, const Tensor& freqs, int64_t first_pos, const RopeParams& p,
               double sign, bool accumulate) {
-  const int64_t H = p.i[0], D = p.i[1], R = 2 * freqs.numel(), rows = in.rows();
-  const bool norm = RopeMode(p.i[2]) == RopeMode::Norm;
+  const int64_t H = p.n_head, D = p.head_dim, R = 2 * freqs.numel(), rows = in.rows();
+  const bool norm = p.mode == RopeMode::Norm;
   const T* x = in.data<T>();
   const T* f = freqs.data<T>();
   T* y = out.data<T>();
@@ -187,7 +195,7 @@ void rope_cpu(const Tensor& out, const Tensor& in, const Tensor& freqs, int64_t 
     const double pos = double(first_pos + t);
     for (int64_t i = 0; i < R / 2; ++i) {
       const double theta = pos * double(f[i]);
-      const T cs = T(p.f[0] * std::cos(theta)), sn = T(p.f[0] * sign * std::sin(theta));
+      const T cs = T(p.mscale * std::cos(theta)), sn = T(p.mscale * sign * std::sin(theta));
       for (int64_t h = 0; h < H; ++h) {
         const int64_t ia = (t * H + h) * D + (norm ? 2 * i : i), ib = ia + (norm ? 1 : R / 2);
         const T a = x[ia], b = x[ib];
@@ -205,10 +213,10 @@ void rope_cpu(const Tensor& out, const Tensor& in, const Tensor& freqs, int64_t 
 }
 
 void rope_run(OpContext& c, const Tensor& out, const Tensor& in, double sign, bool accumulate) {
-  const OpParams& p = c.node.params;
+  const RopeParams& p = c.node.params_as<RopeParams>();
   const bool has_start = rope_has_start(c.node);
   if (c.be.is_cpu()) {
-    int64_t first = p.i[3];
+    int64_t first = p.pos_offset;
     if (has_start) {
       first = c.in(2).data<int32_t>()[0];
       if (first < 0)
@@ -218,8 +226,8 @@ void rope_run(OpContext& c, const Tensor& out, const Tensor& in, double sign, bo
     if (c.be.real() == DType::F64) return rope_cpu<double>(out, in, c.in(1), first, p, sign, accumulate);
     return rope_cpu<float>(out, in, c.in(1), first, p, sign, accumulate);
   }
-  const RopePush push{uint32_t(in.numel() / 2), uint32_t(p.i[0]), uint32_t(p.i[1]), uint32_t(p.i[2]),
-                      uint32_t(p.i[3]), has_start ? 1u : 0u, uint32_t(2 * c.in(1).numel()), float(p.f[0]),
+  const RopePush push{uint32_t(in.numel() / 2), uint32_t(p.n_head), uint32_t(p.head_dim), uint32_t(p.mode),
+                      uint32_t(p.pos_offset), has_start ? 1u : 0u, uint32_t(2 * c.in(1).numel()), float(p.mscale),
                       float(sign), accumulate ? 1u : 0u};
   const auto& pl = c.be.pipeline("rope_rotate", 4, sizeof(push));
   const vk::Buffer& start = has_start ? c.in(2).buffer() : c.in(1).buffer();  // unread without a start
@@ -235,10 +243,13 @@ void rope_backward(OpContext& c) {
 // silu(x) = x s with s = sigmoid(x), silu' = s (1 + x (1 - s)).
 // gelu(x) = x (1 + t) / 2 with t = tanh(k (x + 0.044715 x³)), k = sqrt(2/π) (the tanh approximation gemma uses);
 // gelu' = (1 + t) / 2 + x (1 − t²) k (1 + 3·0.044715 x²) / 2.
-// softcap(x) = cap·tanh(x / cap) (params f[0] = cap), softcap' = 1 − tanh²(x / cap).
+// softcap(x) = cap·tanh(x / cap) (SoftcapParams), softcap' = 1 − tanh²(x / cap).
 
 enum Activation : uint32_t { kSilu = 0, kGelu = 1, kSoftcap = 2 };
 enum ActStep : uint32_t { kActForward = 0, kGatedForward = 1, kActBackward = 2, kGatedDGate = 3, kGatedDUp = 4 };
+struct SoftcapParams {
+  double cap;
+};
 struct ActPush {
   uint32_t n, step, act;
   float cap;
@@ -305,7 +316,7 @@ void act_cpu(Activation act, double cap, ActStep step, const Tensor& out, const 
 // Vulkan binds 4 buffers (out, a, b, dy); an unused slot is bound to a.
 void act_run(OpContext& c, Activation act, ActStep step, const Tensor& out, const Tensor& a, const Tensor* b,
              const Tensor* dy) {
-  const double cap = c.node.params.f[0];
+  const double cap = act == kSoftcap ? c.node.params_as<SoftcapParams>().cap : 0.0;  // 0: unused
   if (c.be.is_cpu()) {
     if (c.be.real() == DType::F64) return act_cpu<double>(act, cap, step, out, a, b, dy);
     return act_cpu<float>(act, cap, step, out, a, b, dy);
@@ -335,8 +346,8 @@ void gated_backward(OpContext& c) {
 }
 
 // --- dropout: y = x * mask / (1 - p), the mask drawn from (seed, element index) ------------------------------
-// params: f[0] = p; i[0] = the 64-bit seed; i[1] = 1 when input 1 is a salt. The mask is recomputed in the
-// backward, never stored. Element i is kept iff u_i >= p, u_i = (hash(i) >> 8) / 2^24 in [0, 1); the comparison
+// Parameters: DropoutParams; input 1, when present, is the salt. The mask is recomputed in the backward, never
+// stored. Element i is kept iff u_i >= p, u_i = (hash(i) >> 8) / 2^24 in [0, 1); the comparison
 // is done on integers against ceil(p * 2^24), so the CPU and the GPU draw the same mask bit for bit. A salt (i32
 // [2], read when the op runs) re-keys the hash: k1' = pcg(k1 ^ salt[0]), k2' = pcg(k2 ^ salt[1]); a trainer
 // rewrites it before each micro-batch, so a graph recorded once still draws a new mask every step.
@@ -349,18 +360,21 @@ uint32_t pcg_hash(uint32_t v) {
   return (word >> 22u) ^ word;
 }
 
+struct DropoutParams {
+  double p;  // the probability of dropping an element
+  uint64_t seed;
+};
+
 // The per-graph constants of the mask: two 32-bit keys mixed from both halves of the seed, the integer
 // threshold, and the inverted-dropout scale. hash(i) = pcg(pcg(i + k1) ^ k2).
 struct DropoutMask {
   uint32_t k1, k2, threshold;
   double scale;
-  explicit DropoutMask(const OpParams& p) {
-    uint64_t seed;
-    std::memcpy(&seed, &p.i[0], sizeof(seed));
-    k1 = pcg_hash(uint32_t(seed));
-    k2 = pcg_hash(uint32_t(seed >> 32) ^ k1);
-    threshold = uint32_t(std::ceil(p.f[0] * 16777216.0));
-    scale = 1.0 / (1.0 - p.f[0]);
+  explicit DropoutMask(const DropoutParams& d) {
+    k1 = pcg_hash(uint32_t(d.seed));
+    k2 = pcg_hash(uint32_t(d.seed >> 32) ^ k1);
+    threshold = uint32_t(std::ceil(d.p * 16777216.0));
+    scale = 1.0 / (1.0 - d.p);
   }
   void salt(const int32_t* s) { k1 = pcg_hash(k1 ^ uint32_t(s[0])), k2 = pcg_hash(k2 ^ uint32_t(s[1])); }
   bool keep(uint32_t i) const { return (pcg_hash(pcg_hash(i + k1) ^ k2) >> 8u) >= threshold; }
@@ -398,7 +412,7 @@ void dropout_cpu(const Tensor& out, const Tensor& in, const DropoutMask& m, bool
 }
 
 void dropout_run(OpContext& c, const Tensor& out, const Tensor& in, bool accumulate) {
-  DropoutMask m(c.node.params);
+  DropoutMask m(c.node.params_as<DropoutParams>());
   const bool salted = c.node.inputs.size() > 1;
   if (c.be.is_cpu()) {
     if (salted) m.salt(c.in(1).data<int32_t>());
@@ -533,9 +547,7 @@ const OpRegistration kRegistration({&kRmsNormOp, &kRopeOp, &kSiluOp, &kSwigluOp,
 Var rms_norm(Var x, Var w, double eps) {
   check_real("rms_norm", x), check_real("rms_norm", w);
   if (!(eps >= 0)) throw GraphError("rms_norm: eps " + std::to_string(eps) + " must be non-negative");
-  OpParams p;
-  p.f[0] = eps;
-  return x.g->add(kRmsNormOp, {x, w}, p);
+  return x.g->add(kRmsNormOp, {x, w}, RmsNormParams{.eps = eps});
 }
 
 RopeFreqs RopeFreqs::plain(int64_t head_dim, double base) {
@@ -555,9 +567,8 @@ Var rope_node(const char* op, Var x, Var start, int64_t n_head, int64_t head_dim
     throw GraphError(std::string(op) + ": mscale " + std::to_string(f.mscale) + " must be positive");
   for (double v : f.freq)
     if (!std::isfinite(v)) throw GraphError(std::string(op) + ": the frequencies must be finite");
-  OpParams p;
-  p.i = {n_head, head_dim, int64_t(mode), pos_offset, 0, 0};
-  p.f[0] = f.mscale;
+  const RopeParams p{
+      .n_head = n_head, .head_dim = head_dim, .mode = mode, .pos_offset = pos_offset, .mscale = f.mscale};
   Var freqs = x.g->constant(x.g->backend().from_host(std::span<const double>(f.freq), {int64_t(f.freq.size())}),
                             std::string(op) + ".freqs");
   if (!start.g) return x.g->add(kRopeOp, {x, freqs}, p);
@@ -598,17 +609,13 @@ Var geglu(Var gate, Var up) {
 Var softcap(Var x, double cap) {
   check_real("softcap", x);
   if (!(cap > 0) || !std::isfinite(cap)) throw GraphError("softcap: cap " + std::to_string(cap) + " must be positive");
-  OpParams p;
-  p.f[0] = cap;
-  return x.g->add(kSoftcapOp, {x}, p);
+  return x.g->add(kSoftcapOp, {x}, SoftcapParams{.cap = cap});
 }
 
 Var dropout(Var x, double p, uint64_t seed, Var salt) {
   check_real("dropout", x);
   if (!(p >= 0 && p < 1)) throw GraphError("dropout: p = " + std::to_string(p) + " must lie in [0, 1)");
-  OpParams params;
-  params.f[0] = p;
-  std::memcpy(&params.i[0], &seed, sizeof(seed));
+  const DropoutParams params{.p = p, .seed = seed};
   if (!salt.g) return x.g->add(kDropoutOp, {x}, params);
   if (salt.g != x.g) throw GraphError("dropout: the salt belongs to another graph");
   return x.g->add(kDropoutOp, {x, salt}, params);

@@ -3,9 +3,11 @@
 #include <array>
 #include <cstdint>
 
+#include "kernels/shapes.h"
+
 namespace q4t::ag {
 
-inline uint32_t ceil_div_u32(int64_t a, int64_t b) { return uint32_t((a + b - 1) / b); }
+inline constexpr auto& ceil_div_u32 = ceil_div<uint32_t>;  // kernels/shapes.h's, for workgroup counts
 
 // Workgroups for n invocations of `wg` each, spread over x and y so neither exceeds 65535; shaders rebuild
 // the index as (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * wg + local id.

@@ -14,6 +14,7 @@
 
 #include "kernels/cpu/q4_0_rows.h"
 #include "kernels/cpu/threads.h"
+#include "kernels/shapes.h"
 
 namespace q4t::cpu::detail {
 
@@ -35,7 +36,6 @@ constexpr int64_t kMaxTileRows = 256;        // Eigen path: GEMM output rows per
 constexpr int64_t kDxTileCols = 512;         // Eigen path: dx columns per tile
 constexpr int64_t kDxTileRows = 256;         // Eigen path: dx rows j per tile
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Columns per unit: whole panels and whole blocks (32 for Q8_0 and F16, 256 for Q4_K and Q6_K).
 int64_t column_unit(const FrozenRowKernels& k) { return std::lcm(kPanelCols, k.block_elems); }
 int64_t row_bytes(const FrozenRowKernels& k, int64_t n_in) { return byte_offset(k, n_in); }

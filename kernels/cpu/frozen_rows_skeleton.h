@@ -3,38 +3,8 @@
 // instruction set: frozen_rows.cpp includes this with plain arrays for V (the portable loops), the x86 files with
 // intrinsics (frozen_rows_avx2.cpp: 8 lanes; frozen_rows_avx512.cpp: 16). Everything is inlined at compile time:
 // no call per block.
-//
-// A block decoder D describes kElems weights in kBytes bytes. Most formats are "level" formats: weight i of a
-// block is scale[s]·level[i] + offset[s] (offset only where kOffset), s = i / kSubElems, with small integer
-// levels (IQ4: one of 16 fixed int8 values). D::unpack writes a block's scales and offsets as floats into
-// D::Unpacked. The levels come one vector at a time either straight from the block's bytes, D::group(b, k) for
-// weights L·k .. L·k + L − 1 (L = V::kLanes): one widening shared by the groups of the same bytes, then a shift
-// and a conversion or a table lookup per vector; or, where that takes more work per vector (a fifth or third bit
-// from elsewhere in the block; a 16-entry table without AVX-512), staged by unpack as int8 in 32-byte steps,
-// D::slot(j) telling where weights 16j..16j+15 sit. Every scale·level is exact in f32, so scale·level + offset,
-// fused or not, rounds once, exactly as GGML's float dequantisation (kernels/quant/*.cpp): decode() equals the
-// codecs bit for bit. F16 and BF16 are "float" formats (kSubElems = 0): blocks of one weight, read a vector at a
-// time by D::lanes.
-//
 // The includer defines Q4T_ROWS_TARGET (the target attribute of its instruction set, or nothing) before
 // including; everything here is in an unnamed namespace, so each build is its own copy.
-//
-// The vector layer V provides:
-//   F: kLanes floats (8 or 16). zero, load, store (unaligned), loadn<N> / storen<N> (the first N <= kLanes
-//      lanes, N a multiple of 8; the other lanes load as 0), set1, mul, add, fma (a·b + c), hsum; fma1 (the
-//      scalar a·b + c, rounded as the lanes' fma); levels (kLanes int8 as floats); f16, bf16 (kLanes of them at
-//      a byte address, as floats).
-//   I: kLanes int32. u8 (kLanes bytes, zero-extended), srl (logical shift right), low<N> (the low N <= 4 bits
-//      as floats). kLookup: whether V also has these, one instruction each: sll, select<M>(a, b) (the bits of a
-//      where M has ones, of b elsewhere), bits_at(x, i, to) (lane t: the word x rotated so that its bit i + t
-//      lands on bit `to`), lut8 / lut16 / lut32 (t[lane & 7] / t[lane & 15] of a 16-float table, t[lane & 31]
-//      of a 32-float one).
-//   scalars: half, bf16_one (one f16 / bf16 at a byte address, as a float).
-//   B: 32 bytes. load32, load16 (the upper 16 bytes zero), from_u32 (4 words, the upper 16 bytes zero), store32,
-//      nibbles (16 bytes -> their 16 low nibbles then their 16 high nibbles), and8 / sub8 (per byte, with a
-//      constant), or_, shr / shl (per byte by a constant; the bits shifted in are unspecified, so each is
-//      followed by an and8), lookup16 (bytes 0..15 -> table[byte]), bits (32 bits -> byte i = 0xFF when bit i
-//      is set, else 0); scales<I>(out, v, m): out[0..8) = m · (bytes 8I..8I+7 of v as int8), exact products.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -53,6 +23,17 @@
 namespace q4t::cpu::detail {
 namespace {
 
+// The vector layer V that everything here is templated on provides:
+//   F: kLanes floats (8 or 16). zero, load, store (unaligned), loadn<N> / storen<N> (the first N <= kLanes
+//      lanes, N a multiple of 8; the other lanes load as 0), set1, mul, add, fma (a·b + c), hsum; fma1 (the
+//      scalar a·b + c, rounded as the lanes' fma); levels (kLanes int8 as floats); f16, bf16 (kLanes of them at
+//      a byte address, as floats).
+//   I: kLanes int32. u8 (kLanes bytes, zero-extended), srl (logical shift right), low<N> (the low N <= 4 bits
+//      as floats). kLookup: whether V also has these, one instruction each: sll, select<M>(a, b) (the bits of a
+//      where M has ones, of b elsewhere), bits_at(x, i, to) (lane t: the word x rotated so that its bit i + t
+//      lands on bit `to`), lut8 / lut16 / lut32 (t[lane & 7] / t[lane & 15] of a 16-float table, t[lane & 31]
+//      of a 32-float one).
+//   scalars: half, bf16_one (one f16 / bf16 at a byte address, as a float).
 namespace rows {
 
 inline uint32_t u32_at(const uint8_t* p) {
@@ -86,6 +67,12 @@ struct Unpacked {
   alignas(64) int8_t q[Staged ? Staged : 1];
 };
 
+// The vector layer's bytes, V::B: 32 bytes. load32, load16 (the upper 16 bytes zero), from_u32 (4 words, the
+// upper 16 bytes zero), store32, nibbles (16 bytes -> their 16 low nibbles then their 16 high nibbles), and8 /
+// sub8 (per byte, with a constant), or_, shr / shl (per byte by a constant; the bits shifted in are unspecified,
+// so each is followed by an and8), lookup16 (bytes 0..15 -> table[byte]), bits (32 bits -> byte i = 0xFF when
+// bit i is set, else 0); scales<I>(out, v, m): out[0..8) = m · (bytes 8I..8I+7 of v as int8), exact products.
+
 // Bit k of each byte of v, moved to bit `to` (k, to < 8) and masked.
 template <class V, int K, int To>
 Q4T_ROWS_TARGET inline typename V::B bit_to(typename V::B v) {
@@ -93,6 +80,18 @@ Q4T_ROWS_TARGET inline typename V::B bit_to(typename V::B v) {
   else if constexpr (K < To) return V::and8(V::shl(v, To - K), uint8_t(1u << To));
   else return V::and8(v, uint8_t(1u << To));
 }
+
+// A block decoder D describes kElems weights in kBytes bytes. Most formats are "level" formats: weight i of a
+// block is scale[s]·level[i] + offset[s] (offset only where kOffset), s = i / kSubElems, with small integer
+// levels (IQ4: one of 16 fixed int8 values). D::unpack writes a block's scales and offsets as floats into
+// D::Unpacked. The levels come one vector at a time either straight from the block's bytes, D::group(b, k) for
+// weights L·k .. L·k + L − 1 (L = V::kLanes): one widening shared by the groups of the same bytes, then a shift
+// and a conversion or a table lookup per vector; or, where that takes more work per vector (a fifth or third bit
+// from elsewhere in the block; a 16-entry table without AVX-512), staged by unpack as int8 in 32-byte steps,
+// D::slot(j) telling where weights 16j..16j+15 sit. Every scale·level is exact in f32, so scale·level + offset,
+// fused or not, rounds once, exactly as GGML's float dequantisation (kernels/quant/*.cpp): decode() equals the
+// codecs bit for bit. F16 and BF16 are "float" formats (kSubElems = 0): blocks of one weight, read a vector at a
+// time by D::lanes.
 
 // --- 32-weight blocks ------------------------------------------------------------------------------------------
 // Weight j < 16 of a 16-byte nibble field is the low nibble of byte j, weight j >= 16 the high nibble of byte

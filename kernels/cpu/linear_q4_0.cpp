@@ -35,8 +35,6 @@ constexpr int64_t kMaxTileRows = 256;        // Eigen path: GEMM output rows per
 constexpr int64_t kDxColBlocks = 16;         // Eigen path: dx columns per tile, in blocks
 constexpr int64_t kDxTileRows = 256;         // Eigen path: dx rows j per tile
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // A 64-byte aligned per-thread buffer, grown on demand and kept: tiles are hundreds of KiB and a fresh
 // allocation per call would fault its pages in every time.
 float* tile_buffer(int64_t n) {

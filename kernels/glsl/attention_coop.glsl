@@ -1,19 +1,13 @@
 // Shared parts of the tensor-core attention passes (attention_coop_*.comp), for devices with
-// VK_NV_cooperative_matrix and subgroups of 32 (autograd/ops/attention.cpp picks them): causal self-attention as
-// in attention_flash.glsl, whose layout they use with SPLIT = 1: DPL is the head dim D (a multiple of 16), TILE
-// the BC rows of the other side staged per step, WG the invocations (WG / 32 subgroups of 16 rows each).
-//
-// Mixed precision (variants *_mixed, built with MIXED): every matrix input enters as one f16 rounded to nearest, one
-// product, f32 sums, as in the frozen products (mixed_gemm.comp). Otherwise:
-// numerics stay near f32: every matrix input enters as f16 hi + lo (split8_in_order: hi the value cut to 11
-// significant bits, lo the exact rest rounded to f16) and every product as hi·hi + hi·lo + lo·hi into f32
-// accumulators. Over 4237 packed tokens (tests/test_autograd.cpp, LongPackedAttention) the H100 gave dK within
-// 1.2e-5 of its largest value, against about 1e-6 for the FP32 kernels (the gradient checks allow 1e-4). Values
-// must stay within f16's range (|x| < 65504).
-//
-// The including shader binds its buffers, defines SEG_IDS, then includes this, then declares
-// `shared uvec4 tiles[]`: the helpers below that touch it are macros. Row-wise work (masks, softmax) runs on
-// 16 x BC blocks stored to a subgroup's own part of tiles, two lanes per row, each with HALF = BC / 2 columns.
+// VK_NV_cooperative_matrix and subgroups of 32 (autograd/ops/attention.cpp picks them): causal self-attention as in
+// attention_flash.glsl, whose layout they use with SPLIT = 1: DPL is the head dim D (a multiple of 16), TILE the BC
+// rows of the other side staged per step, WG the invocations (WG / 32 subgroups of 16 rows each). Numerics near
+// f32: every matrix input as f16 hi + lo (split8_in_order), every product as hi·hi + hi·lo + lo·hi into f32; the
+// *_mixed variants (MIXED) take one f16 rounded to nearest and one product, as mixed_gemm.comp. Values must stay
+// within f16's range (|x| < 65504). Accuracy as measured: docs/kernels.md, "Tensor-core attention".
+// The including shader binds its buffers, defines SEG_IDS, includes this, then declares `shared uvec4 tiles[]`
+// (the helpers that touch it are macros). Row-wise work (masks, softmax) runs on 16 x BC blocks in a subgroup's
+// own part of tiles, two lanes per row, each with HALF = BC / 2 columns.
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -92,8 +86,8 @@ float dout_scale() {
 
 // dst[base + (r0 + row)·stride + col0 + 16f + c] = m[f][row][c] for the DF matrices m[f] (STORE_ROWS), or +=
 // (ADD_ROWS), for the rows r0 + row before T: straight to memory when all 16 rows are, else through `at` in the
-// subgroup's part of tiles (64 uvec4s). STORE_ROWS never reads dst, which may then be writeonly. (A test for
-// the edge per matrix, with its barriers, instead of one for all of them made the forward a third slower.)
+// subgroup's part of tiles (64 uvec4s). STORE_ROWS never reads dst, which may then be writeonly. One edge test
+// covers all DF matrices (docs/kernels.md, "Tensor-core attention").
 #define NO_OLD_(dst, m, a0_, stride)
 #define ADD_OLD_(dst, m, a0_, stride)                                   \
   {                                                                     \

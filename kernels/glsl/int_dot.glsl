@@ -1,21 +1,10 @@
 // 8-bit integer dot products (SPV_KHR_integer_dot_product, "4x8 packed": four bytes of each 32-bit operand
 // multiplied pairwise and summed in one instruction), declared through GL_EXT_spirv_intrinsics because Debian's
 // glslang 12 has no GL_EXT_integer_dot_product. Only devices with Device::integer_dot run these shaders.
-//
 // The activations they take are "limbs" (x_limbs.comp): each float of a group of x becomes a 24-bit integer A
 // at the group's scale s = max|x| / (2^23 - 1), so |x - s·A| <= s / 2 (the rounding of f32 at the group's
 // largest element), kept as three byte planes: A = L0 + 2^8·L1 + 2^16·L2 with L0, L1 unsigned and L2 signed.
 // A dot product of weights q (bytes 0..15) with x is then s·(Σ q·L0 + 2^8·Σ q·L1 + 2^16·Σ q·L2).
-//
-// The scratch buffer of a limb set for n_in activations, in 32-bit words (P = n_in / 4 words per plane):
-//   [0, 3P)                  the planes L0, L1, L2, one byte per activation, in the format's order;
-//   [3P, 3P + n_in/32)       the group scales s (Q4_0: one per 32 activations; Q4_K: one per 256);
-//   [3P + n_in/32, + n_in/16) Σ x of each piece (Q4_0: per 32; Q4_K: per 16, in slot order) as f32.
-// Q4_0 keeps x's order. Q4_K reorders each 256-block into 16 slots of 16 bytes: slot 2c + h holds x[64c + 16h
-// .. + 16) (the low nibbles of the block's uvec4 1 + 2c + h), slot 8 + 2c + h holds x[64c + 32 + 16h .. + 16)
-// (its high nibbles), so the invocations of q4_k_gemv_dot.comp read neighbouring uvec4s. Q6_K reorders each
-// 256-block into the 8 units of q6_k_gemv_dot.comp, 32 bytes each: unit 4h + g holds x[128h + 32·k4 + 8g ..
-// + 8) for k4 = 0..3 (Q6_K needs no sums).
 
 spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4451)
 uint dot_u8x4(uint a, uint b, spirv_literal int packed_format);  // OpUDotKHR
@@ -26,6 +15,16 @@ spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [
 int dot_s8x4(uint a, uint b, spirv_literal int packed_format);  // OpSDotKHR: both signed
 
 const int PACKED_4X8 = 0;  // PackedVectorFormat4x8BitKHR
+
+// The scratch buffer of a limb set for n_in activations, in 32-bit words (P = n_in / 4 words per plane):
+//   [0, 3P)                  the planes L0, L1, L2, one byte per activation, in the format's order;
+//   [3P, 3P + n_in/32)       the group scales s (Q4_0: one per 32 activations; Q4_K: one per 256);
+//   [3P + n_in/32, + n_in/16) Σ x of each piece (Q4_0: per 32; Q4_K: per 16, in slot order) as f32.
+// Q4_0 keeps x's order. Q4_K reorders each 256-block into 16 slots of 16 bytes: slot 2c + h holds x[64c + 16h
+// .. + 16) (the low nibbles of the block's uvec4 1 + 2c + h), slot 8 + 2c + h holds x[64c + 32 + 16h .. + 16)
+// (its high nibbles), so the invocations of q4_k_gemv_dot.comp read neighbouring uvec4s. Q6_K reorders each
+// 256-block into the 8 units of q6_k_gemv_dot.comp, 32 bytes each: unit 4h + g holds x[128h + 32·k4 + 8g ..
+// + 8) for k4 = 0..3 (Q6_K needs no sums).
 
 // Σ q·L for weights q (4 bytes 0..15) against limb plane words l0, l1, l2: the three partial sums.
 ivec3 limb_dot(uint q, uint l0, uint l1, uint l2) {

@@ -7,25 +7,25 @@
 // the A tile of a K step is one contiguous piece of memory; each row is scaled by a power of two, s_m its inverse
 // (without scales, s_m = 1). W is read in 32-weight units that the format decodes to f16 (wunit.glsl); nothing
 // else here knows the format. Rows of W past the product (NN: k >= K) and columns past N count as zeros.
-//
-// Workgroups of WARPS_M x WARPS_N groups of 32 invocations, each group owning FRAGS_M x FRAGS_N 16 x 16 tiles of
-// C; the workgroup tile is BM x BN, K steps of BK = 32 through two shared stages. The loads of step s + 2 are
-// issued while step s multiplies, into one of two register sets, and decoded into the free stage a step later, so
-// a load has a whole step to arrive; one barrier per step. Workgroup x walks M, y walks N, so the workgroups that
-// run together share W's tile (each W byte comes from memory about once) and re-read A, which is small, from
-// cache.
-// COOP: the products on cooperative matrices (VK_NV_cooperative_matrix, 16x16x16, subgroups of 32). Without it,
-// the same tiles feed FP32 FMAs (each invocation a few rows and columns): the portable twin, so that every
-// device computes the same function, and lavapipe tests the staging and decoding that the tensor cores read.
+// The design and its measurements: docs/mixed-precision.md.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+// COOP: the products on cooperative matrices (VK_NV_cooperative_matrix, 16x16x16, subgroups of 32). Without it,
+// the same tiles feed FP32 FMAs (each invocation a few rows and columns): the portable twin, so that every
+// device computes the same function, and lavapipe tests the staging and decoding that the tensor cores read.
 #ifdef COOP
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #endif
 
+// Workgroups of WARPS_M x WARPS_N groups of 32 invocations, each group owning FRAGS_M x FRAGS_N 16 x 16 tiles of
+// C; the workgroup tile is BM x BN, K steps of BK = 32 through two shared stages. The loads of step s + 2 are
+// issued while step s multiplies, into one of two register sets, and decoded into the free stage a step later, so
+// a load has a whole step to arrive; one barrier per step. Workgroup x walks M, y walks N, so the workgroups that
+// run together share W's tile (each W byte comes from memory about once) and re-read A, which is small, from
+// cache.
 #ifndef WARPS_M
 #define WARPS_M 2
 #endif

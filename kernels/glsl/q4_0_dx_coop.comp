@@ -1,26 +1,12 @@
 #version 450
-// dX[T, n_in] (+)= dY[T, j_start:j_end] · W[j_start:j_end, :] on cooperative matrices (tensor cores), for
-// devices with VK_NV_cooperative_matrix: the tiled dx of q4_0_dx_gemm.comp with M = T, N = n_in and K = the rows
-// j of W in [k_begin, k_end). A K step of BK = 32 rows covers BN / 32 = 4 Q4_0 blocks of each of those rows.
-//
-// The block scales d vary along K here, so they cannot be applied after the products as in the forward GEMM;
-// each weight enters as two exact f16 parts instead. d (f16, 11 significant bits) is cut into d8, its top 8
-// bits, and d3 = d - d8, the last 3; d8·(q - 8) and d3·(q - 8) then each fit f16's significand exactly. The d3
-// part is scaled by 2^12 (D3_SCALE) so that it is a normal f16 for every normal d (no reliance on f16
-// subnormals), and its products go to a second set of accumulators, scaled back at the end. dY is scaled per
-// row and split into f16 hi + lo as X is in the forward GEMM (q4_0_coop.glsl), so per K slice of 16:
-//   acc += dY_hi·W8 + dY_lo·W8,   acc3 += dY_hi·W3   (dY_lo·W3 is below f32's rounding of the sum).
-// 256 invocations = 8 subgroups of 32; the workgroup tile is BM x BN = 64 x 128, each subgroup owning a
-// 32 x 32 corner. The global loads of step s + 1 go to registers before the products of step s and to the
-// tiles after them, as in q4_0_gemm_coop.comp, whose way out (and the reason for it) this shares. Invocations
-// 0 .. 127 each fetch a whole block of W, the 5 words that hold it (H100, T = 512, against every invocation
-// fetching half a block in 4 words: 50.5 -> 55.2 TFLOPS at 16384 x 16384, 40-48 -> 42-51 at tinyllama's shapes).
-// Measured and not faster (H100, T = 512, against 55.5 TFLOPS at 16384 x 16384 and 42-51 at tinyllama's shapes):
-// each subgroup loading the words of 4 rows of the W tile lane after lane, through shared memory (52.5, 38-45);
-// subgroups in two roles, 4 multiplying and 4 loading the next step into the other of two stages of BK = 16
-// (36.0, 33-37); and 2 products instead of 3, with d taken into dY per subgroup (its 32 columns are one block
-// column of W: dY·d split into hi + lo against the exact codes, element by element on the matrices, converted
-// from f32 to f16 matrices) (51.1, 37-45).
+// dX[T, n_in] (+)= dY[T, j_start:j_end] · W[j_start:j_end, :], W in Q4_0, on cooperative matrices: the tiled dx of
+// q4_0_dx_gemm.comp with M = T, N = n_in and K = the rows j of W in [k_begin, k_end); a K step of BK = 32 rows
+// covers BN / 32 = 4 blocks of each. The block scales d vary along K, so each weight enters as two exact f16 parts:
+// d8 (d's top 8 significant bits) and d3 = d - d8, scaled by D3_SCALE = 2^12 so that it is a normal f16 for every
+// normal d; d8·(q - 8) and d3·(q - 8) are then exact. dY is scaled per row and split into hi + lo as X is in
+// q4_0_coop.glsl; per K slice of 16: acc += dY_hi·W8 + dY_lo·W8, acc3 += dY_hi·W3 (dY_lo·W3 is below f32's
+// rounding of the sum). Workgroup, tiles, prefetch and way out as in q4_0_gemm_coop.comp; invocations 0 .. 127
+// each fetch a whole block of W. How this design was chosen: docs/kernels.md, "Q4_0 tensor-core dx".
 #extension GL_GOOGLE_include_directive : require
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -50,25 +36,25 @@ layout(std430, binding = 4) readonly buffer LA { vec2 la2[]; };
 #include "f16_split.glsl"
 
 const uint NT = 32u * SG_M * SG_N, BM = 32u * SG_M, BN = 32u * SG_N, BK = 32u, FN = 2u;
-const uint NBLK = BN / 32u;                  // blocks per row of the W tile
-const uint RSA = BK / 8u + 1u;               // dY tile row stride in uvec4s: 32 halves and one of padding
-const uint RSB = BN / 8u + 1u;               // W tile row stride: 128 halves and one of padding
-const uint A_HI = 0u, A_LO = BM * RSA, B_8 = 2u * BM * RSA, B_3 = B_8 + BK * RSB;
-const uint XU = BM * BK / 8u / NT;           // runs of 8 dY values per invocation and step (1)
-const uint W_BLOCKS = BK * NBLK;             // blocks of W per step: invocations 0 .. W_BLOCKS - 1 take one
+const uint NBLK = BN / 32u;                 // blocks per row of the W tile
+const uint DY_ROW_STRIDE = BK / 8u + 1u;    // dY tile row stride in uvec4s: 32 halves and one of padding
+const uint W_ROW_STRIDE = BN / 8u + 1u;     // W tile row stride: 128 halves and one of padding
+const uint A_HI = 0u, A_LO = BM * DY_ROW_STRIDE, B_8 = 2u * BM * DY_ROW_STRIDE, B_3 = B_8 + BK * W_ROW_STRIDE;
+const uint DY_RUNS_PER_INVOCATION = BM * BK / 8u / NT;  // runs of 8 dY values per invocation and step (1)
+const uint W_BLOCKS = BK * NBLK;            // blocks of W per step: invocations 0 .. W_BLOCKS - 1 take one
 const float D3_SCALE = 4096.0;
 #define F32_MAT fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
 #define F16_MAT fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 
 // The tiles: dY hi [m][k], dY lo [m][k], W8 [k][n], W3 [k][n] (row-major: a row of W is contiguous in n).
-shared uvec4 tiles[2u * BM * RSA + 2u * BK * RSB];
+shared uvec4 tiles[2u * BM * DY_ROW_STRIDE + 2u * BK * W_ROW_STRIDE];
 shared float row_scale[BM], row_unscale[BM];
 shared float lora_unscale[BM + 1u];  // per row of dh: 1 / its power-of-two scale; then A's tile's
 shared float lora_max[NT / 32u];
 
-vec4 px[XU][2];
-uint pw[5];  // the 5 words that hold this invocation's block
-bool pmid;   // the block starts mid-word
+vec4 dy_prefetch[DY_RUNS_PER_INVOCATION][2];
+uint w_prefetch[5];    // the 5 words that hold this invocation's block
+bool starts_mid_word;  // the block starts mid-word
 
 // s_m for rows m0 .. m0 + BM of dY over the K range (any alignment: scalar loads): the row's largest |value|
 // brought near 2^13, as find_row_scales in q4_0_coop.glsl. Needs a barrier before row_scale is read.
@@ -95,30 +81,30 @@ void dy_row_scales(uint m0, uint k_first, uint k_last) {
 
 void fetch(uint m0, uint n0, uint k0, uint k_last, uint n_blocks) {
   const uint t = gl_LocalInvocationID.x;
-  [[unroll]] for (uint i = 0u; i < XU; ++i) {
+  [[unroll]] for (uint i = 0u; i < DY_RUNS_PER_INVOCATION; ++i) {
     const uint idx = t + NT * i, m = idx / (BK / 8u), g = idx % (BK / 8u);
     const uint k = k0 + 8u * g;
     const bool row_ok = m0 + m < p.M;
     if (A_SPLIT) {
       const uint runs = (p.k_end - p.k_begin + 7u) / 8u;
       const uint base = p.ldb + 2u * ((m0 + m) * runs + (k - p.k_begin) / 8u);  // the (hi, lo) pair
-      px[i][0] = row_ok && k < k_last ? a4[base] : vec4(0.0);
-      px[i][1] = row_ok && k < k_last ? a4[base + 1u] : vec4(0.0);
+      dy_prefetch[i][0] = row_ok && k < k_last ? a4[base] : vec4(0.0);
+      dy_prefetch[i][1] = row_ok && k < k_last ? a4[base + 1u] : vec4(0.0);
     } else {
       const uint base = (m0 + m) * p.lda + k;
       float v[8];
       [[unroll]] for (uint e = 0u; e < 8u; ++e) v[e] = row_ok && k + e < k_last ? a[base + e] : 0.0;
-      px[i][0] = vec4(v[0], v[1], v[2], v[3]);
-      px[i][1] = vec4(v[4], v[5], v[6], v[7]);
+      dy_prefetch[i][0] = vec4(v[0], v[1], v[2], v[3]);
+      dy_prefetch[i][1] = vec4(v[4], v[5], v[6], v[7]);
     }
   }
   if (t < W_BLOCKS) {
     const uint r = t / NBLK, b = n0 / 32u + t % NBLK;
     const uint B = (k0 + r) * n_blocks + b, wa = (B * Q4_0_BLOCK_BYTES) >> 2u;
     const bool ok = k0 + r < k_last && b < n_blocks;
-    [[unroll]] for (uint e = 0u; e < 5u; ++e) pw[e] = ok ? w[wa + e] : 0x88888888u;  // codes 0
-    if (!ok) pw[0] = 0u;                                                            // scale 0 (either half)
-    pmid = (B & 1u) == 0u;  // even block: scale in the low half of its first word, quants from byte 2 on
+    [[unroll]] for (uint e = 0u; e < 5u; ++e) w_prefetch[e] = ok ? w[wa + e] : 0x88888888u;  // codes 0
+    if (!ok) w_prefetch[0] = 0u;                                                            // scale 0 (either half)
+    starts_mid_word = (B & 1u) == 0u;  // even block: scale in the low half of its first word, quants from byte 2 on
   }
 }
 
@@ -130,19 +116,20 @@ f16vec2 codes_pair(uint v, uint s) {
 
 void stash() {
   const uint t = gl_LocalInvocationID.x;
-  [[unroll]] for (uint i = 0u; i < XU; ++i) {
+  [[unroll]] for (uint i = 0u; i < DY_RUNS_PER_INVOCATION; ++i) {
     const uint idx = t + NT * i, m = idx / (BK / 8u), g = idx % (BK / 8u);
-    uvec4 hi = floatBitsToUint(px[i][0]), lo = floatBitsToUint(px[i][1]);
-    if (!A_SPLIT) split8_in_order(px[i][0] * row_scale[m], px[i][1] * row_scale[m], hi, lo);
-    tiles[A_HI + m * RSA + g] = hi;
-    tiles[A_LO + m * RSA + g] = lo;
+    uvec4 hi = floatBitsToUint(dy_prefetch[i][0]), lo = floatBitsToUint(dy_prefetch[i][1]);
+    if (!A_SPLIT) split8_in_order(dy_prefetch[i][0] * row_scale[m], dy_prefetch[i][1] * row_scale[m], hi, lo);
+    tiles[A_HI + m * DY_ROW_STRIDE + g] = hi;
+    tiles[A_LO + m * DY_ROW_STRIDE + g] = lo;
   }
   if (t < W_BLOCKS) {
     const uint r = t / NBLK, blk = t % NBLK;
     uint q[4];
-    [[unroll]] for (uint e = 0u; e < 4u; ++e) q[e] = pmid ? (pw[e] >> 16u) | (pw[e + 1u] << 16u) : pw[e + 1u];
+    [[unroll]] for (uint e = 0u; e < 4u; ++e)
+      q[e] = starts_mid_word ? (w_prefetch[e] >> 16u) | (w_prefetch[e + 1u] << 16u) : w_prefetch[e + 1u];
     // d = d8 + d3: d8 keeps the top 8 significant bits (3 low mantissa bits cleared), d3 the rest, scaled.
-    const uint dbits = (pmid ? pw[0] : pw[0] >> 16u) & 0xFFFFu;
+    const uint dbits = (starts_mid_word ? w_prefetch[0] : w_prefetch[0] >> 16u) & 0xFFFFu;
     const float d = unpackHalf2x16(dbits).x, d8 = unpackHalf2x16(dbits & 0xFFF8u).x;
     const f16vec2 s8 = f16vec2(float16_t(d8)), s3 = f16vec2(float16_t((d - d8) * D3_SCALE));
     [[unroll]] for (uint h = 0u; h < 2u; ++h) {
@@ -157,7 +144,7 @@ void stash() {
         h8[e] = packFloat2x16(ch[e] * s8);
         h3[e] = packFloat2x16(ch[e] * s3);
       }
-      const uint o = r * RSB + blk * 4u + h;  // uvec4 of positions 8h .. 8h + 7 of block blk in row r
+      const uint o = r * W_ROW_STRIDE + blk * 4u + h;  // uvec4 of positions 8h .. 8h + 7 of block blk in row r
       tiles[B_8 + o] = l8;
       tiles[B_3 + o] = l3;
       tiles[B_8 + o + 2u] = h8;
@@ -172,10 +159,10 @@ void stash() {
 // the main loop's last barrier (the tiles are free); ends with one.
 const uint LR16 = (LORA_R + 15u) / 16u, LK = LR16 == 0u ? 16u : 16u * LR16;
 const uint LS = 2u * LR16 + 1u;  // dh staging row stride (uvec4s)
-const uint PAIRS = LK * BN / 2u, PU = (PAIRS + NT - 1u) / NT;  // A's tile as pairs of columns
+const uint PAIRS = LK * BN / 2u, PAIRS_PER_INVOCATION = (PAIRS + NT - 1u) / NT;  // A's tile as pairs of columns
 void lora_term(uint m0, uint n0, uint sm, uint sn, inout F32_MAT acc[2][FN]) {
   const uint t = gl_LocalInvocationID.x;
-  const uint H_HI = 0u, H_LO = BM * LS, L_HI = 2u * BM * LS, L_LO = L_HI + LK * RSB;
+  const uint H_HI = 0u, H_LO = BM * LS, L_HI = 2u * BM * LS, L_LO = L_HI + LK * W_ROW_STRIDE;
   if (t < BM) {  // row t of dh
     const uint row = m0 + t;
     float v[LK];
@@ -196,9 +183,9 @@ void lora_term(uint m0, uint n0, uint sm, uint sn, inout F32_MAT acc[2][FN]) {
     }
   }
   // A's tile, two columns per pair: pair q is row q / (BN / 2), columns 2 (q % (BN / 2)) and one more.
-  vec2 pv[PU];
+  vec2 pv[PAIRS_PER_INVOCATION];
   float amax = 0.0;
-  [[unroll]] for (uint i = 0u; i < PU; ++i) {
+  [[unroll]] for (uint i = 0u; i < PAIRS_PER_INVOCATION; ++i) {
     const uint q = t + NT * i, k = q / (BN / 2u), col = n0 + 2u * (q % (BN / 2u));
     pv[i] = q < PAIRS && k < LORA_R && col < p.N ? la2[(k * p.N + col) / 2u] : vec2(0.0);
     amax = max(amax, max(abs(pv[i].x), abs(pv[i].y)));
@@ -211,13 +198,13 @@ void lora_term(uint m0, uint n0, uint sm, uint sn, inout F32_MAT acc[2][FN]) {
   const int e = split_scale_exponent(amax);
   const float sc = ldexp(1.0, e);
   if (t == 0u) lora_unscale[BM] = ldexp(1.0, -e);
-  [[unroll]] for (uint i = 0u; i < PU; ++i) {
+  [[unroll]] for (uint i = 0u; i < PAIRS_PER_INVOCATION; ++i) {
     const uint q = t + NT * i, k = q / (BN / 2u), cp = q % (BN / 2u);
     if (q >= PAIRS) break;
     const vec2 v = pv[i] * sc;
     const vec2 hi = uintBitsToFloat(floatBitsToUint(v) & 0xFFFFE000u);
-    tiles[L_HI + k * RSB + cp / 4u][cp % 4u] = packHalf2x16(hi);
-    tiles[L_LO + k * RSB + cp / 4u][cp % 4u] = packHalf2x16(v - hi);
+    tiles[L_HI + k * W_ROW_STRIDE + cp / 4u][cp % 4u] = packHalf2x16(hi);
+    tiles[L_LO + k * W_ROW_STRIDE + cp / 4u][cp % 4u] = packHalf2x16(v - hi);
   }
   barrier();
   F32_MAT l[2][FN];
@@ -230,8 +217,8 @@ void lora_term(uint m0, uint n0, uint sm, uint sn, inout F32_MAT acc[2][FN]) {
       coopMatLoadNV(hl[i], tiles, H_LO + (sm * 32u + 16u * i) * LS + 2u * kk, LS, false);
     }
     [[unroll]] for (uint j = 0u; j < FN; ++j) {
-      coopMatLoadNV(ah[j], tiles, L_HI + 16u * kk * RSB + (sn * 32u + 16u * j) / 8u, RSB, false);
-      coopMatLoadNV(al[j], tiles, L_LO + 16u * kk * RSB + (sn * 32u + 16u * j) / 8u, RSB, false);
+      coopMatLoadNV(ah[j], tiles, L_HI + 16u * kk * W_ROW_STRIDE + (sn * 32u + 16u * j) / 8u, W_ROW_STRIDE, false);
+      coopMatLoadNV(al[j], tiles, L_LO + 16u * kk * W_ROW_STRIDE + (sn * 32u + 16u * j) / 8u, W_ROW_STRIDE, false);
     }
     [[unroll]] for (uint i = 0u; i < 2u; ++i)
       [[unroll]] for (uint j = 0u; j < FN; ++j) {
@@ -291,12 +278,12 @@ void main() {
     [[unroll]] for (uint kk = 0u; kk < BK / 16u; ++kk) {  // K slices of 16: dY uvec4 offset 2kk, W row 16kk
       F16_MAT xh[2], xl[2], b8[FN], b3[FN];
       [[unroll]] for (uint i = 0u; i < 2u; ++i) {
-        coopMatLoadNV(xh[i], tiles, A_HI + (sm * 32u + 16u * i) * RSA + 2u * kk, RSA, false);
-        coopMatLoadNV(xl[i], tiles, A_LO + (sm * 32u + 16u * i) * RSA + 2u * kk, RSA, false);
+        coopMatLoadNV(xh[i], tiles, A_HI + (sm * 32u + 16u * i) * DY_ROW_STRIDE + 2u * kk, DY_ROW_STRIDE, false);
+        coopMatLoadNV(xl[i], tiles, A_LO + (sm * 32u + 16u * i) * DY_ROW_STRIDE + 2u * kk, DY_ROW_STRIDE, false);
       }
       [[unroll]] for (uint j = 0u; j < FN; ++j) {
-        coopMatLoadNV(b8[j], tiles, B_8 + 16u * kk * RSB + (sn * 32u + 16u * j) / 8u, RSB, false);
-        coopMatLoadNV(b3[j], tiles, B_3 + 16u * kk * RSB + (sn * 32u + 16u * j) / 8u, RSB, false);
+        coopMatLoadNV(b8[j], tiles, B_8 + 16u * kk * W_ROW_STRIDE + (sn * 32u + 16u * j) / 8u, W_ROW_STRIDE, false);
+        coopMatLoadNV(b3[j], tiles, B_3 + 16u * kk * W_ROW_STRIDE + (sn * 32u + 16u * j) / 8u, W_ROW_STRIDE, false);
       }
       [[unroll]] for (uint i = 0u; i < 2u; ++i)
         [[unroll]] for (uint j = 0u; j < FN; ++j) {

@@ -3,9 +3,7 @@
 // f32 GEMMs split over K (gemm_tiled.glsl) add their slices with it too.
 //
 // The loads of BATCH chunks are issued before any of them is added, so their latencies overlap; the sum still
-// runs over the chunks in order. H100, 16384x16384 (16 chunks for Q6_K, 8 for Q4_K and Q4_0), the whole dx
-// against one load per add: Q4_0 87.6 us against 89.9, Q6_K 107.7 against 109.3, Q4_K 82.2 against 82.5;
-// batches of 8 and 16 were no faster.
+// runs over the chunks in order (docs/kernels.md, "One-token dx").
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) buffer DX { float dx[]; };

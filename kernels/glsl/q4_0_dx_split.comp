@@ -4,13 +4,14 @@
 // The row range is cut into chunks of rows_per_chunk rows (gl_WorkGroupID.y). A workgroup is 64 quarters of
 // block columns (gl_LocalInvocationID.x; 8 columns of dx each) times ROW_SLOTS row slots (.y): slot s walks
 // rows s, s + ROW_SLOTS, ... of the chunk, so a subgroup reads contiguous bytes of each row and each
-// invocation issues the loads of RU rows together. The slots are summed through shared memory and chunk c writes
-// its sums to partial[c, cols]; q4_0_dx_reduce.comp adds the chunks in order (deterministic, no float atomics).
+// invocation issues the loads of ROWS_IN_FLIGHT rows together. The slots are summed through shared memory and
+// chunk c writes its sums to partial[c, cols]; q4_0_dx_reduce.comp adds the chunks in order (deterministic, no
+// float atomics).
 #extension GL_GOOGLE_include_directive : require
 
 layout(local_size_x = 64, local_size_y_id = 0) in;
 layout(constant_id = 0) const uint ROW_SLOTS = 8;
-layout(constant_id = 1) const uint RU = 4;  // rows whose loads an invocation issues together (the host sets it)
+layout(constant_id = 1) const uint ROWS_IN_FLIGHT = 4;  // rows whose loads an invocation issues together
 
 layout(std430, binding = 0) writeonly buffer Partial { vec4 partial4[]; };  // [n_chunks, n_in]
 layout(std430, binding = 1) readonly buffer W { uint w[]; };
@@ -43,15 +44,15 @@ void main() {
   vec4 lo = vec4(0.0), hi = vec4(0.0);
   float corr = 0.0;
   uint j = j0 + slot;
-  for (; j + (RU - 1u) * S < j1; j += RU * S) {
-    uint qs[RU];
-    float g[RU];
-    for (uint i = 0u; i < RU; ++i) {
+  for (; j + (ROWS_IN_FLIGHT - 1u) * S < j1; j += ROWS_IN_FLIGHT * S) {
+    uint qs[ROWS_IN_FLIGHT];
+    float g[ROWS_IN_FLIGHT];
+    for (uint i = 0u; i < ROWS_IN_FLIGHT; ++i) {
       const uint bb = (j + i * S) * row_bytes + b * Q4_0_BLOCK_BYTES;
       qs[i] = q4_0_quarter(bb, q);
       g[i] = 16.0 * dy[j + i * S] * q4_0_scale(bb);
     }
-    for (uint i = 0u; i < RU; ++i) {
+    for (uint i = 0u; i < ROWS_IN_FLIGHT; ++i) {
       lo += g[i] * q4_0_low_1p(qs[i]);
       hi += g[i] * q4_0_high_1p(qs[i]);
       corr += g[i];

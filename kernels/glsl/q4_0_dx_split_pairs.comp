@@ -1,35 +1,20 @@
 #version 450
 // First pass of the one-token dx, as q4_0_dx_split.comp (chunks of rows, ROW_SLOTS row slots, partial[c, cols]
 // added in order by q4_0_dx_reduce.comp), for rows of an even number of blocks on devices with f16 arithmetic.
-// Slot s takes RU rows in a row at a time: rows s·RU .. s·RU + RU - 1 of each run of ROW_SLOTS·RU rows.
-//
-// Two blocks are 36 bytes, 9 words: with an even number of blocks per row every pair starts on a word, so each
-// invocation reads its quants as one aligned word per row, where the 18-byte blocks of q4_0_dx_split.comp take
-// two words and a select. Words of pair p (d0, d1 the blocks' f16 scales, qa and qb their 16 quant bytes):
+// Slot s takes R = ROWS_IN_FLIGHT rows in a row at a time: rows s·R .. s·R + R - 1 of each run of ROW_SLOTS·R rows.
+// Two blocks are 36 bytes, 9 words: every pair starts on a word, so an invocation reads its quants as one aligned
+// word per row. Words of pair p (d0, d1 the blocks' f16 scales, qa and qb their 16 quant bytes):
 //   0: d0 qa0 qa1 | 1: qa2..qa5 | 2: qa6..qa9 | 3: qa10..qa13 | 4: qa14 qa15 d1 | 5..8: qb0..qb15
-// Invocation k (0..7) of the pair's eight takes the word k + (k >= 4) (quant bytes 4k - 2 .. 4k + 1 of block
-// 0, or 4(k - 4) .. of block 1) with its block's scale from word 0 or 4; invocation 0 takes qa0 qa1 from word 0
-// and qa14 qa15 from word 4. Quant byte i holds weights i (low nibble) and 16 + i (high nibble).
-//
-// Codes are decoded through f16 pairs (nibbles_f16.glsl): one integer operation per two weights where the f32
-// decode of q4_0_dx_split.comp takes two per weight, and the integer pipe, which runs at half the FP32 rate on
-// many GPUs, bounded that pass.
-//
-// H100, 16384x16384, split and reduce together: 87.6 us with q4_0_dx_split.comp; the f16 decode alone 75.9;
-// with the aligned words as well 67.8; invocation 0's two halves joined under a select rather than by masks and
-// shifts that every invocation runs, 65.5-66.2; each slot's rows in a row, so that dy comes as one vec4 per 4
-// rows, 64.8-64.9 (with RU = 32 64.7-64.9, with 24 66.7). The split pass alone takes about 4 us less: the
-// reduce pass and the barrier before it. Measured and not faster: two words per invocation (72.2), 128 or 256
-// invocations along x with fewer slots (70.1-88.6), the row stride as a specialization constant (66.4, and 65.8
-// with the rows in a row), the row index made uniform per subgroup (66.0), the reduce done by the last
-// workgroup of each column group, counted with an atomic (71.3), and the reduce pass's loads issued 8, 16 or 32
-// chunks at a time (no change).
+// Invocation k (0..7) of the pair's eight takes word k + (k >= 4) and its block's scale from word 0 or 4; invocation
+// 0 joins qa0 qa1 (word 0) with qa14 qa15 (word 4). Quant byte i holds weights i (low nibble) and 16 + i (high).
+// Codes are decoded through f16 pairs (nibbles_f16.glsl): one integer operation per two weights.
+// How this design was chosen, with its measurements: docs/kernels.md, "One-token dx".
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 
 layout(local_size_x = 64, local_size_y_id = 0) in;
 layout(constant_id = 0) const uint ROW_SLOTS = 8;
-layout(constant_id = 1) const uint RU = 4;  // rows whose loads an invocation issues together: a multiple of 4
+layout(constant_id = 1) const uint ROWS_IN_FLIGHT = 4;  // rows whose loads an invocation issues together; 4·n
 
 layout(std430, binding = 0) writeonly buffer Partial { float partial[]; };  // [n_chunks, n_in]
 layout(std430, binding = 1) readonly buffer W { uint w[]; };
@@ -65,25 +50,25 @@ void add_word(uint qs, float g) {
 uint quants(uint x, uint y) { return joined ? (y >> 16u) | (x << 16u) : x; }
 float block_scale(uint y) { return unpackHalf2x16(y >> d_shift).x; }
 
-// Rows jb .. jb + RU - 1: their loads issued together, then added in order. dy_vec4: dy read as vec4s (jb a
-// multiple of 4).
+// Rows jb .. jb + ROWS_IN_FLIGHT - 1: their loads issued together, then added in order. dy_vec4: dy read as
+// vec4s (jb a multiple of 4).
 void add_rows(uint jb, const bool dy_vec4) {
-  uint x[RU], y[RU];
-  float g[RU];
-  for (uint i = 0u; i < RU; ++i) {
+  uint x[ROWS_IN_FLIGHT], y[ROWS_IN_FLIGHT];
+  float g[ROWS_IN_FLIGHT];
+  for (uint i = 0u; i < ROWS_IN_FLIGHT; ++i) {
     const uint r = (jb + i) * row_words;
     x[i] = w[r + xo];
     y[i] = w[r + yo];
   }
   if (dy_vec4) {
-    for (uint m = 0u; m < RU / 4u; ++m) {
+    for (uint m = 0u; m < ROWS_IN_FLIGHT / 4u; ++m) {
       const vec4 v = dy4[jb / 4u + m];
       for (uint e = 0u; e < 4u; ++e) g[4u * m + e] = v[e];
     }
   } else {
-    for (uint i = 0u; i < RU; ++i) g[i] = dy[jb + i];
+    for (uint i = 0u; i < ROWS_IN_FLIGHT; ++i) g[i] = dy[jb + i];
   }
-  for (uint i = 0u; i < RU; ++i) add_word(quants(x[i], y[i]), g[i] * block_scale(y[i]));
+  for (uint i = 0u; i < ROWS_IN_FLIGHT; ++i) add_word(quants(x[i], y[i]), g[i] * block_scale(y[i]));
 }
 
 void main() {
@@ -102,13 +87,13 @@ void main() {
   const uint j1 = min(p.j_end, j0 + p.rows_per_chunk);
   const uint S = ROW_SLOTS;
 
-  uint jb = j0 + slot * RU;
+  uint jb = j0 + slot * ROWS_IN_FLIGHT;
   if ((p.j_start & 3u) == 0u && (p.rows_per_chunk & 3u) == 0u) {
-    for (; jb + RU <= j1; jb += S * RU) add_rows(jb, true);
+    for (; jb + ROWS_IN_FLIGHT <= j1; jb += S * ROWS_IN_FLIGHT) add_rows(jb, true);
   } else {
-    for (; jb + RU <= j1; jb += S * RU) add_rows(jb, false);
+    for (; jb + ROWS_IN_FLIGHT <= j1; jb += S * ROWS_IN_FLIGHT) add_rows(jb, false);
   }
-  for (uint j = jb; j < min(j1, jb + RU); ++j) {
+  for (uint j = jb; j < min(j1, jb + ROWS_IN_FLIGHT); ++j) {
     const uint r = j * row_words, x = w[r + xo], y = w[r + yo];
     add_word(quants(x, y), dy[j] * block_scale(y));
   }

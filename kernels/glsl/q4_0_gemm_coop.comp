@@ -1,45 +1,13 @@
 #version 450
-// Y[T, n_out] = X[T, n_in] · Wᵀ on cooperative matrices (tensor cores): the fused-dequant Q4_0 GEMM of
-// q4_0_gemm.comp, for devices with VK_NV_cooperative_matrix (16x16x16, f16 inputs, f32 accumulators).
-// M = T, N = n_out, K = n_in; a K step of BK = 32·NB covers NB Q4_0 blocks of every row of W. W's rows are
-// taken from p.row0 on (a window of rows: a vocabulary tile of the loss). With LORA_R > 0, a LoRA adapter's
-// hs·Bᵀ is added to Y in the same pass (lora_term): H100, tinyllama-1.1b bs 4 with --grad-checkpoint, 245.0 ->
-// 237.3 ms per training step against a separate y += hs·Bᵀ product, which read and wrote Y again.
-//
-// Numerics stay at f32 level although the matrix inputs are f16 (q4_0_coop.glsl): X is scaled per row and
-// split into hi + lo, both multiplied (2 products per step); W enters as its exact codes q - 8, and the block
-// scales d are applied per block to the f32 partial product: acc += (X·codes) ⊙ D with D[m][n] = d of column
-// n's block, a matrix loaded with row stride 0 from the step's scales.
-// 256 invocations = 8 subgroups of 32 (the device checks the subgroup size); the workgroup tile is BM x BN =
-// 64 x 128, each subgroup owning a 32 x 32 corner as 2 x 2 accumulator matrices. Every loop over matrices is
-// unrolled: indexing a matrix array or a matrix's elements at run time cost 40% of the speed (H100, 16384 x
-// 16384 x 512: 10.3 against 17.8 TFLOPS).
-// The global loads of step s + 1 are issued into registers (fetch) before the matrix products of step s and
-// written to the tiles after them (stash), so their latency hides behind the products. H100, T = 512, against
-// one block per step written to f16 tiles a quarter block at a time: 16384 x 16384 32.8 -> 39-43 TFLOPS,
-// tinyllama's shapes 30-37 -> 35-44. Measured there and not better: one block per step (about the same at
-// 16384, 5-15% slower at tinyllama's shapes), double-buffered tiles with one barrier per step (34 at 16384),
-// 64 x 64 tiles of 4 subgroups (25), two sets of partial accumulators (hi and lo apart), and weights split
-// into exact f16 hi + lo parts instead of per-block scales (3 products, no per-block step; 27). Later, against
-// 43.4 at 16384 x 16384 and 38-45 at tinyllama's shapes: 128 x 64 tiles of 4 x 2 subgroups 38.5 and 34-39 (32
-// and 30-37 with one block per step), and one block per step on these tiles 45.6 but 34-40 at tinyllama's.
-// Each invocation fetches a whole block of W, the 5 words that hold it: against half a block in 4 words, H100,
-// T = 512, 67.5 -> 78.1 TFLOPS at 16384 x 16384 and 60-65 -> 64-77 at tinyllama's shapes.
-// Where the time goes (H100, 16384 x 16384, T = 512, 3500 us; the driver's pipeline executable statistics give
-// 193 registers, so one workgroup of 8 subgroups per SM): without the products 2308 us, without the global loads
-// 2262, without writing the tiles 3144, without the barriers 3012, the products and their tile loads alone 1492.
-// Measured and not faster: the block and K-slice loops left rolled (144 registers, the same 78 TFLOPS); fewer
-// registers by not prefetching X or W, so that two workgroups fit on an SM (122-138 registers: 55-66 TFLOPS);
-// two steps' loads in flight, in two register sets (224-236 registers: 72.4; 170 with the loops rolled: 67.5);
-// the next step's loads issued before the barrier that precedes the products, not after it (59.2; 57.5 rolled);
-// each block's 5 words taken out of two aligned 16-byte loads instead of 5 word loads (74.1, and tinyllama's
-// bs 4 step with --grad-checkpoint 235.6 ms against 233.0).
-// Each subgroup loading the words of 16 rows of the W tile lane after lane (fewer rows per load instruction, no
-// word asked for twice) and passing them through shared memory to the invocations that unpack them: 75.2.
-// Subgroups in two roles (4 multiplying 32 x 64 corners, 4 loading and unpacking the next step into the other of
-// two stages of BK = 32, the most NVIDIA's 48 KiB of shared memory holds; one barrier per step): 44.5, and 76.1
-// with the lane-after-lane loads. There the loading subgroups set the pace: alone (no products) they took 3097
-// us, the products alone 2118; the loads of a step issued two steps ahead instead of one changed nothing.
+// Y[T, n_out] = X[T, n_in] · Wᵀ, W in Q4_0, on cooperative matrices (VK_NV_cooperative_matrix: 16x16x16, f16
+// inputs, f32 accumulators). M = T, N = n_out, K = n_in; W's rows from p.row0 on (a vocabulary tile of the loss).
+// Numerics at f32 level (q4_0_coop.glsl): X scaled per row and split into f16 hi + lo, 2 products per step; W as its
+// exact codes q - 8, each block's scale d applied to the f32 partial product (a matrix loaded with row stride 0).
+// 256 invocations = 8 subgroups of 32; tile BM x BN = 64 x 128, each subgroup a 32 x 32 corner of 2 x 2
+// accumulators; K steps of BK = 32·NB (NB blocks of every row); every loop over matrices unrolled. Each invocation
+// fetches its activations and whole blocks of W (the 5 words of each) into registers before the products of the
+// step before, and stashes them into the tiles after. LORA_R > 0 adds an adapter's hs·Bᵀ in the same pass.
+// How this design was chosen, with its measurements: docs/kernels.md, "Q4_0 tensor-core GEMM".
 #extension GL_GOOGLE_include_directive : require
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -54,8 +22,7 @@ layout(std430, binding = 0) buffer C { float c[]; };
 layout(std430, binding = 1) readonly buffer A { vec4 a4[]; };
 layout(std430, binding = 1) readonly buffer AF { float af[]; };
 // A_SPLIT: A comes already scaled and split (coop_split_rows.comp, from uvec4 p.ldb on, rows of p.lda values),
-// made once per product instead of once per workgroup along N. H100, T = 512, the split pass included: 50.6 ->
-// 68.0 TFLOPS at 16384 x 16384, 51-56 -> 60-66 at tinyllama's shapes (linear_kernels.cpp: kCoopSplitAMinTilesN).
+// made once per product instead of once per workgroup along N (linear_kernels.cpp: kCoopSplitAMinTilesN).
 layout(constant_id = 0) const bool A_SPLIT = false;
 layout(std430, binding = 2) readonly buffer W { uint w[]; };
 // LORA_R > 0: C also gets hs·Bᵀ, a LoRA adapter's term (hs [M, LORA_R], B [N, LORA_R], both f32 and dense), added
@@ -70,75 +37,76 @@ layout(std430, binding = 4) readonly buffer LB { float lb[]; };
 #define BM (32u * SG_M)
 #include "q4_0_coop.glsl"
 
-const uint NB = 2u;
+const uint NB = 2u;  // Q4_0 blocks of every row per K step
 const uint NT = 32u * SG_M * SG_N, BN = 32u * SG_N, BK = 32u * NB, FN = 2u;
-const uint X_RUNS = BM * BK / 8u, XU = (X_RUNS + NT - 1u) / NT;      // runs of 8 activations per step
-const uint W_BLOCKS = BN * NB, WU = (W_BLOCKS + NT - 1u) / NT;  // blocks of W per step
-const uint RS = BK / 8u + 1u;  // tile row stride in uvec4s (one of padding: conflict-free matrix loads)
+const uint X_RUNS = BM * BK / 8u, W_BLOCKS = BN * NB;  // per step: runs of 8 activations, blocks of W
+const uint X_RUNS_PER_INVOCATION = (X_RUNS + NT - 1u) / NT, W_BLOCKS_PER_INVOCATION = (W_BLOCKS + NT - 1u) / NT;
+const uint ROW_STRIDE = BK / 8u + 1u;  // tile row stride in uvec4s (one of padding: conflict-free matrix loads)
 // The tiles: X hi [m][k], X lo [m][k], codes [n][k]. After the loop, each subgroup's 16 x 16 f32 output staging.
-const uint A_HI = 0u, A_LO = BM * RS, B_Q = 2u * BM * RS;
+const uint A_HI = 0u, A_LO = BM * ROW_STRIDE, B_Q = 2u * BM * ROW_STRIDE;
 #define F32_MAT fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
 #define F16_MAT fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 
-shared uvec4 tiles[2u * BM * RS + BN * RS];
-shared float Fs[NB * BN];  // the step's block scales [block][n]
+shared uvec4 tiles[2u * BM * ROW_STRIDE + BN * ROW_STRIDE];
+shared float block_scales[NB * BN];  // the step's block scales [block][n]
 shared float lora_unscale[BM + BN];  // per row of hs (m) and of B (n): 1 / its power-of-two scale
 
 // Prefetch registers (the shifts that need loaded values wait until stash(), so fetch() issues its loads and
-// moves on): per invocation, XU runs of 8 activations and WU blocks (the 5 words that hold each).
-vec4 px[XU][2];
-uint pw[WU][5];
-uint pmid;  // bit i: block i starts mid-word
+// moves on): per invocation, its runs of 8 activations and its blocks of W (the 5 words that hold each).
+vec4 x_prefetch[X_RUNS_PER_INVOCATION][2];
+uint w_prefetch[W_BLOCKS_PER_INVOCATION][5];
+uint starts_mid_word;  // bit i: the invocation's block i starts mid-word
 
 void fetch(uint m0, uint n0, uint k0, uint k_last, uint n_blocks) {
   const uint t = gl_LocalInvocationID.x;
-  [[unroll]] for (uint i = 0u; i < XU; ++i) {
+  [[unroll]] for (uint i = 0u; i < X_RUNS_PER_INVOCATION; ++i) {
     const uint idx = t + NT * i, m = idx / (BK / 8u), g = idx % (BK / 8u);
     const bool ok = idx < X_RUNS && m0 + m < p.M && k0 + 8u * g < k_last;
     const uint base = A_SPLIT ? p.ldb + 2u * ((m0 + m) * (p.lda / 8u) + k0 / 8u + g)  // the (hi, lo) pair
                               : ((m0 + m) * p.lda + k0) / 4u + 2u * g;                  // 8 floats
-    px[i][0] = ok ? a4[base] : vec4(0.0);
-    px[i][1] = ok ? a4[base + 1u] : vec4(0.0);
+    x_prefetch[i][0] = ok ? a4[base] : vec4(0.0);
+    x_prefetch[i][1] = ok ? a4[base + 1u] : vec4(0.0);
   }
-  pmid = 0u;
-  [[unroll]] for (uint i = 0u; i < WU; ++i) {
+  starts_mid_word = 0u;
+  [[unroll]] for (uint i = 0u; i < W_BLOCKS_PER_INVOCATION; ++i) {
     const uint idx = t + NT * i, r = idx / NB, blk = idx % NB;
     const uint kb = k0 / 32u + blk;
     if (idx < W_BLOCKS && n0 + r < p.N && kb < k_last / 32u) {
       const uint B = (p.row0 + n0 + r) * n_blocks + kb, wa = (B * Q4_0_BLOCK_BYTES) >> 2u;
-      [[unroll]] for (uint e = 0u; e < 5u; ++e) pw[i][e] = w[wa + e];
-      if ((B & 1u) == 0u) pmid |= 1u << i;  // even block: scale in the low half of its first word
+      [[unroll]] for (uint e = 0u; e < 5u; ++e) w_prefetch[i][e] = w[wa + e];
+      if ((B & 1u) == 0u) starts_mid_word |= 1u << i;  // even block: scale in the low half of its first word
     } else {
-      [[unroll]] for (uint e = 0u; e < 5u; ++e) pw[i][e] = 0x88888888u;  // codes 0
-      pw[i][0] = 0u;                                                        // scale 0 (either half)
-      pw[i][1] = 0x88888888u;
+      [[unroll]] for (uint e = 0u; e < 5u; ++e) w_prefetch[i][e] = 0x88888888u;  // codes 0
+      w_prefetch[i][0] = 0u;                                                        // scale 0 (either half)
+      w_prefetch[i][1] = 0x88888888u;
     }
   }
 }
 
 void stash() {
   const uint t = gl_LocalInvocationID.x;
-  [[unroll]] for (uint i = 0u; i < XU; ++i) {
+  [[unroll]] for (uint i = 0u; i < X_RUNS_PER_INVOCATION; ++i) {
     const uint idx = t + NT * i, m = idx / (BK / 8u), g = idx % (BK / 8u);
     if (idx >= X_RUNS) break;
-    uvec4 hi = floatBitsToUint(px[i][0]), lo = floatBitsToUint(px[i][1]);
-    if (!A_SPLIT) split8(px[i][0] * row_scale[m], px[i][1] * row_scale[m], hi, lo);
-    tiles[A_HI + m * RS + g] = hi;
-    tiles[A_LO + m * RS + g] = lo;
+    uvec4 hi = floatBitsToUint(x_prefetch[i][0]), lo = floatBitsToUint(x_prefetch[i][1]);
+    if (!A_SPLIT) split8(x_prefetch[i][0] * row_scale[m], x_prefetch[i][1] * row_scale[m], hi, lo);
+    tiles[A_HI + m * ROW_STRIDE + g] = hi;
+    tiles[A_LO + m * ROW_STRIDE + g] = lo;
   }
-  [[unroll]] for (uint i = 0u; i < WU; ++i) {
+  [[unroll]] for (uint i = 0u; i < W_BLOCKS_PER_INVOCATION; ++i) {
     const uint idx = t + NT * i, r = idx / NB, blk = idx % NB;
     if (idx >= W_BLOCKS) break;
-    const bool mid = ((pmid >> i) & 1u) != 0u;  // quants from byte 2 of the first word on
+    const bool mid = ((starts_mid_word >> i) & 1u) != 0u;  // quants from byte 2 of the first word on
     uint q[4];
-    [[unroll]] for (uint e = 0u; e < 4u; ++e) q[e] = mid ? (pw[i][e] >> 16u) | (pw[i][e + 1u] << 16u) : pw[i][e + 1u];
-    const uint o = B_Q + r * RS + 4u * blk;
+    [[unroll]] for (uint e = 0u; e < 4u; ++e)
+      q[e] = mid ? (w_prefetch[i][e] >> 16u) | (w_prefetch[i][e + 1u] << 16u) : w_prefetch[i][e + 1u];
+    const uint o = B_Q + r * ROW_STRIDE + 4u * blk;
     [[unroll]] for (uint h = 0u; h < 2u; ++h) {
       const uint q0 = q[2u * h], q1 = q[2u * h + 1u];
       tiles[o + h] = uvec4(codes2(q0, 0u), codes2(q0, 8u), codes2(q1, 0u), codes2(q1, 8u));
       tiles[o + 2u + h] = uvec4(codes2(q0, 4u), codes2(q0, 12u), codes2(q1, 4u), codes2(q1, 12u));
     }
-    Fs[blk * BN + r] = unpackHalf2x16(mid ? pw[i][0] : pw[i][0] >> 16u).x;
+    block_scales[blk * BN + r] = unpackHalf2x16(mid ? w_prefetch[i][0] : w_prefetch[i][0] >> 16u).x;
   }
 }
 
@@ -251,11 +219,11 @@ void main() {
       [[unroll]] for (uint kk = 0u; kk < 4u; kk += 2u) {  // two K slices of 16: uvec4 offsets 0 and 2
         F16_MAT xh[2], xl[2], b[FN];
         [[unroll]] for (uint i = 0u; i < 2u; ++i) {
-          coopMatLoadNV(xh[i], tiles, A_HI + (sm * 32u + 16u * i) * RS + 4u * blk + kk, RS, false);
-          coopMatLoadNV(xl[i], tiles, A_LO + (sm * 32u + 16u * i) * RS + 4u * blk + kk, RS, false);
+          coopMatLoadNV(xh[i], tiles, A_HI + (sm * 32u + 16u * i) * ROW_STRIDE + 4u * blk + kk, ROW_STRIDE, false);
+          coopMatLoadNV(xl[i], tiles, A_LO + (sm * 32u + 16u * i) * ROW_STRIDE + 4u * blk + kk, ROW_STRIDE, false);
         }
         [[unroll]] for (uint j = 0u; j < FN; ++j)
-          coopMatLoadNV(b[j], tiles, B_Q + (sn * 32u + 16u * j) * RS + 4u * blk + kk, RS, true);
+          coopMatLoadNV(b[j], tiles, B_Q + (sn * 32u + 16u * j) * ROW_STRIDE + 4u * blk + kk, ROW_STRIDE, true);
         [[unroll]] for (uint i = 0u; i < 2u; ++i)
           [[unroll]] for (uint j = 0u; j < FN; ++j) {
             part[i][j] = coopMatMulAddNV(xh[i], b[j], part[i][j]);
@@ -264,7 +232,7 @@ void main() {
       }
       [[unroll]] for (uint j = 0u; j < FN; ++j) {
         F32_MAT d;
-        coopMatLoadNV(d, Fs, blk * BN + sn * 32u + 16u * j, 0u, false);  // stride 0: 16 equal rows
+        coopMatLoadNV(d, block_scales, blk * BN + sn * 32u + 16u * j, 0u, false);  // stride 0: 16 equal rows
         [[unroll]] for (uint i = 0u; i < 2u; ++i)
           [[unroll]] for (int e = 0; e < acc[i][j].length(); ++e) acc[i][j][e] += part[i][j][e] * d[e];
       }
@@ -286,11 +254,8 @@ void main() {
   }
   if (LORA_R > 0u && gl_WorkGroupID.z == 0u) lora_term(m0, n0, sm, sn, acc);
   // A tile inside C goes straight to memory (rows 16-byte aligned: N a multiple of 4); edge tiles go through
-  // the subgroup's staging tile (the tiles are free after the loop's last barrier), in a loop unrolled in full.
-  // The way out decides how fast the main loop runs: when every tile went through the staging tile in a loop
-  // with a `continue`, the driver gave the shader 128 bytes of local memory (pipeline executable statistics)
-  // and the main loop ran up to 4 times slower when timed alone, without its global loads. H100, T = 512,
-  // against that: 43.3 -> 50.7 TFLOPS at 16384 x 16384, 38-44 -> 51-56 at tinyllama's shapes.
+  // the subgroup's staging tile (the tiles are free after the loop's last barrier), in a loop unrolled in full:
+  // the way out decides how fast the main loop runs (a `continue` here put the shader in local memory).
   if (m0 + BM <= p.M && n0 + BN <= p.N && p.N % 4u == 0u) {
     [[unroll]] for (uint i = 0u; i < 2u; ++i)
       [[unroll]] for (uint j = 0u; j < FN; ++j) {

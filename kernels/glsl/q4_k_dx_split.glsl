@@ -1,32 +1,19 @@
 // The first pass of dx[n_in] = dy[j_start:j_end] · W[j_start:j_end, :] for one token, W in Q4_K super-blocks (the
 // transposed GEMV), laid out as q4_0_dx_split.comp: the row range is cut into chunks of rows_per_chunk rows
-// (gl_WorkGroupID.y) and chunk c writes its sums to partial[c, cols]; q4_0_dx_reduce.comp adds the chunks in
-// order (deterministic, no float atomics).
-//
-// A workgroup covers UNITS units (a unit is 16 bytes of quants, one uvec4, as in q4_k_gemv.comp: 32 columns of
-// dx) and SLOTS = SUB·ROW_SLOTS row slots, slot s walking rows s, s + SLOTS, ... of the chunk. Few columns and
-// many slots per workgroup keep the chunks few (the host sizes them from the columns per workgroup), so the
-// reduce pass stays short. Per row an invocation adds dy·d·sc·q to its columns and dy·dmin·m to one correction
-// per sub-block, subtracted once at the end. The slots are summed through shared memory.
-//
-// Included by q4_k_dx_split_f16.comp (Q4_K_DX_F16 defined: codes decoded through f16 pairs, on devices with f16
-// arithmetic) and q4_k_dx_split.comp (codes decoded as f32, for the others). H100, 16384x16384, split and
-// reduce together: 82.2 us with the f32 decode at 4 units and 4 slots per unit; 78.5 with the f16 decode and
-// 75.9 with it at 8 units and 2 slots (16 units and 1 slot 77.2, 4 units and 2 slots 86.6); 73.5-73.8 with the
-// header loaded in halves and swapped between neighbours (the driver reports 168 registers against 113, yet it
-// is faster; with 10, 12 or 16 rows in flight 115-148). Loads alone then took 62.3 us and the arithmetic alone
-// (rows kept in cache) 60.6: the two overlapped badly at 12 warps per SM. Software-pipelined (the next RU rows
-// loaded before the current RU are added): 68.4-69.1 us (80.0-80.8% of copy) with RU 4 (151-156 registers),
-// against 72.4 with 3, 72.0 with 5, 72.7 with 6 and 79.3 with 8; with RU 4, 768 or 396 target groups 69.7 and
-// 70.2. The same loop with the copy to the current group before the loads instead of after the additions:
-// 69.7-70.4 us. Also slower: a slot taking RU rows in a row with dy read as a vec4 (75.0 us), and a ring of RU
-// rows, each reloaded right after it is added (75.7-78.3 us with RU 3 to 8, 120-168 registers).
+// (gl_WorkGroupID.y) and chunk c writes its sums to partial[c, cols]; q4_0_dx_reduce.comp adds the chunks in order.
+// A workgroup covers UNITS units (16 bytes of quants, one uvec4, as in q4_k_gemv.comp: 32 columns of dx) and
+// SLOTS = SUB·ROW_SLOTS row slots, slot s walking rows s, s + SLOTS, ... of the chunk in groups of ROWS_IN_FLIGHT.
+// Per row an invocation adds dy·d·sc·q to its columns and dy·dmin·m to one correction per sub-block, subtracted
+// once at the end; the slots are summed through shared memory. Few columns and many slots per workgroup keep the
+// chunks few (the host sizes them from the columns per workgroup), so the reduce pass stays short.
+// Included by q4_k_dx_split_f16.comp (Q4_K_DX_F16: codes decoded through f16 pairs, on devices with f16
+// arithmetic) and q4_k_dx_split.comp (f32 decode). Measurements: docs/kernels.md, "One-token dx".
 
-const uint UNITS = 8;  // 256 columns per workgroup (linear_kernels.cpp: kDxKCols)
+const uint UNITS = 8;  // 256 columns per workgroup (formats.cpp: dx_cols)
 const uint SUB = 2;    // row slots per unit along x
 layout(local_size_x = UNITS * SUB, local_size_y_id = 0) in;
 layout(constant_id = 0) const uint ROW_SLOTS = 8;
-layout(constant_id = 1) const uint RU = 4;  // rows whose loads an invocation issues together (the host sets it)
+layout(constant_id = 1) const uint ROWS_IN_FLIGHT = 4;  // rows whose loads an invocation issues together
 const uint SLOTS = SUB * ROW_SLOTS;  // a multiple of 8
 const uint NV = UNITS * 8u;          // vec4 columns of the workgroup
 
@@ -87,15 +74,15 @@ void add_row(uvec4 hd, uvec4 qs, float g, uint c) {
 }
 #endif
 
-// A group of RU rows: the loads in flight (next) and the rows being added (cur). The header (d, dmin, scales) is
-// shared by the two units of one chunk, invocations u and u ^ 1 (neighbours in the subgroup): each loads one
-// half and they swap halves, so only 8 of its bytes per row wait in registers.
-uvec2 hh_next[RU], hh_cur[RU];
-uvec4 qs_next[RU], qs_cur[RU];
-float g_next[RU], g_cur[RU];
+// A group of ROWS_IN_FLIGHT rows: the loads in flight (next) and the rows being added (cur). The header (d, dmin,
+// scales) is shared by the two units of one chunk, invocations u and u ^ 1 (neighbours in the subgroup): each
+// loads one half and they swap halves, so only 8 of its bytes per row wait in registers.
+uvec2 hh_next[ROWS_IN_FLIGHT], hh_cur[ROWS_IN_FLIGHT];
+uvec4 qs_next[ROWS_IN_FLIGHT], qs_cur[ROWS_IN_FLIGHT];
+float g_next[ROWS_IN_FLIGHT], g_cur[ROWS_IN_FLIGHT];
 
 void load_rows(uint j, uint n_blocks, uint b, uint h, uint q_off) {
-  for (uint i = 0u; i < RU; ++i) {
+  for (uint i = 0u; i < ROWS_IN_FLIGHT; ++i) {
     const uint blk = ((j + i * SLOTS) * n_blocks + b) * 9u;
     hh_next[i] = w2[2u * blk + h];
     qs_next[i] = w4[blk + q_off];
@@ -104,7 +91,7 @@ void load_rows(uint j, uint n_blocks, uint b, uint h, uint q_off) {
 }
 
 void take_rows() {
-  for (uint i = 0u; i < RU; ++i) {
+  for (uint i = 0u; i < ROWS_IN_FLIGHT; ++i) {
     hh_cur[i] = hh_next[i];
     qs_cur[i] = qs_next[i];
     g_cur[i] = g_next[i];
@@ -112,7 +99,7 @@ void take_rows() {
 }
 
 void add_rows(uint h, uint c) {
-  for (uint i = 0u; i < RU; ++i) {
+  for (uint i = 0u; i < ROWS_IN_FLIGHT; ++i) {
     const uvec2 other = subgroupShuffleXor(hh_cur[i], 1u);
     add_row(h == 0u ? uvec4(hh_cur[i], other) : uvec4(other, hh_cur[i]), qs_cur[i], g_cur[i], c);
   }
@@ -133,13 +120,13 @@ void main() {
     al[k] = vec4(0.0);
     ah[k] = vec4(0.0);
   }
-  // Software-pipelined in groups of RU rows: the loads of the next group go out before the current group is
-  // added, so an invocation has loads in flight while it computes.
+  // Software-pipelined in groups of ROWS_IN_FLIGHT rows: the loads of the next group go out before the current
+  // group is added, so an invocation has loads in flight while it computes.
   uint j = j0 + slot;
-  if (j + (RU - 1u) * SLOTS < j1) {
+  if (j + (ROWS_IN_FLIGHT - 1u) * SLOTS < j1) {
     load_rows(j, n_blocks, b, h, q_off);
     take_rows();
-    for (j += RU * SLOTS; j + (RU - 1u) * SLOTS < j1; j += RU * SLOTS) {
+    for (j += ROWS_IN_FLIGHT * SLOTS; j + (ROWS_IN_FLIGHT - 1u) * SLOTS < j1; j += ROWS_IN_FLIGHT * SLOTS) {
       load_rows(j, n_blocks, b, h, q_off);
       add_rows(h, c);
       take_rows();

@@ -4,11 +4,10 @@
 // 8, each group 1680 bytes (420 words): the first 208 bytes (ql, qh, scales) of its 8 blocks, then their 8 d's.
 // Every 8-byte piece of a block then lies on an 8-byte boundary, where GGML's 210-byte blocks fall on 2-byte ones.
 // A block is named by its index in the matrix (row · blocks per row + block).
-//
 // Each 128-weight half h uses ql[64h..64h+64), qh[32h..32h+32) and scales[8h..8h+8). For l in [0, 32) its
 // "quadrant" k4 (0..3) holds weight 32·k4 + l: the low (k4 = 0, 1) or high (k4 = 2, 3) nibble of
 // ql[64h + 32·(k4 & 1) + l], the bits 2·k4 .. 2·k4+1 of qh[32h + l], and the scale scales[8h + 2·k4 + l / 16].
-//
+
 // Define Q6_K_WORDS as the uint[] array holding the blocks, and Q6_K_PAIRS as a uvec2[] view of the same buffer
 // where the shader has one (8-byte pieces in one load each).
 #ifndef Q6_K_WORDS

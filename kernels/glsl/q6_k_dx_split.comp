@@ -1,29 +1,21 @@
 #version 450
-// First pass of dx[n_in] = dy[j_start:j_end] · W[j_start:j_end, :] for one token, W in Q6_K super-blocks (the
-// transposed GEMV), laid out as q4_k_dx_split.glsl: the row range is cut into chunks (gl_WorkGroupID.y); a
-// workgroup covers UNITS units (a unit as in q6_k_gemv.comp: 8 bytes of ql at l, 8 at l + 32 and 8 of qh, 32
-// columns of dx) and SLOTS = SUB·ROW_SLOTS row slots, slot s walking rows s, s + SLOTS, ... of the chunk,
-// software-pipelined in groups of RU rows (the next group's loads go out before the current group is added).
-// The slots are summed through shared memory and chunk c writes its sums to partial[c, cols];
-// q4_0_dx_reduce.comp adds the chunks in order (deterministic, no float atomics).
-//
-// H100, 16384x16384, split and reduce passes: 92.2-92.3 us (87.3-87.4% of copy) with RU 4 (130 registers),
-// against 94.2 with 3, 96.8 with 5 and 100.3 with 6. With GGML's 210-byte blocks in place (every other block on
-// a 2-byte boundary: an 8-byte piece took three word loads and two funnel shifts) the same work took
-// 107.5-108.9 us (74.5-74.9%), pipelined or not: its loads alone 95.0 us, its arithmetic alone (rows kept in
-// cache) 75.6-76.4, and no arrangement of the loop, the decode, the slots or the chunks brought it below 107.5.
-// The grouped layout (q6_k.glsl) makes every piece one 8-byte load. A first trial with the blocks merely padded
-// to 216 bytes (8-byte aligned, 2.9% more memory) took 96.2 us with RU 4.
+// First pass of dx[n_in] = dy[j_start:j_end] · W[j_start:j_end, :] for one token, W in Q6_K super-blocks in the
+// grouped layout of q6_k.glsl (the transposed GEMV), laid out as q4_k_dx_split.glsl: the row range is cut into
+// chunks (gl_WorkGroupID.y); a workgroup covers UNITS units (a unit as in q6_k_gemv.comp: 8 bytes of ql at l, 8 at
+// l + 32 and 8 of qh, 32 columns of dx) and SLOTS = SUB·ROW_SLOTS row slots, slot s walking rows s, s + SLOTS, ...
+// of the chunk, software-pipelined in groups of ROWS_IN_FLIGHT rows (the next group's loads go out before the
+// current group is added). The slots are summed through shared memory and chunk c writes its sums to
+// partial[c, cols]; q4_0_dx_reduce.comp adds the chunks in order (deterministic, no float atomics).
+// Measurements, and why the grouped layout: docs/kernels.md, "One-token dx".
 #extension GL_GOOGLE_include_directive : require
 
-// 8 units: a workgroup reads whole blocks of each row (256 columns, linear_kernels.cpp: kDxQ6_KCols).
-// With half blocks (4 units), neighbouring workgroups both read the blocks' scales and d, and each read piece
-// of a row is shorter: 140 us against 126 at 16384x16384 on an H100.
+// 8 units: a workgroup reads whole blocks of each row (256 columns, formats.cpp: dx_cols). With half blocks,
+// neighbouring workgroups would both read the blocks' scales and d, and each read piece of a row is shorter.
 const uint UNITS = 8;
 const uint SUB = 2;  // row slots per unit along x
 layout(local_size_x = UNITS * SUB, local_size_y_id = 0) in;
 layout(constant_id = 0) const uint ROW_SLOTS = 8;
-layout(constant_id = 1) const uint RU = 4;  // rows whose loads an invocation issues together (the host sets it)
+layout(constant_id = 1) const uint ROWS_IN_FLIGHT = 4;  // rows whose loads an invocation issues together
 const uint SLOTS = SUB * ROW_SLOTS;  // a multiple of 8
 const uint NV = UNITS * 8u;          // vec4 columns of the workgroup
 
@@ -75,26 +67,26 @@ void add_row(Unit un, float g) {
   }
 }
 
-// A group of RU rows: the loads in flight (next) and the rows being added (cur).
-Unit un_next[RU], un_cur[RU];
-float g_next[RU], g_cur[RU];
+// A group of ROWS_IN_FLIGHT rows: the loads in flight (next) and the rows being added (cur).
+Unit un_next[ROWS_IN_FLIGHT], un_cur[ROWS_IN_FLIGHT];
+float g_next[ROWS_IN_FLIGHT], g_cur[ROWS_IN_FLIGHT];
 
 void load_rows(uint j, uint n_blocks, uint b, uint h, uint g) {
-  for (uint i = 0u; i < RU; ++i) {
+  for (uint i = 0u; i < ROWS_IN_FLIGHT; ++i) {
     un_next[i] = load_unit((j + i * SLOTS) * n_blocks + b, h, g);
     g_next[i] = dy[j + i * SLOTS];
   }
 }
 
 void take_rows() {
-  for (uint i = 0u; i < RU; ++i) {
+  for (uint i = 0u; i < ROWS_IN_FLIGHT; ++i) {
     un_cur[i] = un_next[i];
     g_cur[i] = g_next[i];
   }
 }
 
 void add_rows() {
-  for (uint i = 0u; i < RU; ++i) add_row(un_cur[i], g_cur[i]);
+  for (uint i = 0u; i < ROWS_IN_FLIGHT; ++i) add_row(un_cur[i], g_cur[i]);
 }
 
 void main() {
@@ -109,10 +101,10 @@ void main() {
 
   for (uint k = 0u; k < 8u; ++k) acc[k] = vec4(0.0);
   uint j = j0 + slot;
-  if (j + (RU - 1u) * SLOTS < j1) {
+  if (j + (ROWS_IN_FLIGHT - 1u) * SLOTS < j1) {
     load_rows(j, n_blocks, b, h, g);
     take_rows();
-    for (j += RU * SLOTS; j + (RU - 1u) * SLOTS < j1; j += RU * SLOTS) {
+    for (j += ROWS_IN_FLIGHT * SLOTS; j + (ROWS_IN_FLIGHT - 1u) * SLOTS < j1; j += ROWS_IN_FLIGHT * SLOTS) {
       load_rows(j, n_blocks, b, h, g);
       add_rows();
       take_rows();

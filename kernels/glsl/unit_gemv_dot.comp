@@ -3,18 +3,12 @@
 // on 8-bit integer dot products (int_dot.glsl). The activations come as limbs in x's order at one scale per 32,
 // with Σ x per 16 (x_limbs.comp, LAYOUT 3). Each unit (32 weights) gives its codes as bytes (unit_codes) and
 // (s, s', o, o') of its halves (unit_affine): the weights are s·c + o over weights 0-15 and s'·c + o' over 16-31,
-// so Σ w·x = s·(σ·Σ c·A) + o·Σ x + s'·(σ·Σ c'·A') + o'·Σ x', σ the limbs' scale. Formats whose codes are unsigned
-// (UNIT_CODE_BITS, at most 7) use the unsigned dot; those that define UNIT_SIGNED_CODES (IQ4: table levels as
-// int8) the signed one, with o = o' = 0.
-//
+// so Σ w·x = s·(σ·Σ c·A) + o·Σ x + s'·(σ·Σ c'·A') + o'·Σ x', σ the limbs' scale. Unsigned codes (UNIT_CODE_BITS,
+// at most 7) take the unsigned dot; UNIT_SIGNED_CODES (IQ4: table levels as int8) the signed one, o = o' = 0.
 // A workgroup owns NUM_ROWS rows in row sets of ROWS_PER_INVOCATION (gemv_row_sets.glsl); an invocation takes
-// whole units, SET_SIZE apart, loads the unit's limbs once and, for each of its rows, fetches the unit.
-// n_in is a multiple of 32 (256 for the K-quants and IQ4_XS). IQ4 levels come from a 16-word shared table (H100,
-// 16384x16384: IQ4_NL 89.5 us against 103.6 with a 256-entry table of nibble pairs, which conflicts in the banks,
-// and 139 with the register lookup of wunit.glsl). Taking 4 or 8 consecutive units per step, so that Q2_K's and
-// Q3_K's units sharing code words fetch them once, was slower (Q2_K 147 us against 57; Q5_K by pairs 96 vs 77).
-// H100, the limb pass included, % of copy (the float unit GEMV in brackets): Q4_1 94.4 (75.9), Q5_0 97.4 (71.1),
-// Q5_1 96.2 (78.8), Q2_K 56.1 (39.1), Q3_K 48.7 (33.9), Q5_K 88.0 (64.1), IQ4_NL 61.7 (56.5), IQ4_XS 59.4 (52.5).
+// whole units, SET_SIZE apart, loads the unit's limbs once and, for each of its rows, fetches the unit. n_in is a
+// multiple of 32 (256 for the K-quants and IQ4_XS). IQ4 levels come from a 16-word shared table.
+// Measurements: docs/kernels.md, "Integer-dot GEMVs".
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_arithmetic : require

@@ -1,38 +1,11 @@
 // Frozen weights read 32 at a time (mixed_gemm.comp, decode_f16.comp, the unit_*.comp kernels, the loss and
 // embedding shaders): a "unit" is weights 32u .. 32u + 31 of one row of W [rows, n_in] (n_in a multiple of 32; of
-// 256 for the K-quants and IQ4_XS), decoded in order. Every format supplies the same things, in its own
-// unit_<format>.glsl:
-//   UNIT_PARTS                                    the invocations that share a unit (1, or 4 where a part is
-//                                                 16 bytes of the unit alone, as for F16 and BF16: neighbouring
-//                                                 invocations then read neighbouring bytes);
-//   UNIT_WORDS                                    about how many 32-bit registers a WUnit holds (the kernels size
-//                                                 the units they keep in flight by it);
-//   struct WUnit                                  the raw words of one part, fetched into registers;
-//   WUnit unit_fetch(uint row, uint u, uint part, uint n_in)   issues the loads (nothing waits for them yet);
-//   void unit_decode(WUnit r, out uvec4 h[UNIT_VECS])          the part's 32 / UNIT_PARTS weights as f16, two
-//                                                 per word, its first weight in h[0].x's low half (one
-//                                                 rounding where a scale multiplies an exact code);
-//   void unit_decode_f32(WUnit r, out vec4 f[2u * UNIT_VECS])  the same weights in f32, its first in f[0].x,
-//                                                 each exactly as GGML's float dequantisation (dequantize_row_*)
-//                                                 evaluates it: the same operations in the same order, each
-//                                                 rounded (never fused), e.g. Q4_K (d·sc)·q − (dmin·m).
-// Optionally, for the one-token kernels, a format whose weights are s·c + o, codes c of UNIT_CODE_BITS bits (at
-// most 7) with a scale s and an offset o per 16 weights, defines UNIT_CODE_BITS and
-//   uint unit_codes(WUnit r, uint e)                           the codes of the part's weights 4e .. 4e + 3 as bytes;
-//   vec4 unit_affine(WUnit r)                                  (s, s', o, o') of weights 0-15 and 16-31, in f32;
-// or defines UNIT_HAS_DOT and the two functions below itself. From those (or from unit_decode_f32) this file makes
-//   float unit_dot_f32(WUnit r, vec4 x[2u * UNIT_VECS], vec2 sx)              Σ w·x over the part (sx: Σ x over
-//                                                 its first and its second half), for the GEMV;
-//   void unit_axpy_f32(WUnit r, float g, inout vec4 acc[2u * UNIT_VECS], inout vec2 off)  acc += g·w, but for
-//                                                 off.x (.y), still to be added to every column of the first
-//                                                 (second) half, for the one-token dx.
+// 256 for the K-quants and IQ4_XS), decoded in order. Every format supplies the same functions in its own
+// unit_<format>.glsl (the list stands above their includes, below); from them this file makes the f32 dot and
+// axpy of the one-token kernels (unit_dot_f32, unit_axpy_f32, at the end).
 // The including shader defines FORMAT (formats.glsl) and declares the weight buffer as wq1 (uint[]) and wq4
 // (uvec4[]). It enables GL_EXT_shader_explicit_arithmetic_types_float16, or defines UNIT_F32_ONLY: then
 // unit_decode does not exist and nothing here uses an f16 type (no shaderFloat16 needed).
-// Formats that look their codes up in a table (IQ4_NL, IQ4_XS) select the entries from registers, a few
-// operations per weight. A shader that defines UNIT_SHARED_TABLE reads them from shared memory instead in the f32
-// functions (one load per weight); it calls unit_setup() in every invocation of workgroups of at least 16, then a
-// barrier() before the first of them. unit_setup() exists, as a no-op, for every format.
 #include "formats.glsl"
 
 // Pairs of small codes from a word of bytes b0..b3 (b0 lowest), in weight order: (b0, b1) or (b2, b3), their low
@@ -84,6 +57,10 @@ uint iq4_levels4(uint q) {
          (iq4_level((q >> 24u) & 15u) << 24u);
 }
 
+// Formats that look their codes up in a table (IQ4_NL, IQ4_XS) select the entries from registers, a few
+// operations per weight. A shader that defines UNIT_SHARED_TABLE reads them from shared memory instead in the f32
+// functions (one load per weight); it calls unit_setup() in every invocation of workgroups of at least 16, then a
+// barrier() before the first of them. unit_setup() exists, as a no-op, for every format.
 #ifdef UNIT_SHARED_TABLE
 shared float unit_levels[16];
 #define UNIT_HAS_SETUP
@@ -101,6 +78,16 @@ vec4 iq4_values(uint q) { return bytes_minus(iq4_levels4(q), 128.0); }
 #endif
 #endif
 
+// What every unit_<format>.glsl supplies, UNIT_PARTS invocations sharing a unit (4 where a part is 16 bytes of the
+// unit alone, as for F16 and BF16: neighbouring invocations then read neighbouring bytes):
+//   UNIT_WORDS     about how many 32-bit registers a WUnit holds (the kernels size the units in flight by it);
+//   struct WUnit   the raw words of one part, fetched into registers;
+//   WUnit unit_fetch(uint row, uint u, uint part, uint n_in)   issues the loads (nothing waits for them yet);
+//   void unit_decode(WUnit r, out uvec4 h[UNIT_VECS])          the part's 32 / UNIT_PARTS weights as f16, two per
+//       word, its first weight in h[0].x's low half (one rounding where a scale multiplies an exact code);
+//   void unit_decode_f32(WUnit r, out vec4 f[2u * UNIT_VECS])  the same weights in f32, its first in f[0].x, each
+//       exactly as GGML's float dequantisation (dequantize_row_*) evaluates it: the same operations in the same
+//       order, each rounded (never fused), e.g. Q4_K (d·sc)·q − (dmin·m).
 #if FORMAT == FORMAT_F16 || FORMAT == FORMAT_BF16
 #define UNIT_PARTS 4
 #else
@@ -144,12 +131,19 @@ const uint UNIT_VECS = 4u / uint(UNIT_PARTS);  // uvec4s of f16 per part (f32: t
 void unit_setup() {}
 #endif
 
-// unit_dot_f32 and unit_axpy_f32 from the codes, where the format has them: each code c becomes f = 1 + c/2^B (B =
-// UNIT_CODE_BITS), c OR-ed into the top B bits of 1.0's mantissa (a shift and an and-or, exact), and the scales
-// and offsets are applied once per 16 weights: three operations per weight where the GGML-order decode takes five
-// or more. The sums are rounded otherwise than those of unit_decode_f32's products, but as accurately (the 1 in f
-// cancels at most about 2^B / c times the result's magnitude).
+// The one-token kernels' f32 functions: float unit_dot_f32(WUnit r, vec4 x[2u * UNIT_VECS], vec2 sx), Σ w·x over
+// the part (sx: Σ x over its first and its second half), for the GEMV; void unit_axpy_f32(WUnit r, float g, inout
+// vec4 acc[2u * UNIT_VECS], inout vec2 off), acc += g·w but for off.x (.y), still to be added to every column of
+// the first (second) half, for the dx. A format whose weights are s·c + o, codes c of UNIT_CODE_BITS bits (at most
+// 7) with a scale s and an offset o per 16 weights, defines UNIT_CODE_BITS, uint unit_codes(WUnit r, uint e) (the
+// codes of the part's weights 4e .. 4e + 3 as bytes) and vec4 unit_affine(WUnit r) ((s, s', o, o') of weights 0-15
+// and 16-31, in f32); one that defines UNIT_HAS_DOT writes both functions itself; the others decode in f32.
 #if defined(UNIT_CODE_BITS) && !defined(UNIT_HAS_DOT)
+// From the codes: each code c becomes f = 1 + c/2^B (B = UNIT_CODE_BITS), c OR-ed into the top B bits of 1.0's
+// mantissa (a shift and an and-or, exact), and the scales and offsets are applied once per 16 weights: three
+// operations per weight where the GGML-order decode takes five or more. The sums are rounded otherwise than those
+// of unit_decode_f32's products, but as accurately (the 1 in f cancels at most about 2^B / c times the result's
+// magnitude).
 vec4 codes_1p(uint c) {
   const uint B = UNIT_CODE_BITS, mask = ((1u << B) - 1u) << (23u - B);
   return uintBitsToFloat(uvec4(c << (23u - B), c << (15u - B), c << (7u - B), c >> (B + 1u)) & mask | 0x3F800000u);

@@ -1,24 +1,28 @@
 #include "kernels/quant/f16.h"
 
+#include <bit>
 #include <cstring>
 
 namespace q4t::quant {
 
 namespace {
-uint32_t bits_of(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
+// A row of n 16-bit values (F16 or BF16, raw little-endian bytes at any address) widened by `widen` into T.
+template <float (*widen)(uint16_t), typename T>
+void widen_row(T* y, const uint8_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    uint16_t h;
+    std::memcpy(&h, x + 2 * i, sizeof h);
+    y[i] = T(widen(h));
+  }
 }
-float float_of(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof f);
-  return f;
-}
-uint16_t half_at(const uint8_t* x, int64_t i) {
-  uint16_t h;
-  std::memcpy(&h, x + 2 * i, sizeof h);
-  return h;
+
+// A row of n floats narrowed by `narrow` into raw 16-bit values.
+template <uint16_t (*narrow)(float)>
+void narrow_row(uint8_t* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const uint16_t h = narrow(x[i]);
+    std::memcpy(y + 2 * i, &h, sizeof h);
+  }
 }
 }  // namespace
 
@@ -28,19 +32,19 @@ float f16_to_f32(uint16_t h) {
   const uint32_t mant = h & 0x3FF;
   if (exp == 0x1F) {
     // Inf stays inf; a NaN keeps its payload and comes out quiet, as F16C's vcvtph2ps does.
-    return float_of(sign | 0x7F800000 | (mant ? 0x400000 : 0) | (mant << 13));
+    return std::bit_cast<float>(sign | 0x7F800000 | (mant ? 0x400000 : 0) | (mant << 13));
   }
   if (exp == 0) {
     // Zero or subnormal: mant * 2^-24, exact in float (10 significant bits, power-of-two scale).
     const float v = float(mant) * 0x1p-24f;
-    return float_of(sign | bits_of(v));
+    return std::bit_cast<float>(sign | std::bit_cast<uint32_t>(v));
   }
   // Normal: rebias the exponent from 15 to 127.
-  return float_of(sign | ((exp + 112) << 23) | (mant << 13));
+  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (mant << 13));
 }
 
 uint16_t f32_to_f16(float f) {
-  const uint32_t b = bits_of(f);
+  const uint32_t b = std::bit_cast<uint32_t>(f);
   const uint16_t sign = uint16_t((b >> 16) & 0x8000);
   const uint32_t abs = b & 0x7FFFFFFF;
   if (abs > 0x7F800000) {
@@ -66,44 +70,22 @@ uint16_t f32_to_f16(float f) {
   return uint16_t(sign | units);
 }
 
-void f16_row_to_f32(float* y, const uint8_t* x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] = f16_to_f32(half_at(x, i));
-}
+void f16_row_to_f32(float* y, const uint8_t* x, int64_t n) { widen_row<f16_to_f32>(y, x, n); }
+void f16_row_to_f64(double* y, const uint8_t* x, int64_t n) { widen_row<f16_to_f32>(y, x, n); }
+void f32_row_to_f16(uint8_t* y, const float* x, int64_t n) { narrow_row<f32_to_f16>(y, x, n); }
 
-void f16_row_to_f64(double* y, const uint8_t* x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] = double(f16_to_f32(half_at(x, i)));
-}
-
-void f32_row_to_f16(uint8_t* y, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    const uint16_t h = f32_to_f16(x[i]);
-    std::memcpy(y + 2 * i, &h, sizeof h);
-  }
-}
-
-float bf16_to_f32(uint16_t h) { return float_of(uint32_t(h) << 16); }
+float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(uint32_t(h) << 16); }
 
 uint16_t f32_to_bf16(float f) {
-  const uint32_t b = bits_of(f);
+  const uint32_t b = std::bit_cast<uint32_t>(f);
   // NaN: keep the top bits and set the quiet bit (bit 6 of the half), so truncation cannot make it an inf.
   if ((b & 0x7FFFFFFF) > 0x7F800000) return uint16_t((b >> 16) | 0x40);
   // Round to nearest even at bit 16; a mantissa carry bumps the exponent (the largest floats become inf).
   return uint16_t((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
 }
 
-void bf16_row_to_f32(float* y, const uint8_t* x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] = bf16_to_f32(half_at(x, i));
-}
-
-void bf16_row_to_f64(double* y, const uint8_t* x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] = double(bf16_to_f32(half_at(x, i)));
-}
-
-void f32_row_to_bf16(uint8_t* y, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    const uint16_t h = f32_to_bf16(x[i]);
-    std::memcpy(y + 2 * i, &h, sizeof h);
-  }
-}
+void bf16_row_to_f32(float* y, const uint8_t* x, int64_t n) { widen_row<bf16_to_f32>(y, x, n); }
+void bf16_row_to_f64(double* y, const uint8_t* x, int64_t n) { widen_row<bf16_to_f32>(y, x, n); }
+void f32_row_to_bf16(uint8_t* y, const float* x, int64_t n) { narrow_row<f32_to_bf16>(y, x, n); }
 
 }  // namespace q4t::quant

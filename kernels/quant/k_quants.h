@@ -1,28 +1,5 @@
 // Q2_K, Q3_K, Q4_K, Q5_K and Q6_K block codecs, byte for byte GGML's "k-quant" formats: 256 weights per
 // super-block.
-//
-// Q2_K (84 bytes): { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin }. Sixteen sub-blocks of 16 weights each have a
-// 4-bit scale (low nibble of scales[s]) and a 4-bit min (high nibble); weight = d·sc·q − dmin·m with q a 2-bit
-// quant. Each 128-weight half h uses qs[32h..32h+32): weights 128h + 32j + l (j in [0, 4), l in [0, 32)) sit in
-// bits 2j..2j+1 of qs[32h + l].
-//
-// Q3_K (110 bytes): { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d }. Sixteen sub-blocks of 16 weights each have
-// a 6-bit scale stored as sc + 32 (see k3_scale); weight = d·sc·(q − 4) with q a 3-bit quant: its low 2 bits are
-// packed into qs as Q2_K's, its high bit is bit i/32 of hmask[i % 32] for weight i.
-//
-// Q4_K (144 bytes): { f16 d; f16 dmin; u8 scales[12]; u8 qs[128] }. Eight sub-blocks of 32 weights each have a
-// 6-bit scale sc and a 6-bit min m packed into `scales` (k4_scale_min); weight = d·sc·q − dmin·m with q a
-// 4-bit quant. The 64-weight chunk c keeps sub-block 2c in the low nibbles of qs[32c..32c+32) and sub-block
-// 2c+1 in the high nibbles.
-//
-// Q5_K (176 bytes): { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] }: Q4_K's scales and mins and nibble
-// layout, plus a fifth bit per weight: bit 2c (sub-block 2c) or 2c+1 (sub-block 2c+1) of qh[l] for the weight of
-// the 64-weight chunk c held in qs[32c + l].
-//
-// Q6_K (210 bytes): { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }. Sixteen sub-blocks of 16 weights each
-// have a signed 8-bit scale; weight = d·scale·(q − 32) with q a 6-bit quant: 4 low bits in ql, 2 high bits in
-// qh. Each 128-weight half h uses ql[64h..64h+64) and qh[32h..32h+32); for l in [0, 32) its weights l, l+32,
-// l+64, l+96 are (ql[l] & 15, ql[l+32] & 15, ql[l] >> 4, ql[l+32] >> 4) with qh[l] bits (0-1, 2-3, 4-5, 6-7).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +10,10 @@
 
 namespace q4t::quant {
 
+// Q2_K (84 bytes): { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin }. Sixteen sub-blocks of 16 weights each have a
+// 4-bit scale (low nibble of scales[s]) and a 4-bit min (high nibble); weight = d·sc·q − dmin·m with q a 2-bit
+// quant. Each 128-weight half h uses qs[32h..32h+32): weights 128h + 32j + l (j in [0, 4), l in [0, 32)) sit in
+// bits 2j..2j+1 of qs[32h + l].
 struct BlockQ2_K {
   uint8_t scales[16];  // 16 x (4-bit scale | 4-bit min << 4)
   uint8_t qs[64];      // 2-bit quants
@@ -41,6 +22,9 @@ struct BlockQ2_K {
 };
 static_assert(sizeof(BlockQ2_K) == kQ2_KBlockBytes, "Q2_K block must be 84 bytes");
 
+// Q3_K (110 bytes): { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d }. Sixteen sub-blocks of 16 weights each have
+// a 6-bit scale stored as sc + 32 (see k3_scale); weight = d·sc·(q − 4) with q a 3-bit quant: its low 2 bits are
+// packed into qs as Q2_K's, its high bit is bit i/32 of hmask[i % 32] for weight i.
 struct BlockQ3_K {
   uint8_t hmask[32];   // high bits of the quants
   uint8_t qs[64];      // low 2 bits of the quants
@@ -49,6 +33,10 @@ struct BlockQ3_K {
 };
 static_assert(sizeof(BlockQ3_K) == kQ3_KBlockBytes, "Q3_K block must be 110 bytes");
 
+// Q4_K (144 bytes): { f16 d; f16 dmin; u8 scales[12]; u8 qs[128] }. Eight sub-blocks of 32 weights each have a
+// 6-bit scale sc and a 6-bit min m packed into `scales` (k4_scale_min); weight = d·sc·q − dmin·m with q a
+// 4-bit quant. The 64-weight chunk c keeps sub-block 2c in the low nibbles of qs[32c..32c+32) and sub-block
+// 2c+1 in the high nibbles.
 struct BlockQ4_K {
   uint16_t d;          // f16 scale of the sub-block scales
   uint16_t dmin;       // f16 scale of the sub-block mins
@@ -57,6 +45,9 @@ struct BlockQ4_K {
 };
 static_assert(sizeof(BlockQ4_K) == kQ4_KBlockBytes, "Q4_K block must be 144 bytes");
 
+// Q5_K (176 bytes): { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] }: Q4_K's scales and mins and nibble
+// layout, plus a fifth bit per weight: bit 2c (sub-block 2c) or 2c+1 (sub-block 2c+1) of qh[l] for the weight of
+// the 64-weight chunk c held in qs[32c + l].
 struct BlockQ5_K {
   uint16_t d;          // f16 scale of the sub-block scales
   uint16_t dmin;       // f16 scale of the sub-block mins
@@ -66,6 +57,10 @@ struct BlockQ5_K {
 };
 static_assert(sizeof(BlockQ5_K) == kQ5_KBlockBytes, "Q5_K block must be 176 bytes");
 
+// Q6_K (210 bytes): { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }. Sixteen sub-blocks of 16 weights each
+// have a signed 8-bit scale; weight = d·scale·(q − 32) with q a 6-bit quant: 4 low bits in ql, 2 high bits in
+// qh. Each 128-weight half h uses ql[64h..64h+64) and qh[32h..32h+32); for l in [0, 32) its weights l, l+32,
+// l+64, l+96 are (ql[l] & 15, ql[l+32] & 15, ql[l] >> 4, ql[l+32] >> 4) with qh[l] bits (0-1, 2-3, 4-5, 6-7).
 struct BlockQ6_K {
   uint8_t ql[128];    // low 4 bits of the quants
   uint8_t qh[64];     // high 2 bits of the quants

@@ -149,6 +149,19 @@ std::vector<VkExtensionProperties> device_extensions(VkPhysicalDevice pd) {
   return exts;
 }
 
+bool has_extension(const std::vector<VkExtensionProperties>& exts, const char* name) {
+  return std::any_of(exts.begin(), exts.end(),
+                     [&](const VkExtensionProperties& e) { return std::strcmp(e.extensionName, name) == 0; });
+}
+
+// Fills a chain of feature structs (sType set, pNext linking the rest) from the device.
+template <class Features>
+void query_features(VkPhysicalDevice pd, Features& first) {
+  VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  f2.pNext = &first;
+  vkGetPhysicalDeviceFeatures2(pd, &f2);
+}
+
 // Whether a device has what the tensor-core kernels (*_coop.comp, mixed_gemm.comp with COOP) need:
 // VK_NV_cooperative_matrix with 16x16x16 f16 x f16 + f32 on subgroups of 32, f16 arithmetic and the Vulkan memory
 // model.
@@ -158,21 +171,16 @@ bool coop_matrix_supported(VkInstance inst, VkPhysicalDevice pd) {
   p2.pNext = &sg;
   vkGetPhysicalDeviceProperties2(pd, &p2);
   const auto exts = device_extensions(pd);
-  auto has_ext = [&](const char* name) {
-    return std::any_of(exts.begin(), exts.end(), [&](const VkExtensionProperties& e) { return std::strcmp(e.extensionName, name) == 0; });
-  };
   for (const char* e : {VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME, VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME,
                         VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME})
-    if (!has_ext(e)) return false;
+    if (!has_extension(exts, e)) return false;
   if (sg.subgroupSize != 32) return false;
   VkPhysicalDeviceCooperativeMatrixFeaturesNV coop_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
   VkPhysicalDeviceShaderFloat16Int8FeaturesKHR f16_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR};
   VkPhysicalDeviceVulkanMemoryModelFeaturesKHR vmm_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR};
   coop_f.pNext = &f16_f;
   f16_f.pNext = &vmm_f;
-  VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-  f2.pNext = &coop_f;
-  vkGetPhysicalDeviceFeatures2(pd, &f2);
+  query_features(pd, coop_f);
   auto props_fn = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV>(
       vkGetInstanceProcAddr(inst, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV"));
   bool shape = false;
@@ -187,6 +195,25 @@ bool coop_matrix_supported(VkInstance inst, VkPhysicalDevice pd) {
                         c.DType == VK_COMPONENT_TYPE_FLOAT32_NV && c.scope == VK_SCOPE_SUBGROUP_NV);
   }
   return shape && coop_f.cooperativeMatrix && f16_f.shaderFloat16 && vmm_f.vulkanMemoryModel;
+}
+
+// Device `index` of `devs`, or with index < 0 the best by type (type_rank; the first of equals).
+VkPhysicalDevice pick_physical_device(const std::vector<VkPhysicalDevice>& devs, int index) {
+  if (devs.empty()) throw DeviceError(kNoDevice);
+  if (index >= 0) {
+    if (index >= int(devs.size()))
+      throw DeviceError("--device vulkan:" + std::to_string(index) + ": only " + std::to_string(devs.size()) +
+                        " Vulkan device(s) present (see `q4tune devices`)");
+    return devs[index];
+  }
+  VkPhysicalDevice best_pd = VK_NULL_HANDLE;
+  int best = 99;
+  for (VkPhysicalDevice pd : devs) {
+    VkPhysicalDeviceProperties p;
+    vkGetPhysicalDeviceProperties(pd, &p);
+    if (type_rank(p.deviceType) < best) { best = type_rank(p.deviceType); best_pd = pd; }
+  }
+  return best_pd;
 }
 }  // namespace
 
@@ -207,146 +234,138 @@ std::unique_ptr<Device> Device::open(const Options& opt) {
   std::unique_ptr<Device> d(new Device());
   d->validation_ = opt.validation && layer_available("VK_LAYER_KHRONOS_validation");
   d->instance_ = create_instance(d->validation_);
-  if (d->validation_) {
-    auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
-        vkGetInstanceProcAddr(d->instance_, "vkCreateDebugUtilsMessengerEXT"));
-    VkDebugUtilsMessengerCreateInfoEXT mi{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
-    mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
-    mi.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
-                     VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
-    mi.pfnUserCallback = debug_callback;
-    mi.pUserData = d.get();
-    if (create) check(create(d->instance_, &mi, nullptr, &d->messenger_), "vkCreateDebugUtilsMessengerEXT");
-  }
+  if (d->validation_) d->create_messenger();
+  d->physical_ = pick_physical_device(physical_devices(d->instance_), opt.index);
+  d->read_properties();
+  d->probe_optional_features();
+  d->create_logical_device();
+  return d;
+}
 
-  const auto devs = physical_devices(d->instance_);
-  if (devs.empty()) throw DeviceError(kNoDevice);
-  if (opt.index >= 0) {
-    if (opt.index >= int(devs.size()))
-      throw DeviceError("--device vulkan:" + std::to_string(opt.index) + ": only " + std::to_string(devs.size()) +
-                        " Vulkan device(s) present (see `q4tune devices`)");
-    d->physical_ = devs[opt.index];
-  } else {
-    int best = 99;
-    for (VkPhysicalDevice pd : devs) {
-      VkPhysicalDeviceProperties p;
-      vkGetPhysicalDeviceProperties(pd, &p);
-      if (type_rank(p.deviceType) < best) { best = type_rank(p.deviceType); d->physical_ = pd; }
-    }
-  }
-  vkGetPhysicalDeviceProperties(d->physical_, &d->props_);
-  vkGetPhysicalDeviceMemoryProperties(d->physical_, &d->mem_props_);
-  d->name_ = d->props_.deviceName;
-  if (VK_API_VERSION_MINOR(d->props_.apiVersion) < 1 && VK_API_VERSION_MAJOR(d->props_.apiVersion) == 1)
-    throw DeviceError(d->name_ + ": Vulkan 1.1 is required (device reports 1.0)");
+void Device::create_messenger() {
+  auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
+      vkGetInstanceProcAddr(instance_, "vkCreateDebugUtilsMessengerEXT"));
+  VkDebugUtilsMessengerCreateInfoEXT mi{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
+  mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+  mi.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                   VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+  mi.pfnUserCallback = debug_callback;
+  mi.pUserData = this;
+  if (create) check(create(instance_, &mi, nullptr, &messenger_), "vkCreateDebugUtilsMessengerEXT");
+}
+
+void Device::read_properties() {
+  vkGetPhysicalDeviceProperties(physical_, &props_);
+  vkGetPhysicalDeviceMemoryProperties(physical_, &mem_props_);
+  name_ = props_.deviceName;
+  if (VK_API_VERSION_MINOR(props_.apiVersion) < 1 && VK_API_VERSION_MAJOR(props_.apiVersion) == 1)
+    throw DeviceError(name_ + ": Vulkan 1.1 is required (device reports 1.0)");
 
   VkPhysicalDeviceSubgroupProperties sg{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
   VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
   p2.pNext = &sg;
-  vkGetPhysicalDeviceProperties2(d->physical_, &p2);
-  d->subgroup_size_ = sg.subgroupSize;
+  vkGetPhysicalDeviceProperties2(physical_, &p2);
+  subgroup_size_ = sg.subgroupSize;
   const VkSubgroupFeatureFlags need =
       VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_ARITHMETIC_BIT | VK_SUBGROUP_FEATURE_SHUFFLE_BIT;
   if ((sg.supportedOperations & need) != need || !(sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT))
-    throw DeviceError(d->name_ + ": compute shaders lack subgroup arithmetic or shuffles, which q4tune's kernels need");
+    throw DeviceError(name_ + ": compute shaders lack subgroup arithmetic or shuffles, which q4tune's kernels need");
 
   uint32_t nq = 0;
-  vkGetPhysicalDeviceQueueFamilyProperties(d->physical_, &nq, nullptr);
+  vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, nullptr);
   std::vector<VkQueueFamilyProperties> qf(nq);
-  vkGetPhysicalDeviceQueueFamilyProperties(d->physical_, &nq, qf.data());
+  vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, qf.data());
   bool found = false;
   for (uint32_t i = 0; i < nq && !found; ++i)
-    if (qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) { d->queue_family_ = i; found = true; }
-  if (!found) throw DeviceError(d->name_ + ": no compute queue");
-  d->timestamps_ = qf[d->queue_family_].timestampValidBits > 0 && d->props_.limits.timestampPeriod > 0;
+    if (qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) { queue_family_ = i; found = true; }
+  if (!found) throw DeviceError(name_ + ": no compute queue");
+  timestamps_ = qf[queue_family_].timestampValidBits > 0 && props_.limits.timestampPeriod > 0;
+}
 
+void Device::probe_optional_features() {
+  const auto exts = device_extensions(physical_);
   // Tensor cores: every extension and feature the *_coop.comp kernels use, and the one matrix shape they use.
-  const auto exts = device_extensions(d->physical_);
-  auto has_ext = [&](const char* name) {
-    return std::any_of(exts.begin(), exts.end(), [&](const VkExtensionProperties& e) { return std::strcmp(e.extensionName, name) == 0; });
-  };
-  const std::vector<const char*> coop_exts{VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME,
-                                           VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME,
-                                           VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME};
-  VkPhysicalDeviceCooperativeMatrixFeaturesNV coop_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
-  VkPhysicalDeviceShaderFloat16Int8FeaturesKHR f16_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR};
-  VkPhysicalDeviceVulkanMemoryModelFeaturesKHR vmm_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR};
-  d->coop_matrix_ = coop_matrix_supported(d->instance_, d->physical_);
+  coop_matrix_ = coop_matrix_supported(instance_, physical_);
   // 8-bit integer dot products (the *_gemv_dot.comp kernels): the extension and its one feature.
-  VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dot_f{
-      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
-  if (has_ext(VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
-    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-    f2.pNext = &dot_f;
-    vkGetPhysicalDeviceFeatures2(d->physical_, &f2);
-    d->integer_dot_ = dot_f.shaderIntegerDotProduct;
+  if (has_extension(exts, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
+    VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dot_f{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
+    query_features(physical_, dot_f);
+    integer_dot_ = dot_f.shaderIntegerDotProduct;
   }
   // f16 arithmetic in shaders: part of the tensor-core set above, else on its own where the device has it.
-  VkPhysicalDeviceShaderFloat16Int8FeaturesKHR half_f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR};
-  if (d->coop_matrix_) {
-    d->float16_ = true;
-  } else if (has_ext(VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME)) {
-    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-    f2.pNext = &half_f;
-    vkGetPhysicalDeviceFeatures2(d->physical_, &f2);
-    d->float16_ = half_f.shaderFloat16;
+  if (coop_matrix_) {
+    float16_ = true;
+  } else if (has_extension(exts, VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME)) {
+    VkPhysicalDeviceShaderFloat16Int8FeaturesKHR half_f{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR};
+    query_features(physical_, half_f);
+    float16_ = half_f.shaderFloat16;
   }
   // Pipeline statistics, for kernel development only (Device::pipeline_stats).
-  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR stats_f{
-      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
-  if (std::getenv("Q4T_PIPELINE_STATS") && has_ext(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME)) {
-    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-    f2.pNext = &stats_f;
-    vkGetPhysicalDeviceFeatures2(d->physical_, &f2);
-    d->pipeline_stats_ = stats_f.pipelineExecutableInfo;
+  if (std::getenv("Q4T_PIPELINE_STATS") && has_extension(exts, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME)) {
+    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR stats_f{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+    query_features(physical_, stats_f);
+    pipeline_stats_ = stats_f.pipelineExecutableInfo;
   }
-  stats_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR, nullptr, VK_TRUE};
-  half_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR, nullptr, VK_TRUE, VK_FALSE};
-  dot_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR, nullptr, VK_TRUE};
-  coop_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV, &f16_f, VK_TRUE, VK_FALSE};
-  f16_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR, &vmm_f, VK_TRUE, VK_FALSE};
-  vmm_f = {VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR, nullptr, VK_TRUE, VK_FALSE, VK_FALSE};
+}
+
+void Device::create_logical_device() {
+  // The features to enable, each optional set chained in front of the others where probe_optional_features found it.
+  VkPhysicalDeviceVulkanMemoryModelFeaturesKHR vmm_f{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES_KHR, nullptr, VK_TRUE, VK_FALSE, VK_FALSE};
+  VkPhysicalDeviceShaderFloat16Int8FeaturesKHR f16_f{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR, &vmm_f, VK_TRUE, VK_FALSE};
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV coop_f{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV, &f16_f, VK_TRUE, VK_FALSE};
+  VkPhysicalDeviceShaderFloat16Int8FeaturesKHR half_f{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES_KHR, nullptr, VK_TRUE, VK_FALSE};
+  VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dot_f{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR, nullptr, VK_TRUE};
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR stats_f{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR, nullptr, VK_TRUE};
 
   float prio = 1.0f;
   VkDeviceQueueCreateInfo qci{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
-  qci.queueFamilyIndex = d->queue_family_;
+  qci.queueFamilyIndex = queue_family_;
   qci.queueCount = 1;
   qci.pQueuePriorities = &prio;
   VkDeviceCreateInfo dci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   dci.queueCreateInfoCount = 1;
   dci.pQueueCreateInfos = &qci;
   std::vector<const char*> enabled;
-  if (d->coop_matrix_) {
+  if (coop_matrix_) {
     dci.pNext = &coop_f;
-    enabled = coop_exts;
+    enabled = {VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME, VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME,
+               VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME};
   }
-  if (d->float16_ && !d->coop_matrix_) {
+  if (float16_ && !coop_matrix_) {
     half_f.pNext = const_cast<void*>(dci.pNext);
     dci.pNext = &half_f;
     enabled.push_back(VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME);
   }
-  if (d->integer_dot_) {
+  if (integer_dot_) {
     dot_f.pNext = const_cast<void*>(dci.pNext);
     dci.pNext = &dot_f;
     enabled.push_back(VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
   }
-  if (d->pipeline_stats_) {
+  if (pipeline_stats_) {
     stats_f.pNext = const_cast<void*>(dci.pNext);
     dci.pNext = &stats_f;
     enabled.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
   }
   dci.enabledExtensionCount = uint32_t(enabled.size());
   dci.ppEnabledExtensionNames = enabled.data();
-  check(vkCreateDevice(d->physical_, &dci, nullptr, &d->device_), "vkCreateDevice");
-  vkGetDeviceQueue(d->device_, d->queue_family_, 0, &d->queue_);
+  check(vkCreateDevice(physical_, &dci, nullptr, &device_), "vkCreateDevice");
+  vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
 
   VkCommandPoolCreateInfo pci{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   pci.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
-  pci.queueFamilyIndex = d->queue_family_;
-  check(vkCreateCommandPool(d->device_, &pci, nullptr, &d->command_pool_), "vkCreateCommandPool");
+  pci.queueFamilyIndex = queue_family_;
+  check(vkCreateCommandPool(device_, &pci, nullptr, &command_pool_), "vkCreateCommandPool");
   VkPipelineCacheCreateInfo cci{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
-  check(vkCreatePipelineCache(d->device_, &cci, nullptr, &d->pipeline_cache_), "vkCreatePipelineCache");
-  return d;
+  check(vkCreatePipelineCache(device_, &cci, nullptr, &pipeline_cache_), "vkCreatePipelineCache");
 }
 
 Device::~Device() {

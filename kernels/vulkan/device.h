@@ -100,6 +100,11 @@ class Device {
 
  private:
   Device() = default;
+  // The steps of open, in order, on instance_ and physical_.
+  void create_messenger();         // validation messages into messages_
+  void read_properties();          // throws DeviceError where the device lacks what every kernel needs
+  void probe_optional_features();  // coop_matrix_, integer_dot_, float16_, pipeline_stats_
+  void create_logical_device();    // with those features enabled; its queue, command pool and pipeline cache
   friend VkBool32 VKAPI_PTR debug_callback(VkDebugUtilsMessageSeverityFlagBitsEXT,
                                            VkDebugUtilsMessageTypeFlagsEXT,
                                            const VkDebugUtilsMessengerCallbackDataEXT*, void*);

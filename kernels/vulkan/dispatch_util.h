@@ -11,7 +11,8 @@
 
 namespace q4t::vk {
 
-inline uint32_t ceil_div(int64_t a, int64_t b) { return uint32_t((a + b - 1) / b); }
+// Workgroup counts are uint32_t: here ceil_div is kernels/shapes.h's, in that type.
+inline constexpr auto& ceil_div = q4t::ceil_div<uint32_t>;
 
 // A 1-D count of workgroups spread over x and y so that neither exceeds 65535 (the guaranteed limit).
 inline std::array<uint32_t, 3> groups_1d(int64_t n_groups) {

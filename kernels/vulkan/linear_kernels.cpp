@@ -20,8 +20,7 @@ namespace {
 
 // GEMM tile edges (BM = BN, specialization constants of gemm_tiled.glsl): 128 where a product has at least
 // kLargeTileMinGroups such tiles (a full wave of two 256-invocation workgroups per SM on a 132-SM H100), 64
-// otherwise, where the large tiles would leave most of the GPU idle. H100, Q4_0 dx at T = 512: 16384 x 16384
-// 27.2 TFLOPS with 128 against 17.9 with 64; n_in = 2048 (64 large tiles) 11.5 against 15.9.
+// otherwise, where the large tiles would leave most of the GPU idle (docs/kernels.md, "Tiled GEMMs").
 constexpr uint32_t kGemmTile = 64;
 constexpr uint32_t kGemmTileLarge = 128;
 constexpr int64_t kLargeTileMinGroups = 256;
@@ -38,20 +37,11 @@ constexpr int64_t kCoopSplitBelowTiles = 64;
 constexpr int64_t kCoopSplitTarget = 128;
 constexpr int64_t kCoopMinSliceK = 256;
 // The tensor-core GEMM takes X split once per product (coop_split_rows.comp) where at least this many tiles
-// along N would each split it again. H100, T = 512: 2048x2048 (16 such tiles) 81.6 -> 71.2 us, 16384x16384
-// 50.6 -> 68.0 TFLOPS; 256x2048 (2 tiles) 21.2 -> 24.5 us, so it keeps splitting X per workgroup.
+// along N would each split it again; with fewer, the extra pass costs more than it saves (docs/kernels.md).
 constexpr int64_t kCoopSplitAMinTilesN = 4;
-// The integer-dot GEMVs (*_gemv_dot.comp): 128 invocations, each taking 2 rows (one row set). H100, 16384x16384,
-// the limb pass included: Q4_0 60.4 us and Q4_K 60.1 (91.5% and 91.9% of copy) against 65.9 and 63.7 with 4 rows,
-// 71.7 and 70.8 with 8, and 67.2 and 65.4 with 4 rows of 256 invocations; the float GEMVs they replace take 90.2
-// and 77.2. Q6_K: 87.9 us (91.6%) against 94.4 with 1 row, 105.2 with 4 and 92.4 with 2 sets of 2; the float
-// GEMV 97.3 (all in GGML's layout; in the grouped one of q6_k.glsl, 79.9 us: 100.8% of a copy, which also
-// writes). Without the limb pass the Q4_K GEMV takes 59.7 us with 4 rows: the decode's instructions, not the
-// memory, bounded the float GEMVs (docs/kernels.md).
-// The limb pass is a dispatch and a barrier more (about 2.5 us), so small matrices keep the float GEMVs: H100,
-// integer-dot against float, Q4_0 and Q4_K, us: 2048x2048 7.5/7.7 vs 5.0/5.9, 5632x2048 10.0/10.5 vs 8.0/9.7,
-// 4096x4096 10.9/11.3 vs 9.6/10.1, 16384x16384 60.4/60.1 vs 90.2/77.2; the times cross near 2^25 weights. Q6_K:
-// 4096x11008 (2^25.4) 22.9 either way, 32000x2048 38.2 vs 42.9.
+// The integer-dot GEMVs (*_gemv_dot.comp): 128 invocations, each taking 2 rows (one row set). They take away the
+// decode's instructions, which bound the float GEMVs; their limb pass is a dispatch and a barrier more, so
+// matrices under kGemvDotMinWeights keep the float GEMVs (docs/kernels.md, "Integer-dot GEMVs").
 constexpr uint32_t kGemvDotWorkgroup = 128;
 constexpr uint32_t kGemvDotRows = 2;
 constexpr int64_t kGemvDotMinWeights = int64_t(1) << 25;
@@ -72,7 +62,7 @@ int64_t dx_rows_per_chunk(int64_t n_rows, int64_t n_in, int64_t cols_per_group) 
 
 // The dx GEMM (T > 1) of a product too small for a wave of 128-wide tiles, but with many rows (its K): split
 // over K into slices of at least kMinDxSliceRows rows, enough for about kLargeTileMinGroups workgroups of
-// 128-wide tiles, summed in order by dx_reduce. H100, tinyllama's T = 512: the 64-wide tiles reach 16 TFLOPS.
+// 128-wide tiles, summed in order by dx_reduce.
 constexpr int64_t kMinDxSliceRows = 512;
 constexpr int64_t kMinDxSplitTiles = 16;  // fewer tiles than this: too small a product to be worth a second pass
 
@@ -451,9 +441,7 @@ namespace {
 // Split K when a product has fewer than kSplitBelowTiles output tiles of the small edge: into enough slices of
 // at least kMinSliceK (a multiple of the tile's BK) to make about kSplitTargetGroups workgroups. Such products
 // never take the large tiles (gemm_tile), so the split depends on the shape alone. LoRA's rank-r products are
-// bound by their loads' latency, not by the partial sums (slices x M x r floats): H100, tinyllama-1.1b at batch 4,
-// matmul_nt forward + backward ms per step: 13.6 + 30.6 splitting below 64 tiles into about 128 workgroups, 11.4 +
-// 25.7 into 1024, 11.4 + 20.2 below 256 tiles into 1024 (the 5632-row products of the MLP's weights split too).
+// bound by their loads' latency, not by the partial sums (slices x M x r floats) (docs/kernels.md, "Tiled GEMMs").
 constexpr int64_t kSplitBelowTiles = 256;
 constexpr int64_t kSplitTargetGroups = 1024;
 constexpr int64_t kMinSliceK = 128;

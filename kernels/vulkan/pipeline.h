@@ -1,5 +1,6 @@
 // A compute pipeline made from an embedded shader: N storage buffers at bindings 0..N-1 of set 0, a push-constant
-// block, and optional specialization constants (constant_id 0, 1, ... as uint32).
+// block, and optional specialization constants (constant_id 0, 1, ... as uint32). The constructor checks N and the
+// push size against the shader's own SPIR-V (reflect_spirv), so a drift between C++ and GLSL fails at creation.
 #pragma once
 #include <vulkan/vulkan.h>
 
@@ -14,6 +15,8 @@ namespace q4t::vk {
 
 class Pipeline {
  public:
+  // Throws std::logic_error naming the shader and both values when the shader declares a storage buffer outside
+  // bindings 0..n_buffers-1 of set 0, or a push-constant block of other than push_bytes (0: none).
   Pipeline(Device& dev, const std::string& shader, uint32_t n_buffers, uint32_t push_bytes,
            const std::vector<uint32_t>& spec_constants = {});
   ~Pipeline();
@@ -41,9 +44,16 @@ class Pipeline {
   VkPipeline pipeline_ = VK_NULL_HANDLE;
 };
 
-// Per binding 0..n_buffers-1 of descriptor set 0: whether a SPIR-V module may write it. A binding is read-only
-// when every variable bound there is NonWritable, on the variable or on each member of its block; a binding no
-// variable uses is neither read nor written (false).
-std::vector<bool> spirv_written_bindings(std::span<const uint32_t> words, uint32_t n_buffers);
+// What a SPIR-V module declares for the host: its storage buffers in descriptor set 0 and its push constants.
+struct ShaderInterface {
+  std::vector<uint32_t> bindings;  // the bindings of set 0 that hold a buffer, ascending, each once
+  // Per binding 0..max(bindings): whether the module may write it. A binding is read-only when every variable
+  // bound there is NonWritable, on the variable or on each member of its block; a binding no variable uses is
+  // neither read nor written (false).
+  std::vector<bool> writes;
+  uint32_t push_bytes = 0;  // the push-constant block's size (the end of its last member); 0 without a block
+};
+// Throws DeviceError when the words are not a SPIR-V module or a push-constant member has a type it cannot size.
+ShaderInterface reflect_spirv(std::span<const uint32_t> words);
 
 }  // namespace q4t::vk

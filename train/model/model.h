@@ -28,6 +28,17 @@ std::vector<std::string> resolve_targets(const ModelConfig& c, const std::vector
 // "blk.N.attn_q.weight" etc. for a short target name.
 std::string target_tensor_name(int64_t layer, const std::string& target);
 
+// One adapter of a GGUF LoRA file (llama.cpp's format): its tensors <base>.lora_a ne [n_in, r] and <base>.lora_b
+// ne [r, n_out], where base is the weight they adapt ("blk.0.attn_q.weight").
+struct AdapterPair {
+  std::string base;
+  const gguf::TensorInfo* a;
+  const gguf::TensorInfo* b;  // null where the file has no <base>.lora_b
+};
+// Every lora_a of the file in file order, each with its lora_b; the caller checks what the tensors hold. Throws
+// gguf::FormatError for a lora_b without its lora_a and for a tensor that is neither.
+std::vector<AdapterPair> adapter_pairs(const gguf::File& adapter);
+
 struct LoraSpec {
   std::vector<std::string> targets = all_lora_targets();
   ag::LoraConfig cfg;
