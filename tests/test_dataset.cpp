@@ -138,63 +138,58 @@ TEST(ChatTemplate, TheGenerationPromptIsWhereTheTrainedAnswerBegins) {
   EXPECT_EQ(chat::turn_end(chat::Template::mistral, "</s>"), "</s>");
 }
 
-TEST(ChatTemplate, ChatmlRendersAThreeTurnConversation) {
-  Rendered r = render(chat::Template::chatml);
-  EXPECT_EQ(r.text,
-            "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-            "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
-            "<|im_start|>assistant\nBye!<|im_end|>\n");
-  EXPECT_EQ(r.counted, "Hello!<|im_end|>Bye!<|im_end|>");
+// Each family renders kConversation as its reference text; the counted bytes are the answers with their end
+// markers.
+struct RenderCase {
+  chat::Template t;
+  std::string bos, eos, text, counted;
+};
+
+const std::vector<RenderCase> kRenderCases = {
+    {chat::Template::chatml, "<s>", "</s>",
+     "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+     "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+     "<|im_start|>assistant\nBye!<|im_end|>\n",
+     "Hello!<|im_end|>Bye!<|im_end|>"},
+    {chat::Template::llama3, "<|begin_of_text|>", "<|end_of_text|>",
+     "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+     "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+     "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+     "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
+     "<|start_header_id|>assistant<|end_header_id|>\n\nBye!<|eot_id|>",
+     "Hello!<|eot_id|>Bye!<|eot_id|>"},
+    {chat::Template::llama2, "<s>", "</s>",
+     "<s>[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi [/INST] Hello! </s><s>[INST] Bye [/INST] Bye! </s>",
+     "Hello! </s>Bye! </s>"},
+    {chat::Template::mistral, "<s>", "</s>",
+     "<s>[INST] You are terse.\n\nHi [/INST]Hello!</s>[INST] Bye [/INST]Bye!</s>", "Hello!</s>Bye!</s>"},
+    {chat::Template::zephyr, "<s>", "</s>",
+     "<|system|>\nYou are terse.</s>\n<|user|>\nHi</s>\n<|assistant|>\nHello!</s>\n"
+     "<|user|>\nBye</s>\n<|assistant|>\nBye!</s>\n",
+     "Hello!</s>Bye!</s>"},
+    {chat::Template::gemma, "<bos>", "<eos>",
+     "<bos><start_of_turn>user\nYou are terse.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
+     "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\nBye!<end_of_turn>\n",
+     "Hello!<end_of_turn>Bye!<end_of_turn>"},
+    {chat::Template::phi3, "<s>", "</s>",
+     "<|system|>\nYou are terse.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello!<|end|>\n"
+     "<|user|>\nBye<|end|>\n<|assistant|>\nBye!<|end|>\n",
+     "Hello!<|end|>Bye!<|end|>"},
+};
+
+class RendersAThreeTurnConversation : public ::testing::TestWithParam<RenderCase> {};
+
+TEST_P(RendersAThreeTurnConversation, AsItsFamilyDoes) {
+  const RenderCase& c = GetParam();
+  Rendered r = render(c.t, c.bos, c.eos);
+  EXPECT_EQ(r.text, c.text);
+  EXPECT_EQ(r.counted, c.counted);
 }
 
-TEST(ChatTemplate, Llama3RendersAThreeTurnConversation) {
-  Rendered r = render(chat::Template::llama3, "<|begin_of_text|>", "<|end_of_text|>");
-  EXPECT_EQ(r.text,
-            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
-            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
-            "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
-            "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
-            "<|start_header_id|>assistant<|end_header_id|>\n\nBye!<|eot_id|>");
-  EXPECT_EQ(r.counted, "Hello!<|eot_id|>Bye!<|eot_id|>");
-}
-
-TEST(ChatTemplate, Llama2RendersAThreeTurnConversation) {
-  Rendered r = render(chat::Template::llama2);
-  EXPECT_EQ(r.text,
-            "<s>[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi [/INST] Hello! </s>"
-            "<s>[INST] Bye [/INST] Bye! </s>");
-  EXPECT_EQ(r.counted, "Hello! </s>Bye! </s>");
-}
-
-TEST(ChatTemplate, MistralRendersAThreeTurnConversation) {
-  Rendered r = render(chat::Template::mistral);
-  EXPECT_EQ(r.text, "<s>[INST] You are terse.\n\nHi [/INST]Hello!</s>[INST] Bye [/INST]Bye!</s>");
-  EXPECT_EQ(r.counted, "Hello!</s>Bye!</s>");
-}
-
-TEST(ChatTemplate, ZephyrRendersAThreeTurnConversation) {
-  Rendered r = render(chat::Template::zephyr);
-  EXPECT_EQ(r.text,
-            "<|system|>\nYou are terse.</s>\n<|user|>\nHi</s>\n<|assistant|>\nHello!</s>\n"
-            "<|user|>\nBye</s>\n<|assistant|>\nBye!</s>\n");
-  EXPECT_EQ(r.counted, "Hello!</s>Bye!</s>");
-}
-
-TEST(ChatTemplate, GemmaRendersAThreeTurnConversation) {
-  Rendered r = render(chat::Template::gemma, "<bos>", "<eos>");
-  EXPECT_EQ(r.text,
-            "<bos><start_of_turn>user\nYou are terse.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
-            "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\nBye!<end_of_turn>\n");
-  EXPECT_EQ(r.counted, "Hello!<end_of_turn>Bye!<end_of_turn>");
-}
-
-TEST(ChatTemplate, Phi3RendersAThreeTurnConversation) {
-  Rendered r = render(chat::Template::phi3);
-  EXPECT_EQ(r.text,
-            "<|system|>\nYou are terse.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello!<|end|>\n"
-            "<|user|>\nBye<|end|>\n<|assistant|>\nBye!<|end|>\n");
-  EXPECT_EQ(r.counted, "Hello!<|end|>Bye!<|end|>");
-}
+INSTANTIATE_TEST_SUITE_P(ChatTemplate, RendersAThreeTurnConversation, ::testing::ValuesIn(kRenderCases),
+                         [](const ::testing::TestParamInfo<RenderCase>& info) {
+                           return chat::template_name(info.param.t);
+                         });
 
 TEST(ChatTemplate, FamiliesAreRecognisedFromTheirJinjaText) {
   using chat::Template;
