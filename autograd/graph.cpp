@@ -239,7 +239,7 @@ std::vector<Graph::Step> Graph::backward_steps(int out, bool recompute) const {
   return steps;
 }
 
-void Graph::plan_memory(Var out, bool recompute) {
+void Graph::plan_memory(Var out, bool recompute, const std::function<void(size_t bytes)>& before_place) {
   if (!deferred_) throw GraphError("plan_memory: call defer_memory before building the graph");
   if (planned_) throw GraphError("plan_memory: the graph's memory is already planned");
   if (out.g != this || out.id < 0 || out.id >= size()) throw GraphError("plan_memory: the output belongs to another graph");
@@ -329,6 +329,7 @@ void Graph::plan_memory(Var out, bool recompute) {
     items.push_back(std::move(it));
   }
   const Placement placement = place_items(items, align);
+  if (before_place) before_place(placement.bytes);
   std::vector<std::pair<Tensor, size_t>> at;
   for (size_t k = 0; k < planned_tensors_.size(); ++k) at.emplace_back(planned_tensors_[k].t, placement.offset[k]);
   be_.place(at, placement.bytes);

@@ -124,7 +124,8 @@ class Graph {
   void keep(Var v);
   // The forward runs a planned backward repeats (0 without recomputation).
   int64_t recomputed_steps() const;
-  void plan_memory(Var out, bool recompute);
+  // before_place, when given, sees the arena's size before it is allocated (and may throw to refuse it).
+  void plan_memory(Var out, bool recompute, const std::function<void(size_t bytes)>& before_place = {});
   bool memory_planned() const { return planned_; }
   // Bytes of the arena (0 before planning).
   size_t planned_bytes() const { return planned_bytes_; }

@@ -21,7 +21,8 @@ struct Placement {
 };
 
 bool live_together(const PlanItem& a, const PlanItem& b);
-// Largest first, each at the lowest aligned offset that no item live at the same time occupies.
+// Largest first, each at the lowest aligned offset that no item live at the same time occupies. An arena past
+// SIZE_MAX bytes is SIZE_MAX.
 Placement place_items(const std::vector<PlanItem>& items, size_t align);
 
 }  // namespace q4t::ag

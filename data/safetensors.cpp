@@ -104,7 +104,10 @@ File read(const std::string& path) {
 
   File f;
   std::vector<std::pair<uint64_t, uint64_t>> spans;
-  for (const auto& [name, entry] : header.items()) {
+  for (const auto& item : header.items()) {
+    // References, not a structured binding: lambdas capture bindings only from C++20 on, which clang 14 lacks.
+    const std::string& name = item.key();
+    const nlohmann::json& entry = item.value();
     if (name == "__metadata__") {
       if (!entry.is_object()) throw fail("__metadata__ is not an object");
       for (const auto& [k, v] : entry.items()) {

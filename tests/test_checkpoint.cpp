@@ -110,6 +110,16 @@ std::string read_text(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// Replaces the first `from` in the file at path by `to`; false when the file does not hold it.
+bool replace_in_file(const std::string& path, const std::string& from, const std::string& to) {
+  std::string text = read_text(path);
+  const size_t at = text.find(from);
+  if (at == std::string::npos) return false;
+  text.replace(at, from.size(), to);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+  return true;
+}
+
 // The message of the std::runtime_error f throws.
 std::string runtime_error_of(const std::function<void()>& f) { return q4t::test::error_of<std::runtime_error>(f); }
 
@@ -298,11 +308,7 @@ TEST_F(CheckpointTest, ACheckpointOfFormatVersion1StillResumesAndIsStillVerified
 TEST_F(CheckpointTest, ACheckpointOfANewerFormatIsRefusedNamingItsVersion) {
   q4t::save_checkpoint(out_, make_state(1, 1), 0);
   const std::string marker = step_dir(1) + "/complete";
-  std::string text = read_text(marker);
-  const size_t at = text.find("\"version\": 2");
-  ASSERT_NE(at, std::string::npos) << text;
-  text.replace(at, 12, "\"version\": 3");
-  std::ofstream(marker, std::ios::binary | std::ios::trunc) << text;
+  ASSERT_TRUE(replace_in_file(marker, "\"version\": 2", "\"version\": 3")) << read_text(marker);
   EXPECT_EQ(runtime_error_of([&] { q4t::load_checkpoint(step_dir(1)); }),
             marker + ": checkpoint format version 3, but this q4tune reads versions 1 to 2 (a newer q4tune wrote it)");
 }
@@ -376,6 +382,90 @@ TEST_F(CheckpointTest, ASaveKilledAtAnyMomentLeavesTheLastCompleteCheckpointLoad
   }
   EXPECT_GE(landed_mid_save, 1);
   std::printf("kills that landed mid-save: %d of %zu\n", landed_mid_save, moments.size());
+}
+
+// A marker that is valid JSON of the wrong shape is one more damaged checkpoint: named, and skipped.
+TEST_F(CheckpointTest, AMarkerWithAFormatOfTheWrongTypeIsSkippedNamingTheFile) {
+  q4t::save_checkpoint(out_, make_state(1, 1), 0);
+  q4t::save_checkpoint(out_, make_state(2, 2), 0);
+  const std::string marker = step_dir(2) + "/complete";
+  ASSERT_TRUE(replace_in_file(marker, "\"format\": \"q4tune-checkpoint\"", "\"format\": 5")) << read_text(marker);
+  std::vector<std::string> warnings;
+  EXPECT_EQ(q4t::newest_checkpoint(out_, &warnings), step_dir(1));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0], "skipping checkpoint " + step_dir(2) + ": " + marker +
+                             ": not a q4tune checkpoint marker (its \"format\" must be \"q4tune-checkpoint\")");
+}
+
+// Damage one byte of every payload file of the checkpoint in dir.
+void damage(const std::string& dir) {
+  for (const char* name : {"lora.bin", "adam_m.bin"}) {
+    std::fstream f(dir + "/" + name, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(60);
+    f.put('\x33');
+  }
+}
+
+// Pruning keeps the newest K complete checkpoints: damaged ones do not count, so a run whose checkpoints are all
+// damaged keeps what it saves after.
+TEST_F(CheckpointTest, PruningCountsOnlyCompleteVerifiedCheckpoints) {
+  for (int64_t step : {2, 3}) q4t::save_checkpoint(out_, make_state(step, uint64_t(step)), 0);
+  EXPECT_EQ(entries(root_), (std::vector<std::string>{"step-2", "step-3"}));
+  damage(step_dir(2));
+  damage(step_dir(3));
+  EXPECT_EQ(q4t::newest_checkpoint(out_), std::nullopt);
+
+  // The run starts again from step 0; its first checkpoint stays, beside the damaged ones newer than it.
+  q4t::save_checkpoint(out_, make_state(1, 11), 1);
+  EXPECT_EQ(entries(root_), (std::vector<std::string>{"step-1", "step-2", "step-3"}));
+  EXPECT_EQ(q4t::newest_checkpoint(out_), step_dir(1));
+  // A damaged checkpoint older than the newest complete one goes with the other old ones.
+  q4t::save_checkpoint(out_, make_state(2, 12), 1);
+  EXPECT_EQ(entries(root_), (std::vector<std::string>{"step-2", "step-3"}));
+  q4t::save_checkpoint(out_, make_state(4, 14), 1);
+  EXPECT_EQ(entries(root_), std::vector<std::string>{"step-4"});
+  expect_states_bitwise_equal(make_state(4, 14), q4t::load_checkpoint(step_dir(4)));
+}
+
+// What kills left in checkpoints/: the only whole copy of step 5, hidden by a re-save killed between its two
+// renames (on a file system that cannot swap two names), is put back; the other leftovers of interrupted saves
+// and deletions are removed; anything else stays.
+TEST_F(CheckpointTest, RecoveryPutsBackAHiddenWholeCopyAndRemovesTheLeftovers) {
+  for (int64_t step : {2, 3, 4, 5}) q4t::save_checkpoint(out_, make_state(step, uint64_t(step)), 0);
+  fs::rename(step_dir(5), root_ + "/.old-step-5-Ab12Cd");
+  fs::create_directories(root_ + "/.tmp-step-5-Ef34Gh");  // the new copy, killed before its marker
+  std::ofstream(root_ + "/.tmp-step-5-Ef34Gh/lora.bin") << "partial";
+  fs::rename(step_dir(4), root_ + "/.pruned-step-4-Ij56Kl");
+  for (const char* name : {"state.json", "adam_m.bin", "adam_v.bin", "complete"}) fs::remove(step_dir(3) + "/" + name);
+  fs::create_directories(root_ + "/step-7");
+  std::ofstream(root_ + "/step-7/notes.txt") << "a file of the user's";
+  std::ofstream(root_ + "/.tmp-notes") << "a file of the user's";
+
+  const q4t::CheckpointRepair repair = q4t::recover_checkpoints(out_);
+  EXPECT_EQ(repair.recovered, std::vector<std::string>{step_dir(5)});
+  std::vector<std::string> removed = repair.removed;
+  std::sort(removed.begin(), removed.end());
+  EXPECT_EQ(removed, (std::vector<std::string>{root_ + "/.pruned-step-4-Ij56Kl", root_ + "/.tmp-step-5-Ef34Gh",
+                                               step_dir(3)}));
+  EXPECT_EQ(entries(root_), (std::vector<std::string>{".tmp-notes", "step-2", "step-5", "step-7"}));
+  EXPECT_EQ(q4t::newest_checkpoint(out_), step_dir(5));
+  expect_states_bitwise_equal(make_state(5, 5), q4t::load_checkpoint(step_dir(5)));
+
+  // Nothing is left to do the next time.
+  const q4t::CheckpointRepair again = q4t::recover_checkpoints(out_);
+  EXPECT_TRUE(again.recovered.empty());
+  EXPECT_TRUE(again.removed.empty());
+}
+
+// A hidden copy of a step whose directory is whole (the earlier copy of a re-save, killed before it was removed)
+// is only removed.
+TEST_F(CheckpointTest, RecoveryLeavesACompleteStepAloneAndDropsItsHiddenCopies) {
+  q4t::save_checkpoint(out_, make_state(5, 1), 1);
+  fs::copy(step_dir(5), root_ + "/.tmp-step-5-Mn78Op");  // the earlier copy after a swap, killed before removal
+  const q4t::CheckpointRepair repair = q4t::recover_checkpoints(out_);
+  EXPECT_TRUE(repair.recovered.empty());
+  EXPECT_EQ(repair.removed, std::vector<std::string>{root_ + "/.tmp-step-5-Mn78Op"});
+  EXPECT_EQ(entries(root_), std::vector<std::string>{"step-5"});
 }
 
 }  // namespace

@@ -20,8 +20,10 @@
 
 #include "autograd/backend.h"
 #include "shell.h"
+#include "data/checksum.h"
 #include "data/dataset.h"
 #include "kernels/vulkan/device.h"
+#include "train/checkpoint.h"
 #include "train/commands.h"
 #include "train/train.h"
 #include <CLI/CLI.hpp>
@@ -423,6 +425,93 @@ TEST_F(Resume, InterruptSavesACheckpointThenResumeFinishes) {
   ASSERT_EQ(fin.code, 0) << fin.err;
   EXPECT_TRUE(read_file(dir / "straight" / "adapter.gguf") == read_file(out / "adapter.gguf"));
   fs::remove_all(dir);
+}
+
+// What a resume checks and tidies before it continues: the data it trained on, and the leftovers of a killed run.
+// (Kills at every write of a run are swept in test_kill_sweep.)
+class ResumeGuards : public ::testing::Test {
+ protected:
+  void TearDown() override { fs::remove_all(dir); }
+  // A short run of data in out, or its resume.
+  Result train(const fs::path& data, bool resume, const std::string& tag) {
+    std::vector<std::string> args = {"train", "--model", model.string(), "--data", data.string(), "--out",
+                                     out.string(), "--device", "cpu", "--threads", "1", "--steps", "2",
+                                     "--seq-len", "32", "--pack", "--batch-size", "1", "--lora-rank", "2",
+                                     "--save-every", "1", "--keep-checkpoints", "1"};
+    if (resume) args.push_back("--resume");
+    return run(args, dir, tag);
+  }
+  const fs::path dir = temp_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  const fs::path model = make_model(dir, 64, 1), out = dir / "out", data = dir / "data.jsonl";
+};
+
+std::string xxh3_hex(const std::string& bytes) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(checksum64(bytes.data(), bytes.size())));
+  return hex;
+}
+
+TEST_F(ResumeGuards, DataEditedInPlaceIsRefusedNamingTheFile) {
+  fs::copy_file(kDemoData, data);
+  ASSERT_EQ(train(data, false, "first").code, 0);
+  const std::string before = read_file(data);
+  std::string after = before;
+  char& letter = after[after.find("\"prompt\": \"") + 11];  // of the first row: the same rows, other data
+  letter = letter == 'x' ? 'y' : 'x';
+  std::ofstream(data, std::ios::binary | std::ios::trunc) << after;
+  const Result r = train(data, true, "edited");
+  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.err, "q4tune: error: --resume: " + data.string() + " has changed since checkpoint " + out.string() +
+                       "/checkpoints/step-2 was written (its XXH3 was \"" + xxh3_hex(before) + "\", now \"" +
+                       xxh3_hex(after) + "\"); resume on the data the run started with, or start a new run in "
+                       "another --out\n");
+  EXPECT_EQ(r.out.find("resuming from"), std::string::npos) << r.out;
+}
+
+// A checkpoint written before the data's digest was recorded resumes, saying that the data is not checked.
+TEST_F(ResumeGuards, ACheckpointWithoutADataDigestResumesWithAWarning) {
+  fs::copy_file(kDemoData, data);
+  ASSERT_EQ(train(data, false, "first").code, 0);
+  const std::string step2 = (out / "checkpoints/step-2").string();
+  CheckpointState s = load_checkpoint(step2);
+  json config = json::parse(s.config_json);
+  ASSERT_EQ(config.erase("data-xxh3"), 1u) << s.config_json;
+  s.config_json = config.dump();
+  save_checkpoint(out.string(), s, 1);
+  const Result r = train(data, true, "older");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string warning = "warning: checkpoint " + step2 + " records no digest of its data (an older q4tune "
+                              "wrote it): resuming without checking that " + data.string() + " is unchanged\n";
+  EXPECT_NE(r.out.find(warning), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("resuming from " + step2), std::string::npos) << r.out;
+}
+
+// The leftovers of a run killed while it deleted an old checkpoint (by an older q4tune, which deleted it in place)
+// and while it exported are removed when the run starts again; files of the user's are not touched.
+TEST_F(ResumeGuards, LeftoversOfAKilledRunAreRemovedWhenItStartsAgain) {
+  ASSERT_EQ(train(kDemoData, false, "first").code, 0);
+  const std::string adapter = read_file(out / "adapter.gguf");
+  const std::vector<fs::path> leftovers = {out / "adapter.gguf.tmp-1a2b3c4d", out / "metrics.jsonl.tmp-Qw12Er",
+                                           out / "peft/adapter_model.safetensors.tmp-Ab3dE6",
+                                           out / "peft/adapter_config.json.tmp-Xy9Zw1", out / "checkpoints/step-1",
+                                           out / "checkpoints/.tmp-step-3-Rt45Yu"};
+  const std::vector<fs::path> users = {out / "notes.txt", out / "adapter.gguf.tmp-mine", out / "peft/README.md",
+                                       out / "checkpoints/step-1.txt"};
+  fs::create_directories(out / "checkpoints/step-1");
+  fs::create_directories(out / "checkpoints/.tmp-step-3-Rt45Yu");
+  for (const fs::path& f : {out / "checkpoints/step-1/lora.bin", out / "checkpoints/.tmp-step-3-Rt45Yu/lora.bin"})
+    std::ofstream(f) << "partial";
+  for (const fs::path& f : leftovers)
+    if (!fs::is_directory(f)) std::ofstream(f) << "partial";
+  for (const fs::path& f : users) std::ofstream(f) << "the user's";
+
+  const Result r = train(kDemoData, true, "again");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("removed 6 leftovers of an interrupted run from " + out.string() + "\n"), std::string::npos)
+      << r.out;
+  for (const fs::path& f : leftovers) EXPECT_FALSE(fs::exists(f)) << f;
+  for (const fs::path& f : users) EXPECT_EQ(read_file(f), "the user's") << f;
+  EXPECT_TRUE(read_file(out / "adapter.gguf") == adapter);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

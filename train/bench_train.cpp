@@ -159,7 +159,7 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
       std::mt19937 init_rng(7);
       lg.model_graph().add_adapters(spec, init_rng);
       lg.model_graph().keep_ffn_layers(opt.keep_ffn_layers);
-      lg.build();
+      lg.build("--batch-sizes");
       ag::AdamW adam(lg.graph(), {1e-4, 0.9, 0.999, 1e-8, 0.0});
       for (const ag::Var& p : adam.params()) r.trainable += p.value().numel();
       const std::vector<data::Batch> micro{random_batch(B, opt.seq_len, cfg.n_vocab, uint32_t(B))};

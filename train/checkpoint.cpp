@@ -356,8 +356,9 @@ std::vector<std::pair<std::string, std::string>> read_verified(const std::string
   } catch (const json::exception& e) {
     throw std::runtime_error(marker_path + ": not valid JSON: " + e.what());
   }
-  if (!marker.is_object() || marker.value("format", "") != kFormat) {
-    throw std::runtime_error(marker_path + ": not a q4tune checkpoint marker");
+  if (!marker.is_object() || !marker.contains("format") || marker["format"] != kFormat) {
+    throw std::runtime_error(marker_path + ": not a q4tune checkpoint marker (its \"format\" must be \"" + kFormat +
+                             "\")");
   }
   const int version = json_field<int>(marker, "version", marker_path);
   if (version < 1 || version > kFormatVersion) {
@@ -419,26 +420,77 @@ std::vector<std::pair<int64_t, std::string>> step_dirs(const std::string& root) 
   return out;
 }
 
-std::string make_temp_dir(const std::string& root, int64_t step) {
-  std::string templ = root + "/.tmp-step-" + std::to_string(step) + "-XXXXXX";
+// Hidden directories PREFIX-step-N-XXXXXX beside the step-N ones: ".tmp" a checkpoint being built (after a
+// re-save, the copy it replaced), ".old" a copy moved aside by a re-save where the file system cannot exchange
+// two names, ".pruned" a checkpoint being deleted.
+constexpr const char* kBuilding = ".tmp";
+constexpr const char* kMovedAside = ".old";
+constexpr const char* kPruned = ".pruned";
+
+std::string make_hidden_dir(const std::string& root, const char* prefix, int64_t step) {
+  std::string templ = root + "/" + prefix + "-step-" + std::to_string(step) + "-XXXXXX";
   if (::mkdtemp(templ.data()) == nullptr) {
     throw std::runtime_error("cannot create checkpoint directory " + templ + ": " + sys_error());
   }
   return templ;
 }
 
-// Renames the finished temp directory to final_dir. An existing step-N directory is renamed aside first and
-// removed only after the new one is in place.
-void install(const std::string& tmp, const std::string& final_dir, const std::string& root) {
+// The N of a hidden name PREFIX-step-N-XXXXXX, or nullopt.
+std::optional<int64_t> hidden_step(const std::string& name, const char* prefix) {
+  const std::string head = std::string(prefix) + "-";
+  const size_t dash = name.rfind('-');
+  if (name.rfind(head, 0) != 0 || dash == std::string::npos || dash <= head.size()) return std::nullopt;
+  return parse_step_name(name.substr(head.size(), dash - head.size()));
+}
+
+bool is_hidden_name(const std::string& name) {
+  for (const char* prefix : {kBuilding, kMovedAside, kPruned}) {
+    if (hidden_step(name, prefix)) return true;
+  }
+  return false;
+}
+
+// Why the checkpoint in dir, the directory of step, cannot be resumed from; "" when it is complete and verified.
+std::string damage_of(const std::string& dir, int64_t step) {
+  try {
+    const int64_t recorded = load_checkpoint(dir).step;
+    if (recorded != step) return dir + "/" + kMarker + ": records step " + std::to_string(recorded);
+    return "";
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+}
+
+// Swaps two directories in one rename; false, changing nothing, where the file system cannot.
+bool exchange(const std::string& a, const std::string& b) {
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0) return true;
+  if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) return false;
+  throw std::runtime_error("cannot swap " + a + " with " + b + ": " + sys_error());
+}
+
+// Puts the finished temp directory at final_dir. A step saved again is swapped with its earlier copy in one
+// rename, so that a complete final_dir exists at every moment; the earlier copy, now under the temp name, is
+// removed after. Where the file system cannot swap, the earlier copy is moved aside first: a kill between the
+// two renames leaves both copies hidden, and recover_checkpoints puts one back.
+void install(const std::string& tmp, const std::string& final_dir, const std::string& root, int64_t step) {
   struct stat st;
+  const bool again = ::lstat(final_dir.c_str(), &st) == 0;
+  if (again && !S_ISDIR(st.st_mode)) {
+    throw std::runtime_error("cannot save checkpoint: " + final_dir + " exists and is not a directory");
+  }
+  std::error_code ec;
+  if (again && exchange(tmp, final_dir)) {
+    fsync_dir(root);
+    fs::remove_all(tmp, ec);  // a leftover is removed by the next save's pruning or the next start
+    return;
+  }
   std::string old;
-  if (::lstat(final_dir.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) {
-      throw std::runtime_error("cannot save checkpoint: " + final_dir + " exists and is not a directory");
-    }
-    old = root + "/.old-" + fs::path(tmp).filename().string().substr(5);  // ".tmp-step-N-XXXXXX" -> ".old-..."
+  if (again) {
+    old = make_hidden_dir(root, kMovedAside, step);  // empty: the rename replaces it
     if (::rename(final_dir.c_str(), old.c_str()) != 0) {
-      throw std::runtime_error("cannot move the previous " + final_dir + " aside: " + sys_error());
+      const std::string err = sys_error();
+      fs::remove_all(old, ec);
+      throw std::runtime_error("cannot move the previous " + final_dir + " aside: " + err);
     }
   }
   if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
@@ -447,39 +499,67 @@ void install(const std::string& tmp, const std::string& final_dir, const std::st
     throw std::runtime_error("cannot rename " + tmp + " to " + final_dir + ": " + err);
   }
   fsync_dir(root);
-  if (!old.empty()) {
-    std::error_code ec;
-    fs::remove_all(old, ec);  // a leftover is removed by the next save's pruning
+  if (!old.empty()) fs::remove_all(old, ec);
+}
+
+// Deletes a checkpoint by renaming it to a hidden name first: a kill midway then leaves no step-N that is
+// partly deleted (which would read as damaged), only a leftover.
+void remove_checkpoint(const std::string& root, const std::string& path, int64_t step,
+                       std::vector<std::string>* errors) {
+  std::error_code ec;
+  try {
+    const std::string doomed = make_hidden_dir(root, kPruned, step);
+    if (::rename(path.c_str(), doomed.c_str()) != 0) {
+      errors->push_back("cannot remove " + path + ": " + sys_error());
+      fs::remove(doomed, ec);
+      return;
+    }
+    fs::remove_all(doomed, ec);
+    if (ec) errors->push_back("cannot remove " + doomed + ": " + ec.message());
+  } catch (const std::runtime_error& e) {
+    errors->push_back(e.what());
   }
 }
 
-bool is_leftover_name(const std::string& name) {
-  return name.rfind(".tmp-step-", 0) == 0 || name.rfind(".old-step-", 0) == 0;
-}
-
-// Removes complete checkpoints beyond the newest keep_last and leftovers of interrupted saves; returns the
-// failures, one line each.
-std::vector<std::string> prune(const std::string& root, int keep_last) {
+// Removes leftovers of interrupted saves and every checkpoint older than the newest keep_last complete ones;
+// returns the failures, one line each. Only complete, verified checkpoints count: were damaged ones counted,
+// a run whose checkpoints are all damaged would delete each new one right after saving it. A damaged one newer
+// than the last kept is left alone. The checkpoint just saved (saved_step) is known to be complete.
+std::vector<std::string> prune(const std::string& root, int keep_last, int64_t saved_step) {
   std::vector<std::string> errors;
   std::error_code ec;
   std::vector<std::string> leftovers;
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
-    if (is_leftover_name(it->path().filename().string())) leftovers.push_back(it->path().string());
+    if (is_hidden_name(it->path().filename().string())) leftovers.push_back(it->path().string());
   }
   if (ec) return {"cannot list " + root + ": " + ec.message()};
-  std::vector<std::string> doomed = leftovers;
-  if (keep_last > 0) {
-    int kept = 0;
-    for (const auto& [step, path] : step_dirs(root)) {
-      if (!fs::exists(path + "/" + kMarker, ec)) continue;  // never counted, never deleted
-      if (++kept > keep_last) doomed.push_back(path);
-    }
-  }
-  for (const std::string& path : doomed) {
+  for (const std::string& path : leftovers) {
     fs::remove_all(path, ec);
     if (ec) errors.push_back("cannot remove " + path + ": " + ec.message());
   }
+  if (keep_last <= 0) return errors;
+  int kept = 0;
+  for (const auto& [step, path] : step_dirs(root)) {
+    if (kept == keep_last) {
+      remove_checkpoint(root, path, step, &errors);
+    } else if (step == saved_step || damage_of(path, step).empty()) {
+      ++kept;
+    }
+  }
   return errors;
+}
+
+// A step-N directory that a kill while deleting it (by an older q4tune, which deleted in place) left without its
+// marker: it holds nothing but files a checkpoint holds.
+bool is_partly_deleted(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(dir + "/" + kMarker, ec)) return false;
+  const std::vector<std::string>& names = payload_files();
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!it->is_regular_file(ec) || std::find(names.begin(), names.end(), name) == names.end()) return false;
+  }
+  return !ec;
 }
 
 }  // namespace
@@ -496,7 +576,7 @@ void save_checkpoint(const std::string& out_dir, const CheckpointState& s, int k
   if (ec) throw std::runtime_error("cannot create checkpoint directory " + root + ": " + ec.message());
 
   const std::string final_dir = root + "/step-" + std::to_string(s.step);
-  const std::string tmp = make_temp_dir(root, s.step);
+  const std::string tmp = make_hidden_dir(root, kBuilding, s.step);
   try {
     std::vector<std::pair<std::string, FileEntry>> files;
     files.emplace_back("state.json", write_text(tmp + "/state.json", encode_state(s)));
@@ -505,13 +585,13 @@ void save_checkpoint(const std::string& out_dir, const CheckpointState& s, int k
     files.emplace_back("adam_v.bin", write_tensors(tmp + "/adam_v.bin", s.adam_v));
     write_text(tmp + "/" + kMarker, encode_marker(s.step, files));
     fsync_dir(tmp);
-    install(tmp, final_dir, root);
+    install(tmp, final_dir, root, s.step);
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
   }
 
-  const std::vector<std::string> errors = prune(root, keep_last);
+  const std::vector<std::string> errors = prune(root, keep_last, s.step);
   if (!errors.empty()) {
     std::string msg = "checkpoint " + final_dir + " was saved, but pruning old checkpoints failed:";
     for (const std::string& e : errors) msg += "\n  " + e;
@@ -519,21 +599,50 @@ void save_checkpoint(const std::string& out_dir, const CheckpointState& s, int k
   }
 }
 
+CheckpointRepair recover_checkpoints(const std::string& out_dir) {
+  const std::string root = checkpoints_root(out_dir);
+  CheckpointRepair repair;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return repair;
+  std::vector<std::pair<int64_t, std::string>> copies;  // hidden copies of a step that may be whole
+  std::vector<std::string> leftovers;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string(), path = it->path().string();
+    for (const char* prefix : {kBuilding, kMovedAside}) {
+      if (const std::optional<int64_t> step = hidden_step(name, prefix)) copies.emplace_back(*step, path);
+    }
+    std::error_code kind;
+    if (is_hidden_name(name) || (parse_step_name(name) && it->is_directory(kind) && is_partly_deleted(path))) {
+      leftovers.push_back(path);
+    }
+  }
+  if (ec) throw std::runtime_error("cannot list " + root + ": " + ec.message());
+  std::sort(copies.begin(), copies.end());
+  for (const auto& [step, path] : copies) {
+    const std::string final_dir = root + "/step-" + std::to_string(step);
+    if (fs::exists(final_dir, ec) || !damage_of(path, step).empty()) continue;
+    if (::rename(path.c_str(), final_dir.c_str()) != 0) {
+      throw std::runtime_error("cannot move " + path + " back to " + final_dir + ": " + sys_error());
+    }
+    fsync_dir(root);
+    repair.recovered.push_back(final_dir);
+    leftovers.erase(std::find(leftovers.begin(), leftovers.end(), path));
+  }
+  for (const std::string& path : leftovers) {
+    fs::remove_all(path, ec);  // one that cannot be removed is tried again by the next save's pruning
+    if (!ec) repair.removed.push_back(path);
+  }
+  return repair;
+}
+
 std::optional<std::string> newest_checkpoint(const std::string& out_dir, std::vector<std::string>* warnings) {
   const std::string root = checkpoints_root(out_dir);
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return std::nullopt;
   for (const auto& [step, path] : step_dirs(root)) {
-    try {
-      int64_t marker_step = 0;
-      read_verified(path, &marker_step);
-      if (marker_step != step) {
-        throw std::runtime_error(path + "/" + kMarker + ": records step " + std::to_string(marker_step));
-      }
-      return path;
-    } catch (const std::runtime_error& e) {
-      if (warnings) warnings->push_back("skipping checkpoint " + path + ": " + e.what());
-    }
+    const std::string damage = damage_of(path, step);
+    if (damage.empty()) return path;
+    if (warnings) warnings->push_back("skipping checkpoint " + path + ": " + damage);
   }
   return std::nullopt;
 }

@@ -19,6 +19,7 @@
 #include "train/device_choice.h"
 #include "train/export.h"
 #include "train/loss_graph.h"
+#include "train/memory_estimate.h"
 #include "train/train.h"
 
 namespace fs = std::filesystem;
@@ -46,7 +47,7 @@ int run_eval(const EvalOptions& opt, const DeviceChoice& dev, std::ostream& out)
   auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan, dev.precision);
   auto file = gguf::File::open(o.model);
   auto tok = tok::Tokenizer::from_gguf(*file);
-  auto model = model::Model::load(o.model, *be);
+  auto model = train::load_model_that_fits(*file, *be);
   check_vocab(*tok, *model, o.model);
   data::DatasetOptions dopt;
   dopt.seq_len = o.seq_len;

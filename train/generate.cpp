@@ -15,6 +15,7 @@
 #include "kernels/cpu/threads.h"
 #include "train/device_choice.h"
 #include "train/export.h"
+#include "train/memory_estimate.h"
 #include "train/run_log.h"
 #include "train/train.h"
 
@@ -215,6 +216,16 @@ chat::Template chat_template_for(const GenerateOptions& o, const std::string& ad
                               ": pass --chat-template NAME (" + chat::known_template_names() + ")");
 }
 
+// The decoder's cache for the first reply: the prompt (its bytes, no fewer than its tokens) and --max-tokens.
+train::MemoryNeed generate_need(const GenerateOptions& o, const model::ModelConfig& c) {
+  const int64_t context = o.seq_len > 0 ? std::min(o.seq_len, c.n_ctx) : c.n_ctx;
+  train::MemoryNeed need;
+  need.what = "generate -n " + std::to_string(o.sample.max_tokens);
+  need.activations = train::kv_cache_bytes(c, std::min(context, int64_t(o.prompt.size() + o.system.size()) + o.sample.max_tokens));
+  need.lower = "lower --max-tokens or --seq-len";
+  return need;
+}
+
 }  // namespace
 
 int run_generate(const GenerateOptions& opt, const DeviceChoice& dev, std::ostream& out, std::istream& input) {
@@ -231,7 +242,7 @@ int run_generate(const GenerateOptions& opt, const DeviceChoice& dev, std::ostre
   if (!o.chat && !o.system.empty()) throw std::invalid_argument("--system is for --chat");
   auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan, dev.precision);
   const auto file = gguf::File::open(o.model);
-  auto m = model::Model::load(o.model, *be);
+  auto m = train::load_model_that_fits(*file, *be, generate_need(o, model::ModelConfig::from_gguf(*file)));
   const auto tok = tok::Tokenizer::from_gguf(*file);
   model::AdapterSet adapters;
   std::string adapter_template;

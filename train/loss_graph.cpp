@@ -4,8 +4,11 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "autograd/ops.h"
+#include "train/memory_estimate.h"
 
 namespace q4t {
 
@@ -19,20 +22,45 @@ LossGraph::LossGraph(const model::Model& m, int64_t B, int64_t T, int64_t vocab_
   mg_->set_rope_context(T);  // the rows are packed into one sequence, each example within one row of T
 }
 
-void LossGraph::build() {
+void LossGraph::build(const std::string& batch_flag) {
   if (loss_.g) throw std::logic_error("LossGraph::build twice");
   ag::Backend& be = g_->backend();
   const int64_t n = B_ * T_;
-  ids_ = g_->constant(be.zeros({n}, ag::DType::I32), "batch.ids");
-  labels_ = g_->constant(be.zeros({n}, ag::DType::I32), "batch.labels");
-  segments_ = g_->constant(be.zeros({n}, ag::DType::I32), "batch.segments");
+  // The batch's inputs get their memory after the plan's check: at a huge B·T they are a large allocation too.
+  std::vector<std::pair<ag::Tensor, size_t>> inputs;
+  size_t input_bytes = 0;
+  for (int k = 0; k < 3; ++k) {
+    ag::Tensor t = be.unplaced({n}, ag::DType::I32);
+    const size_t align = be.placement_alignment(t);
+    const size_t at = (input_bytes + align - 1) / align * align;
+    input_bytes = at + size_t(n) * sizeof(int32_t);
+    inputs.emplace_back(std::move(t), at);
+  }
+  ids_ = g_->constant(inputs[0].first, "batch.ids");
+  labels_ = g_->constant(inputs[1].first, "batch.labels");
+  segments_ = g_->constant(inputs[2].first, "batch.segments");
   ag::Var h = mg_->hidden(ids_, 0, segments_);
   ag::Var w = mg_->output_weight();
   const int64_t tile = std::clamp<int64_t>(vocab_tile_, 1, w.shape()[0]);
   // The vocabulary-tiled loss has no soft-capping: a soft-capped output (gemma2) takes the whole logits.
   loss_ = mg_->model().config().final_softcap > 0 ? ag::cross_entropy(mg_->output_logits(h), labels_)
                                                    : ag::linear_cross_entropy(h, w, labels_, tile);
-  if (memory_ != Memory::PerTensor) g_->plan_memory(loss_, memory_ == Memory::Recompute);
+  if (memory_ != Memory::PerTensor) g_->plan_memory(loss_, memory_ == Memory::Recompute, [&](size_t arena) {
+    train::MemoryNeed need;
+    need.what = batch_flag + " " + std::to_string(B_) + " x --seq-len " + std::to_string(T_);
+    constexpr size_t kMax = size_t(std::numeric_limits<int64_t>::max());
+    need.activations = int64_t(std::min(arena, kMax - input_bytes) + input_bytes);  // saturating
+    need.weights = mg_->model().weight_bytes();
+    need.weights_loaded = true;
+    // --grad-checkpoint keeps only each layer's output from the forward to the backward.
+    const bool backward = g_->node(loss_.id).requires_grad;
+    need.lower = "lower --seq-len or " + batch_flag;
+    if (backward && memory_ == Memory::Planned) need.lower += ", or use --grad-checkpoint";
+    train::require_memory(need, train::memory_room(be));
+  });
+  be.place(inputs, input_bytes);
+  const std::vector<int32_t> zeros(size_t(n), 0);
+  for (auto& [t, offset] : inputs) be.upload_i32(t, zeros);
 }
 
 int64_t LossGraph::set_batch(const data::Batch& b) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "autograd/graph.h"
 #include "data/dataset.h"
@@ -21,7 +22,9 @@ class LossGraph {
   LossGraph(const model::Model& m, int64_t B, int64_t T, int64_t vocab_tile, Memory memory = Memory::Planned);
   ag::Graph& graph() { return *g_; }
   model::ModelGraph& model_graph() { return *mg_; }
-  void build();
+  // A planned graph whose arena does not fit in the backend's memory is refused (train::OutOfMemory) before the
+  // arena is allocated, naming batch_flag (the command's flag for B) and --seq-len as what lowers it.
+  void build(const std::string& batch_flag = "--batch-size");
 
   // Uploads a batch of this graph's shape; returns its counted tokens.
   int64_t set_batch(const data::Batch& b);

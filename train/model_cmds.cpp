@@ -21,6 +21,7 @@
 #include "train/cli_common.h"
 #include "train/commands.h"
 #include "train/device_choice.h"
+#include "train/memory_estimate.h"
 #include "train/model/model.h"
 #include "train/model/weight_mix.h"
 #include "train/run_log.h"
@@ -461,7 +462,12 @@ int run_logits(const LogitsOptions& o, const DeviceChoice& dev, std::ostream& ou
   }
   if (ids.empty()) throw std::invalid_argument("logits: give the token ids with --ids 1,2,3 or --ids-file F.json");
   auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan, dev.precision);
-  auto m = model::Model::load(o.model, *be);
+  const auto file = gguf::File::open(o.model);
+  train::MemoryNeed need;
+  need.what = "logits of " + train::plural(int64_t(ids.size()), "token");
+  need.activations = train::logits_bytes(model::ModelConfig::from_gguf(*file), int64_t(ids.size()), be->is_cpu());
+  need.lower = "give fewer token ids";
+  auto m = train::load_model_that_fits(*file, *be, need);
   const int64_t V = m->config().n_vocab;
   for (int32_t id : ids)
     if (id < 0 || id >= V)

@@ -514,7 +514,9 @@ std::string plural(int64_t n, std::string_view noun) {
 
 std::string fmt_bytes(int64_t b) {
   char s[32];
-  if (b >= (int64_t(1) << 30))
+  if (b >= (int64_t(1) << 40))
+    std::snprintf(s, sizeof s, "%.2f TiB", double(b) / double(int64_t(1) << 40));
+  else if (b >= (int64_t(1) << 30))
     std::snprintf(s, sizeof s, "%.2f GiB", double(b) / double(int64_t(1) << 30));
   else
     std::snprintf(s, sizeof s, "%.1f MiB", double(b) / double(1 << 20));

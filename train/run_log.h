@@ -110,7 +110,7 @@ std::string plural(int64_t n, std::string_view noun);
 // "m:ss" under an hour, "h:mm:ss" from one hour on (seconds rounded down); "?" for a negative, non-finite or
 // absurd (over 1e12 s) time.
 std::string format_duration(double seconds);
-// "1.23 GiB" from one GiB on, else "12.3 MiB".
+// "1.23 TiB" from one TiB on, "1.23 GiB" from one GiB on, else "12.3 MiB".
 std::string fmt_bytes(int64_t bytes);
 // The process's peak resident set size so far.
 int64_t peak_rss_bytes();

@@ -2,17 +2,21 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <random>
 
 #include "data/chat_template.h"
+#include "data/checksum.h"
 #include "data/splitmix.h"
 #include "kernels/cpu/threads.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
 #include "train/generate.h"
+#include "train/memory_estimate.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -67,10 +71,43 @@ json identity_json(const TrainOptions& o, const std::string& model_path, const s
   return j;
 }
 
+// Whether name is a temp file of base as write_file_atomic (6 letters and digits) or the GGUF writer (8 hex
+// digits) names it.
+bool is_temp_of(const std::string& name, const std::string& base) {
+  const std::string head = base + ".tmp-";
+  if (name.size() < head.size() + 6 || name.size() > head.size() + 8 || name.rfind(head, 0) != 0) return false;
+  return std::all_of(name.begin() + int64_t(head.size()), name.end(), [](char c) { return std::isalnum(uint8_t(c)); });
+}
+
+// What a run killed midway leaves in OUT: hidden copies of checkpoints (one may be the only whole copy of its
+// step, and is put back), half-deleted checkpoints, and the temp files of the exports, the run log and the loss
+// chart. Only these names are touched.
+void tidy_out_dir(const std::string& out_dir, std::ostream& out) {
+  const CheckpointRepair repair = recover_checkpoints(out_dir);
+  for (const std::string& dir : repair.recovered) out << "recovered " << dir << " from an interrupted save\n";
+  int64_t removed = int64_t(repair.removed.size());
+  const std::pair<const char*, std::vector<std::string>> written[] = {
+      {"", {"adapter.gguf", "metrics.jsonl", "loss.svg"}},
+      {"peft", {"adapter_model.safetensors", "adapter_config.json"}}};
+  std::error_code ec;
+  for (const auto& [sub, bases] : written) {
+    const fs::path dir = fs::path(out_dir) / sub;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      const bool temp = std::any_of(bases.begin(), bases.end(), [&](const auto& b) { return is_temp_of(name, b); });
+      std::error_code rm;
+      if (temp && it->is_regular_file(rm) && fs::remove(it->path(), rm)) ++removed;
+    }
+  }
+  if (removed > 0)
+    out << "removed " << train::plural(removed, "leftover") << " of an interrupted run from " << out_dir << "\n";
+}
+
 // The checkpoint a run continues from: with --resume, DIR or the newest complete one under --out (none: the run
 // starts at step 0). Without --resume, checkpoints of an earlier run in --out are an error: they are never
 // overwritten by a new run.
 std::optional<std::string> find_checkpoint(const TrainOptions& opt, std::ostream& out) {
+  tidy_out_dir(opt.out, out);
   if (!opt.resume) {
     if (newest_checkpoint(opt.out))
       throw std::invalid_argument("--out: '" + opt.out + "' holds checkpoints of an earlier run: pass --resume to "
@@ -85,11 +122,49 @@ std::optional<std::string> find_checkpoint(const TrainOptions& opt, std::ostream
   return dir;
 }
 
+// A data file of the run and the XXH3 of its bytes (16 hex digits; "" when it cannot be read, which loading the
+// data then reports), as checkpoints record it under key.
+struct DataFile {
+  std::string key, path, xxh3;
+};
+
+DataFile data_file(const std::string& key, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {key, path, ""};
+  Checksum64 h;
+  std::vector<char> chunk(size_t(1) << 20);
+  while (in.read(chunk.data(), std::streamsize(chunk.size())) || in.gcount() > 0)
+    h.bytes(chunk.data(), size_t(in.gcount()));
+  if (in.bad()) return {key, path, ""};
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h.digest()));
+  return {key, path, hex};
+}
+
+// Refuses a resume on data that changed since the checkpoint in dir was written (same options, other rows); a
+// checkpoint from before digests were recorded resumes with a warning.
+void check_data_unchanged(const std::string& dir, const json& had, const std::vector<DataFile>& files,
+                          std::ostream& out) {
+  if (!had.contains(files.front().key)) {
+    out << "warning: checkpoint " << dir << " records no digest of its data (an older q4tune wrote it): resuming "
+        << "without checking that " << files.front().path << " is unchanged\n";
+    return;
+  }
+  for (const DataFile& f : files) {
+    const json was = had.contains(f.key) ? had[f.key] : json();
+    if (!f.xxh3.empty() && was != f.xxh3)
+      throw std::invalid_argument("--resume: " + f.path + " has changed since checkpoint " + dir +
+                                  " was written (its XXH3 was " + was.dump() + ", now \"" + f.xxh3 +
+                                  "\"); resume on the data the run started with, or start a new run in another --out");
+  }
+}
+
 // The checkpoint in dir; throws std::invalid_argument listing each option of identity it was written with
-// otherwise.
+// otherwise, or naming a data file that changed since.
 CheckpointState load_matching_checkpoint(const std::string& dir, const json& identity, const std::string& model_path,
-                                         const std::string& data_path) {
+                                         const std::vector<DataFile>& data, std::ostream& out) {
   CheckpointState ckpt = load_checkpoint(dir);
+  const std::string& data_path = data.front().path;
   const json had = json::parse(ckpt.config_json);
   // A key that an older checkpoint does not record had its default then.
   const json defaults = identity_json(TrainOptions{}, model_path, data_path);
@@ -102,6 +177,7 @@ CheckpointState load_matching_checkpoint(const std::string& dir, const json& ide
   if (!diff.empty())
     throw std::invalid_argument("--resume: checkpoint " + dir + " is from a run with other options (" + diff +
                                 "); resume with the same options, or start a new run in another --out");
+  check_data_unchanged(dir, had, data, out);
   return ckpt;
 }
 
@@ -166,9 +242,13 @@ Trainer::Trainer(const TrainOptions& opt, std::ostream& out)
   const std::optional<std::string> ckpt_dir = find_checkpoint(opt, out);
   model_path_ = resolve_builtin(opt.model, out);
   data_path_ = resolve_builtin(opt.data, out);
+  val_path_ = opt.val_data.empty() ? "" : resolve_builtin(opt.val_data, out);
   identity_ = identity_json(opt, model_path_, data_path_);
+  std::vector<DataFile> data = {data_file("data-xxh3", data_path_)};
+  if (!val_path_.empty()) data.push_back(data_file("val-data-xxh3", val_path_));
+  for (const DataFile& f : data) data_digests_[f.key] = f.xxh3;
   std::optional<CheckpointState> ckpt;
-  if (ckpt_dir) ckpt = load_matching_checkpoint(*ckpt_dir, identity_, model_path_, data_path_);
+  if (ckpt_dir) ckpt = load_matching_checkpoint(*ckpt_dir, identity_, model_path_, data, out);
   load_model();
   load_data();
   check_sample_prompts();
@@ -192,7 +272,7 @@ void Trainer::load_model() {
   be_ = dev_.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev_.vulkan, dev_.precision);
   file_ = gguf::File::open(model_path_);
   tok_ = tok::Tokenizer::from_gguf(*file_);
-  model_ = model::Model::load(model_path_, *be_);
+  model_ = train::load_model_that_fits(*file_, *be_);
   check_vocab(*tok_, *model_, model_path_);
   const model::ModelConfig& mc = model_->config();
   if (opt_.keep_ffn_layers > mc.n_layer)
@@ -213,7 +293,7 @@ void Trainer::load_data() {
   dopt.chat_template = opt_.chat_template;
   dopt.format = opt_.data_format;
   dopt.val_fraction = opt_.val_fraction;
-  dopt.val_file = opt_.val_data.empty() ? "" : resolve_builtin(opt_.val_data, out_);
+  dopt.val_file = val_path_;
   dopt.seed = opt_.seed;
   ds_ = data::load_datasets(data_path_, *tok_, dopt, out_);
   if (ds_->train.size() == 0) throw std::runtime_error(data_path_ + ": no training examples");
@@ -355,7 +435,9 @@ void Trainer::save(const std::string& why) {
   s.elapsed_s = progress_->elapsed_s();
   s.rng_state = {opt_.seed, micro_index_};
   s.cursor = ds_->train.cursor();
-  s.config_json = identity_.dump();
+  json config = identity_;
+  config.update(data_digests_);
+  s.config_json = config.dump();
   save_checkpoint(opt_.out, s, int(opt_.keep_checkpoints));
   progress_->message("saved checkpoint " + opt_.out + "/checkpoints/step-" + std::to_string(step_) + " (" + why + ")");
 }

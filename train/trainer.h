@@ -70,8 +70,9 @@ class Trainer {
 
   const TrainOptions& opt_;
   std::ostream& out_;
-  std::string model_path_, data_path_;  // with the builtin names resolved
-  nlohmann::json identity_;             // the options a resume must match (identity_json)
+  std::string model_path_, data_path_, val_path_;  // with the builtin names resolved
+  nlohmann::json identity_;                        // the options a resume must match (identity_json)
+  nlohmann::json data_digests_;                    // the data files' XXH3, which a resume must match too
   DeviceChoice dev_;
   std::unique_ptr<ag::Backend> be_;
   std::unique_ptr<gguf::File> file_;

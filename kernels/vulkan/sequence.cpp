@@ -151,7 +151,7 @@ void Sequence::place_node(Node& n) {
         level = std::max(level, (write ? std::max(t.written, t.read) : t.written) + 1);
   n.level = uint32_t(level);
   for (const auto& [r, write] : n.accesses) {
-    auto it = std::find_if(tracks_.begin(), tracks_.end(), [&](const Track& t) {
+    auto it = std::find_if(tracks_.begin(), tracks_.end(), [&r = r](const Track& t) {  // clang 14 captures no binding
       return t.range.memory == r.memory && t.range.begin == r.begin && t.range.end == r.end;
     });
     if (it == tracks_.end()) it = tracks_.insert(tracks_.end(), Track{r});

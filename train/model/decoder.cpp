@@ -30,7 +30,10 @@ void check_adapters(const Model& m, const AdapterSet& adapters) {
     for (const std::string& t : lora_targets(c)) targets.insert(target_tensor_name(l, t));
   ag::Backend& be = m.backend();
   for (const auto& [name, w] : adapters) {
-    auto fail = [&](const std::string& why) { throw std::invalid_argument("adapter for '" + name + "': " + why); };
+    // An init-capture: clang 14 captures no structured binding.
+    auto fail = [&name = name](const std::string& why) {
+      throw std::invalid_argument("adapter for '" + name + "': " + why);
+    };
     if (!targets.count(name))
       fail("not one of the projections a LoRA adapts (blk.N.attn_{q,k,v,output} and blk.N.ffn_{gate,up,down}, or "
            "blk.N.attn_qkv and blk.N.ffn_up where fused)");

@@ -145,20 +145,21 @@ void Model::for_each_tensor(const ModelConfig& c,
   if (!c.tied) fn("output.weight", {C, c.n_vocab}, true);
 }
 
-std::unique_ptr<Model> Model::load(const std::string& path, ag::Backend& be) {
-  auto f = gguf::File::open(path);
+std::unique_ptr<Model> Model::load(const std::string& path, ag::Backend& be) { return load(*gguf::File::open(path), be); }
+
+std::unique_ptr<Model> Model::load(const gguf::File& f, ag::Backend& be) {
   std::unique_ptr<Model> m(new Model(be));
-  m->cfg_ = ModelConfig::from_gguf(*f);
+  m->cfg_ = ModelConfig::from_gguf(f);
   std::set<std::string> used;
   for (const std::string& name : m->cfg_.config_tensors()) used.insert(name);
   for_each_tensor(m->cfg_, [&](const std::string& name, const std::vector<int64_t>& ne, bool matrix) {
-    m->load_tensor(*f, name, ne, matrix);
+    m->load_tensor(f, name, ne, matrix);
     used.insert(name);
   });
   // A tensor the model does not read would change llama.cpp's numbers but not q4tune's: refuse it by name.
-  for (const gguf::TensorInfo& t : f->tensors())
+  for (const gguf::TensorInfo& t : f.tensors())
     if (!used.count(t.name))
-      throw gguf::FormatError(f->path() + ": tensor '" + t.name + "' is not part of a " + m->cfg_.arch +
+      throw gguf::FormatError(f.path() + ": tensor '" + t.name + "' is not part of a " + m->cfg_.arch +
                               " model as q4tune computes it (not supported)");
   return m;
 }

@@ -49,6 +49,8 @@ class Model {
  public:
   // Opens, validates (keys, every tensor's presence, shape and type) and uploads the weights to `be`.
   static std::unique_ptr<Model> load(const std::string& path, ag::Backend& be);
+  // The same from a file opened already (it need not outlive the model).
+  static std::unique_ptr<Model> load(const gguf::File& f, ag::Backend& be);
   // The weight types of a random model: one for every matrix, or llama-quantize's Q4_K_M mix (weight_mix.h).
   enum class RandomWeights { Q4_0, Q4_K_M, Q8_0, F16 };
   // "q4_0", "q4_k_m", "q8_0" or "f16"; anything else throws std::invalid_argument naming `flag`.
