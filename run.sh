@@ -8,7 +8,8 @@ cd "$(dirname "$0")"
 
 PACKAGES=(cmake g++ make libvulkan-dev glslang-tools mesa-vulkan-drivers vulkan-validationlayers
           libeigen3-dev libcli11-dev libgtest-dev nlohmann-json3-dev libtomlplusplus-dev libxxhash-dev
-          strace)  # strace: the tests inject disk-full errors and kills at chosen system calls
+          strace   # strace: the tests inject disk-full errors and kills at chosen system calls
+          clang libclang-rt-dev)  # the sanitizer tree and its libFuzzer targets (tests/fuzz)
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 
@@ -45,6 +46,28 @@ build() {
   cmake --build "$BUILD_DIR" -j "$JOBS" "${targets[@]}"
 }
 
+# fuzz_smoke DIR: each libFuzzer target of the tree DIR for FUZZ_SECONDS (default 25) over its seeds and the inputs
+# that once failed (tests/fuzz/regressions/); a finding (crash, sanitizer report, leak, timeout, out of memory)
+# fails the run, its input left in DIR/fuzz-findings/.
+fuzz_smoke() {
+  local dir="$1" secs="${FUZZ_SECONDS:-25}"
+  mkdir -p "$dir/fuzz-findings"
+  for t in model_gguf adapter safetensors dataset config; do
+    local corpora=("$dir/fuzz-corpus/$t" "$dir/tests/fuzz/seeds/$t") log="$dir/fuzz-findings/$t.log"
+    [ -d "tests/fuzz/regressions/$t" ] && corpora+=("tests/fuzz/regressions/$t")
+    mkdir -p "$dir/fuzz-corpus/$t"
+    echo "== fuzzing $t for ${secs}s"
+    if ! UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$dir/tests/fuzz/fuzz_$t" -max_total_time="$secs" \
+         -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$dir/fuzz-findings/$t-" \
+         "${corpora[@]}" > "$log" 2>&1; then
+      tail -n 60 "$log"
+      echo "== fuzz_$t failed: $log, input in $dir/fuzz-findings/" >&2
+      return 1
+    fi
+    grep -E "^(Done|stat::number_of_executed_units)" "$log"
+  done
+}
+
 case "${1:-}" in
   demo)
     install_missing
@@ -58,13 +81,19 @@ case "${1:-}" in
     install_missing
     install_node_if_missing
     build
-    # Hostile-file handling under AddressSanitizer + UBSan: the GGUF reader and the model loader on every
-    # crafted malformed file.
-    echo "== building the sanitizer tree in $BUILD_DIR-asan"
-    cmake -S . -B "$BUILD_DIR-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQ4T_ASAN=ON > /dev/null
-    cmake --build "$BUILD_DIR-asan" -j "$JOBS" --target test_gguf test_model
+    # Hostile-file handling under AddressSanitizer + UBSan, in a clang tree that also holds the libFuzzer
+    # targets: the GGUF reader and the model loader on every crafted malformed file, then each fuzz target.
+    echo "== building the sanitizer tree in $BUILD_DIR-asan (clang)"
+    # A tree configured with another compiler cannot switch: start it again.
+    if [ -f "$BUILD_DIR-asan/CMakeCache.txt" ] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang++' "$BUILD_DIR-asan/CMakeCache.txt"; then
+      rm -rf "$BUILD_DIR-asan"
+    fi
+    cmake -S . -B "$BUILD_DIR-asan" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQ4T_ASAN=ON \
+          -DQ4T_FUZZ=ON > /dev/null
+    cmake --build "$BUILD_DIR-asan" -j "$JOBS" --target test_gguf test_model fuzz
     ASAN_OPTIONS=detect_leaks=1 "$BUILD_DIR-asan"/tests/test_gguf
     ASAN_OPTIONS=detect_leaks=1 "$BUILD_DIR-asan"/tests/test_model --gtest_filter='ModelFiles.*'
+    fuzz_smoke "$BUILD_DIR-asan"
     cd "$BUILD_DIR"
     ctest --output-on-failure -j "$JOBS"
     ;;
