@@ -7,6 +7,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -144,6 +145,50 @@ FormatShapes shapes_for(Format f) {
   return s;
 }
 
+// Q4T_FULL_MATRIX=1 in the environment: every shape below on every format.
+bool full_matrix() {
+  const char* v = std::getenv("Q4T_FULL_MATRIX");
+  return v && std::string(v) == "1";
+}
+
+struct GemmShape {
+  int64_t T, n_out, n_in;
+};
+
+// The products of ForwardMatches* and DxMatches*. Default: every width and row count at T = 1 (zipped, the shorter
+// cycling), and at T > 1 the smallest and the widest width with each odd row count; full matrix: all crossed.
+std::vector<GemmShape> product_shapes(Format f) {
+  const FormatShapes sh = shapes_for(f);
+  std::vector<GemmShape> out;
+  if (full_matrix()) {
+    for (int64_t n_in : sh.n_ins)
+      for (int64_t n_out : sh.n_outs)
+        for (int64_t T : kT) out.push_back({T, n_out, n_in});
+    return out;
+  }
+  for (size_t i = 0; i < std::max(sh.n_ins.size(), sh.n_outs.size()); ++i)
+    out.push_back({1, sh.n_outs[i % sh.n_outs.size()], sh.n_ins[i % sh.n_ins.size()]});
+  for (int64_t T : kT)
+    for (int64_t n_in : sh.n_ins)
+      for (int64_t n_out : sh.n_outs)
+        if (T > 1 && (n_in == sh.n_ins.front() || n_in == sh.n_ins.back()) && n_out % 2 == 1)
+          out.push_back({T, n_out, n_in});
+  return out;
+}
+
+// Whether format f runs every shape of the indexing tests (GemvCovers*, DxTiles*, LargeGemmTiles*, DxSplitOverRows*)
+// by default: the first format of each shader template (its own shaders, or the unit kernels) and block size does;
+// the others run the smallest shape. Q4T_FULL_MATRIX=1: every format does.
+bool runs_every_shape(Format f) {
+  const auto key = [](const FormatTraits& t) {
+    return std::pair{std::string(t.gpu.gemm ? t.gpu.gemm : "unit"), t.block_elems};
+  };
+  const auto table = format_table();
+  const auto first = std::find_if(table.begin(), table.end(),
+                                  [&](const FormatTraits& t) { return key(t) == key(format_traits(f)); });
+  return full_matrix() || first->format == f;
+}
+
 std::string label(Format f, int64_t T, int64_t n_out, int64_t n_in) {
   return std::string(format_name(f)) + " T=" + std::to_string(T) + " n_out=" + std::to_string(n_out) +
          " n_in=" + std::to_string(n_in);
@@ -178,27 +223,27 @@ void expect_dx_matches(HostKernels& k, std::mt19937& rng, Format f, const std::v
 
 TEST_P(VulkanFormats, ForwardMatchesReferenceOnAwkwardShapes) {
   const Format f = format();
-  const FormatShapes sh = shapes_for(f);
-  for (int64_t n_in : sh.n_ins)
-    for (int64_t n_out : sh.n_outs)
-      for (int64_t T : kT) EXPECT_LE(gemm_error(*kernels_, rng_, f, T, n_out, n_in), kBound) << label(f, T, n_out, n_in);
+  for (const auto [T, n_out, n_in] : product_shapes(f))
+    EXPECT_LE(gemm_error(*kernels_, rng_, f, T, n_out, n_in), kBound) << label(f, T, n_out, n_in);
 }
 
 TEST_P(VulkanFormats, DxMatchesReferenceWithAndWithoutAccumulate) {
   const Format f = format();
-  const FormatShapes sh = shapes_for(f);
-  for (int64_t n_in : sh.n_ins)
-    for (int64_t n_out : sh.n_outs)
-      for (int64_t T : kT) {
-        const auto w = random_weights(rng_, f, n_out, n_in);
-        const auto dy = random_floats(rng_, T * n_out);
-        expect_dx_matches(*kernels_, rng_, f, w, dy, T, n_out, n_in, 0, label(f, T, n_out, n_in));
-      }
+  for (const auto [T, n_out, n_in] : product_shapes(f)) {
+    const auto w = random_weights(rng_, f, n_out, n_in);
+    const auto dy = random_floats(rng_, T * n_out);
+    expect_dx_matches(*kernels_, rng_, f, w, dy, T, n_out, n_in, 0, label(f, T, n_out, n_in));
+  }
 }
 
 TEST_P(VulkanFormats, DxTilesThatDoNotDivideSumToTheUntiledResult) {
   const Format f = format();
-  for (const DxTileCase c : shapes_for(f).dx_tiles) {
+  std::vector<DxTileCase> cases = shapes_for(f).dx_tiles;
+  if (!runs_every_shape(f))
+    cases = {*std::min_element(cases.begin(), cases.end(), [](const DxTileCase& a, const DxTileCase& b) {
+      return a.T * a.n_out * a.n_in < b.T * b.n_out * b.n_in;
+    })};
+  for (const DxTileCase c : cases) {
     const auto w = random_weights(rng_, f, c.n_out, c.n_in);
     const auto dy = random_floats(rng_, c.T * c.n_out);
     std::vector<float> dx(size_t(c.T * c.n_in), NAN);
@@ -586,6 +631,7 @@ TEST_F(VulkanKernels, OneTokenDxWithAndWithoutTheF16DecodeMatchesReference) {
 // (tall_weights), so a row group read from the wrong place shows.
 TEST_P(VulkanFormats, GemvCoversMoreThan65535RowGroups) {
   const Format f = format();
+  if (!runs_every_shape(f)) GTEST_SKIP() << "one shape, run on the first format of these kernels and block size";
   const auto float_path = make_vulkan_host_kernels(*device_, 0, vk::LinearKernels::IntegerDot::Never);
   const int64_t n_out = int64_t(format_traits(f).gpu.gemv_rows) * 65535 + 11, n_in = narrowest_width(f);
   const auto w = tall_weights(rng_, f, n_out, n_in);
@@ -757,11 +803,15 @@ TEST_P(VulkanFormats, LargeGemmTilesMatchReferenceOnAwkwardShapes) {
   const Format f = format();
   const auto large = make_vulkan_host_kernels(*device_, 128);
   const int64_t n_out = 257;
-  std::vector<int64_t> n_ins = {shapes_for(f).n_ins[1]};
+  std::vector<int64_t> n_ins = {shapes_for(f).n_ins[1]}, Ts = {3, 130};
   const int64_t wide = width_like(f, {4128, 2304});
   if (wide != n_ins[0]) n_ins.push_back(wide);
+  if (!runs_every_shape(f)) {  // the smallest shape
+    n_ins.resize(1);
+    Ts.resize(1);
+  }
   for (int64_t n_in : n_ins)
-    for (int64_t T : {int64_t(3), int64_t(130)}) {
+    for (int64_t T : Ts) {
       const auto w = random_weights(rng_, f, n_out, n_in);
       EXPECT_LE(gemm_error(*large, rng_, f, w, T, n_out, n_in), kBound) << label(f, T, n_out, n_in);
       const auto dy = random_floats(rng_, T * n_out);
@@ -796,6 +846,7 @@ TEST_P(VulkanFormats, DxSplitOverRowsMatchesReference) {
   const auto small = make_vulkan_host_kernels(*device_, 64);
   const int64_t T = 130, n_out = 1100, j0 = 5, n_in = width_like(f, {1056, 1280});
   for (HostKernels* k : {kernels_, small.get()}) {
+    if (k != kernels_ && !runs_every_shape(f)) continue;  // the smallest: the default tiles alone
     const auto w = random_weights(rng_, f, n_out, n_in);
     const auto dy = random_floats(rng_, T * n_out);
     expect_dx_matches(*k, rng_, f, w, dy, T, n_out, n_in, j0, label(f, T, n_out, n_in));

@@ -4,7 +4,9 @@
 // llama-quantize writes: Q4_K_M, and Q4_0 with a Q6_K output matrix): q4tune init-model (and q4tune quantize)
 // writes a random model, and the logits at every position of a random id sequence, from q4tune on the CPU and
 // on Vulkan, must agree with llama.cpp's: max_v |q4tune - llama.cpp| <= 1e-3 * max_v |llama.cpp| per position.
-// The same holds with a random GGUF LoRA adapter applied by both.
+// The same holds with a random GGUF LoRA adapter applied by both. By default a covering subset of the variants
+// runs (kCoveringSubset; without an adapter, every variant with options of its own too); Q4T_FULL_MATRIX=1 runs
+// them all.
 //
 // Quantized models: llama.cpp's CPU matmuls round the activations to Q8_0 before a Q4_0 (or Q8_0) dot product
 // and to Q8_K before a Q4_K or Q6_K one (ggml's vec_dot_type), which moves these small random models' logits by a few percent of their max; q4tune
@@ -28,11 +30,14 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -399,7 +404,10 @@ TEST_P(LlamaCppAgreement, LogitsMatchLlamaCppAtEveryPosition) {
   check_agreement(model, write_ids(model, seed), {});
 }
 
-TEST_P(LlamaCppAgreement, LogitsWithALoraAdapterMatchLlamaCpp) {
+// The adapter tests, on a smaller default set of variants than the test without one (default_variants).
+class LlamaCppAgreementWithAdapter : public LlamaCppAgreement {};
+
+TEST_P(LlamaCppAgreementWithAdapter, LogitsWithALoraAdapterMatchLlamaCpp) {
   const uint32_t seed = GetParam().seed + 100;
   const fs::path model = init_model(seed);
   ASSERT_FALSE(HasFailure());
@@ -411,7 +419,7 @@ TEST_P(LlamaCppAgreement, LogitsWithALoraAdapterMatchLlamaCpp) {
 
 // An adapter trained by `q4tune train` (30 steps on the demo data, so B is far from its zero start), exported
 // as adapter.gguf, applied by llama.cpp: the same logits as q4tune's forward with it.
-TEST_P(LlamaCppAgreement, AdapterTrainedByQ4tuneTrainMatchesLlamaCpp) {
+TEST_P(LlamaCppAgreementWithAdapter, AdapterTrainedByQ4tuneTrainMatchesLlamaCpp) {
   if (!GetParam().train) GTEST_SKIP() << "trained once per architecture and weight type, not for every RoPE variant";
   const uint32_t seed = GetParam().seed + 200;
   const fs::path model = init_model(seed);
@@ -435,50 +443,116 @@ TEST_P(LlamaCppAgreement, AdapterTrainedByQ4tuneTrainMatchesLlamaCpp) {
   check_agreement(model, ids, adapter);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllVariants, LlamaCppAgreement,
-                         ::testing::Values(Variant{"llama", false, "q4_0", 1}, Variant{"llama", true, "q4_0", 2},
-                                           Variant{"llama", false, "f32", 3}, Variant{"llama", true, "f32", 4},
-                                           Variant{"qwen2", false, "q4_0", 5}, Variant{"qwen2", true, "q4_0", 6},
-                                           Variant{"qwen2", false, "f32", 7}, Variant{"qwen2", true, "f32", 8},
-                                           Variant{"llama", false, "q4_k_m", 9}, Variant{"llama", true, "q4_k_m", 10},
-                                           Variant{"qwen2", false, "q4_k_m", 11},
-                                           Variant{"llama", false, "q4_0_quantize", 12},
-                                           Variant{"qwen2", true, "q4_0_quantize", 13},
-                                           // The other mixes llama-quantize writes (init-model writes each).
-                                           Variant{"llama", false, "q5_k_m", 14}, Variant{"qwen2", true, "q5_k_s", 15},
-                                           Variant{"llama", true, "q3_k_m", 16}, Variant{"qwen2", false, "q2_k", 17},
-                                           Variant{"llama", false, "iq4_xs", 18}, Variant{"qwen2", false, "q4_1", 19},
-                                           Variant{"llama", true, "q5_0", 20}, Variant{"qwen2", false, "bf16", 21},
-                                           // qwen3 (q/k norms, a head size other than dim / heads), and RoPE
-                                           // scaling: llama 3.1's rope_freqs.weight, linear and YaRN.
-                                           Variant{"qwen3", false, "q4_0", 22, "--head-dim 24", "hd24"},
-                                           Variant{"qwen3", true, "q4_k_m", 23},
-                                           Variant{"qwen3", false, "f32", 24, "--rope-scaling yarn:8", "yarn8", false},
-                                           Variant{"llama", false, "f32", 25, "--rope-freqs", "ropefreqs", false},
-                                           Variant{"llama", true, "q4_0", 26, "--rope-scaling yarn:4", "yarn4", false},
-                                           Variant{"qwen2", false, "f32", 27, "--rope-scaling linear:4", "linear4", false},
-                                           // gemma2 (soft-capped scores and logits, every other layer local)
-                                           // and gemma3 (q/k norms, the local layers' own RoPE base), windows
-                                           // shorter than the 40 positions.
-                                           Variant{"gemma2", true, "q4_0", 28,
-                                                   "--attn-softcap 2 --final-softcap 3 --sliding-window 7", "caps"},
-                                           Variant{"gemma2", true, "q4_k_m", 29},
-                                           Variant{"gemma3", false, "q4_0", 30, "--swa-pattern 2 --sliding-window 9", "swa2"},
-                                           Variant{"gemma3", true, "f32", 31,
-                                                   "--layers 3 --head-dim 32 --final-softcap 5 --sliding-window 5 "
-                                                   "--swa-pattern 3 --rope-scaling linear:8 --rope-base 1000000",
-                                                   "linear8", false},
-                                           // phi3: fused attn_qkv and gate-up ffn_up, LoRA on them; LongRoPE's
-                                           // long factors (llama.cpp's context, 256 after its padding, exceeds
-                                           // the original 32) and short ones (original 256, context 1024).
-                                           Variant{"phi3", false, "q4_0", 32},
-                                           Variant{"phi3", true, "q4_k_m", 33, "--longrope 32", "longrope_long", false},
-                                           Variant{"phi3", false, "f32", 34, "--longrope 256 --context-length 1024", "longrope_short",
-                                                   false},
-                                           // partial rotary (phi-4-mini rotates 3/4 of each head), with LongRoPE
-                                           Variant{"phi3", true, "q4_0", 35, "--rope-dims 12 --longrope 32", "partial", false},
-                                           Variant{"gemma3", false, "f32", 36,
-                                                   "--rope-dims 10 --swa-pattern 2 --sliding-window 9", "partial", false}),
-                         [](const ::testing::TestParamInfo<Variant>& info) { return info.param.name(); });
+// Every variant; Q4T_FULL_MATRIX=1 instantiates them all.
+const std::vector<Variant> kAllVariants = {
+    Variant{"llama", false, "q4_0", 1}, Variant{"llama", true, "q4_0", 2},
+    Variant{"llama", false, "f32", 3}, Variant{"llama", true, "f32", 4},
+    Variant{"qwen2", false, "q4_0", 5}, Variant{"qwen2", true, "q4_0", 6},
+    Variant{"qwen2", false, "f32", 7}, Variant{"qwen2", true, "f32", 8},
+    Variant{"llama", false, "q4_k_m", 9}, Variant{"llama", true, "q4_k_m", 10},
+    Variant{"qwen2", false, "q4_k_m", 11},
+    Variant{"llama", false, "q4_0_quantize", 12},
+    Variant{"qwen2", true, "q4_0_quantize", 13},
+    // The other mixes llama-quantize writes (init-model writes each).
+    Variant{"llama", false, "q5_k_m", 14}, Variant{"qwen2", true, "q5_k_s", 15},
+    Variant{"llama", true, "q3_k_m", 16}, Variant{"qwen2", false, "q2_k", 17},
+    Variant{"llama", false, "iq4_xs", 18}, Variant{"qwen2", false, "q4_1", 19},
+    Variant{"llama", true, "q5_0", 20}, Variant{"qwen2", false, "bf16", 21},
+    // qwen3 (q/k norms, a head size other than dim / heads), and RoPE scaling: llama 3.1's rope_freqs.weight,
+    // linear and YaRN.
+    Variant{"qwen3", false, "q4_0", 22, "--head-dim 24", "hd24"},
+    Variant{"qwen3", true, "q4_k_m", 23},
+    Variant{"qwen3", false, "f32", 24, "--rope-scaling yarn:8", "yarn8", false},
+    Variant{"llama", false, "f32", 25, "--rope-freqs", "ropefreqs", false},
+    Variant{"llama", true, "q4_0", 26, "--rope-scaling yarn:4", "yarn4", false},
+    Variant{"qwen2", false, "f32", 27, "--rope-scaling linear:4", "linear4", false},
+    // gemma2 (soft-capped scores and logits, every other layer local) and gemma3 (q/k norms, the local layers'
+    // own RoPE base), windows shorter than the 40 positions.
+    Variant{"gemma2", true, "q4_0", 28, "--attn-softcap 2 --final-softcap 3 --sliding-window 7", "caps"},
+    Variant{"gemma2", true, "q4_k_m", 29},
+    Variant{"gemma3", false, "q4_0", 30, "--swa-pattern 2 --sliding-window 9", "swa2"},
+    Variant{"gemma3", true, "f32", 31,
+            "--layers 3 --head-dim 32 --final-softcap 5 --sliding-window 5 "
+            "--swa-pattern 3 --rope-scaling linear:8 --rope-base 1000000",
+            "linear8", false},
+    // phi3: fused attn_qkv and gate-up ffn_up, LoRA on them; LongRoPE's long factors (llama.cpp's context, 256
+    // after its padding, exceeds the original 32) and short ones (original 256, context 1024).
+    Variant{"phi3", false, "q4_0", 32},
+    Variant{"phi3", true, "q4_k_m", 33, "--longrope 32", "longrope_long", false},
+    Variant{"phi3", false, "f32", 34, "--longrope 256 --context-length 1024", "longrope_short", false},
+    // partial rotary (phi-4-mini rotates 3/4 of each head), with LongRoPE
+    Variant{"phi3", true, "q4_0", 35, "--rope-dims 12 --longrope 32", "partial", false},
+    Variant{"gemma3", false, "f32", 36, "--rope-dims 10 --swa-pattern 2 --sliding-window 9", "partial", false}};
+
+// The default run's covering subset: every architecture, weight type, tied and untied output, and the
+// `q4tune quantize` path of kAllVariants meet each of the three tests (so all of them train). The test without an
+// adapter also runs the variants with options of their own (default_variants); the rest (other pairings, and those
+// variants with an adapter) run with Q4T_FULL_MATRIX=1.
+constexpr std::array<const char*, 14> kCoveringSubset = {
+    // the only variant of its weight type
+    "llama_untied_q5_k_m", "qwen2_tied_q5_k_s", "llama_tied_q3_k_m", "qwen2_untied_q2_k", "llama_untied_iq4_xs",
+    "qwen2_untied_q4_1", "llama_tied_q5_0", "qwen2_untied_bf16",
+    "llama_untied_q4_0_quantize",  // quantize's path, with its Q6_K output matrix (untied)
+    "qwen2_tied_f32",              // f32: the cheapest of those that train
+    // one per remaining architecture, carrying Q4_K_M and Q4_0; gemma2 with its soft-caps and a short window
+    "qwen3_tied_q4_k_m", "gemma2_tied_q4_0_caps", "gemma3_untied_q4_0_swa2", "phi3_untied_q4_0"};
+
+// Q4T_FULL_MATRIX=1 in the environment when the tests are listed and run (ctest lists them as it starts:
+// tests/interop/CMakeLists.txt).
+bool full_matrix() {
+  const char* v = std::getenv("Q4T_FULL_MATRIX");
+  return v && std::string(v) == "1";
+}
+
+bool in_covering_subset(const Variant& v) {
+  return std::find(kCoveringSubset.begin(), kCoveringSubset.end(), v.name()) != kCoveringSubset.end();
+}
+
+// The covering subset; without an adapter also every variant with init-model options of its own (RoPE scaling
+// and partial rotary, qwen3's head size).
+std::vector<Variant> default_variants(bool adapter) {
+  std::vector<Variant> subset;
+  std::copy_if(kAllVariants.begin(), kAllVariants.end(), std::back_inserter(subset),
+               [&](const Variant& v) { return in_covering_subset(v) || (!adapter && *v.extra); });
+  return subset;
+}
+
+std::vector<Variant> instantiated_variants(bool adapter) {
+  return full_matrix() ? kAllVariants : default_variants(adapter);
+}
+
+std::string variant_name(const ::testing::TestParamInfo<Variant>& info) { return info.param.name(); }
+INSTANTIATE_TEST_SUITE_P(AllVariants, LlamaCppAgreement, ::testing::ValuesIn(instantiated_variants(false)),
+                         variant_name);
+INSTANTIATE_TEST_SUITE_P(AllVariants, LlamaCppAgreementWithAdapter, ::testing::ValuesIn(instantiated_variants(true)),
+                         variant_name);
+
+// The subset names variants that exist; each of kAllVariants' architectures, weight types and outputs appears in
+// it with train set; and the test without an adapter runs every RoPE variant (scaling, rope_freqs, LongRoPE,
+// partial rotary, another base) and every other head size by default.
+TEST(AgreementMatrix, DefaultSubsetCoversEveryAxisInEachTest) {
+  using Axes = std::array<std::set<std::string>, 3>;
+  auto axes = [](const Variant& v) { return std::array<std::string, 3>{v.arch, v.type, v.tied ? "tied" : "untied"}; };
+  Axes all, covered;
+  for (const Variant& v : kAllVariants) {
+    const auto a = axes(v);
+    for (size_t i = 0; i < a.size(); ++i) {
+      all[i].insert(a[i]);
+      if (in_covering_subset(v) && v.train) covered[i].insert(a[i]);
+    }
+  }
+  for (const char* name : kCoveringSubset) {
+    const auto is = [&](const Variant& v) { return v.name() == name; };
+    EXPECT_TRUE(std::any_of(kAllVariants.begin(), kAllVariants.end(), is)) << name << " is no variant";
+  }
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(covered[i], all[i]);
+  const std::vector<Variant> no_adapter = default_variants(false);
+  for (const Variant& v : kAllVariants) {
+    const std::string extra = v.extra;
+    if (extra.find("rope") == std::string::npos && extra.find("--head-dim") == std::string::npos) continue;
+    const auto is = [&](const Variant& d) { return d.name() == v.name(); };
+    EXPECT_TRUE(std::any_of(no_adapter.begin(), no_adapter.end(), is)) << v.name() << " is not run without an adapter";
+  }
+}
 
 }  // namespace
