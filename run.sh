@@ -9,6 +9,7 @@ cd "$(dirname "$0")"
 PACKAGES=(cmake g++ make libvulkan-dev glslang-tools mesa-vulkan-drivers vulkan-validationlayers
           libeigen3-dev libcli11-dev libgtest-dev nlohmann-json3-dev libtomlplusplus-dev libxxhash-dev
           strace   # strace: the tests inject disk-full errors and kills at chosen system calls
+          openmpi-bin libopenmpi-dev  # data-parallel training (mpirun -np N q4tune train) and its tests
           clang libclang-rt-dev)  # the sanitizer tree and its libFuzzer targets (tests/fuzz)
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}

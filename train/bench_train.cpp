@@ -12,13 +12,16 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <random>
+#include <span>
 #include <stdexcept>
 
+#include "autograd/flat_grads.h"
 #include "autograd/optim.h"
 #include "kernels/cpu/threads.h"
 #include "train/cli_common.h"
 #include "train/commands.h"
 #include "train/device_choice.h"
+#include "train/distributed.h"
 #include "train/loss_graph.h"
 #include "train/model/model.h"
 #include "train/run_log.h"
@@ -106,12 +109,72 @@ std::string format_profile(const std::map<std::string, ag::Graph::OpTime>& times
 struct Result {
   int64_t batch_size = 0;
   double seconds = 0, tokens_per_s = 0, ms_per_step = 0, loss = 0;
+  // Data parallel: copying the gradients out of the graph, summing them over the ranks, copying them back.
+  double gather_s = 0, sum_s = 0, scatter_s = 0;
   int64_t peak_bytes = 0, trainable = 0;
 };
 
+// Times opt.steps training steps of B rows per rank (after the warm-up); the profile table when asked for.
+Result time_steps(const model::Model& model, const DeviceChoice& dev, const BenchTrainOptions& opt, int64_t B,
+                  std::string& profile_table) {
+  const dist::World& world = dist::World::get();
+  const model::ModelConfig& cfg = model.config();
+  Result r;
+  r.batch_size = B;
+  LossGraph lg(model, B, opt.seq_len, 4096,
+               opt.grad_checkpoint ? LossGraph::Memory::Recompute : LossGraph::Memory::Planned);
+  model::LoraSpec spec;
+  spec.cfg.rank = opt.lora_rank;
+  spec.cfg.alpha = 2.0 * double(opt.lora_rank);
+  std::mt19937 init_rng(7);
+  lg.model_graph().add_adapters(spec, init_rng);
+  lg.model_graph().keep_ffn_layers(opt.keep_ffn_layers);
+  lg.build("--batch-sizes");
+  ag::AdamW adam(lg.graph(), {1e-4, 0.9, 0.999, 1e-8, 0.0});
+  for (const ag::Var& p : adam.params()) r.trainable += p.value().numel();
+  const std::vector<data::Batch> micro{
+      random_batch(B, opt.seq_len, cfg.n_vocab, uint32_t(B) + 7919u * uint32_t(world.rank()))};
+  std::unique_ptr<ag::FlatGrads> flat;
+  if (world.distributed()) flat = std::make_unique<ag::FlatGrads>(lg.graph(), adam.params());
+  double optimizer_s = 0;  // wall time of the clip and AdamW
+  auto step = [&] {
+    StepLoss sl = accumulate_gradients(lg, micro, {}, micro[0].n_label_tokens() * world.size());
+    if (flat) {
+      using Clock = std::chrono::steady_clock;
+      const auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+      auto t = Clock::now();
+      flat->gather();
+      r.gather_s += since(t);
+      t = Clock::now();
+      world.sum(std::span<double>(&sl.loss, 1));
+      world.sum(flat->values());
+      r.sum_s += since(t);
+      t = Clock::now();
+      flat->scatter();
+      r.scatter_s += since(t);
+    }
+    const auto t_opt = std::chrono::steady_clock::now();
+    adam.clip(1.0);
+    adam.step(1e-4);
+    optimizer_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_opt).count();
+    return sl.loss;
+  };
+  const bool profile = opt.profile && !dev.is_cpu();
+  if (profile) lg.graph().set_profiling(true);
+  for (int64_t i = 0; i < opt.warmup; ++i) step();
+  lg.graph().clear_op_times();
+  optimizer_s = 0;
+  r.gather_s = r.sum_s = r.scatter_s = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < opt.steps; ++i) r.loss = step();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (profile) profile_table = format_profile(lg.graph().op_times(), opt.steps, r.seconds, optimizer_s);
+  return r;
+}
+
 }  // namespace
 
-int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::ostream& out) {
+int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::ostream& log) {
   const model::ModelConfig cfg = shape_config(opt.shape, opt.seq_len);
   if (opt.seq_len < 2) throw std::invalid_argument("--seq-len: must be at least 2");
   if (opt.batch_sizes.empty()) throw std::invalid_argument("--batch-sizes: give at least one");
@@ -125,7 +188,10 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
                                 std::to_string(cfg.n_layer) + " (the shape's layers)");
   if (opt.keep_ffn_layers > 0 && !opt.grad_checkpoint)
     throw std::invalid_argument("--keep-ffn-layers: applies only with --grad-checkpoint");
-  BenchJson json(opt.json_path);
+  const dist::World& world = dist::World::get();
+  BenchJson json(world.root() ? opt.json_path : "");
+  std::ostream quiet(nullptr);  // the other ranks of a data-parallel run: rank 0 reports
+  std::ostream& out = world.root() ? log : quiet;
 
   auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan, dev.precision);
   const auto t_model = std::chrono::steady_clock::now();
@@ -140,6 +206,8 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
       << " warm-up + " << opt.steps << " timed steps"
       << (opt.grad_checkpoint ? "; layers recomputed in the backward (--grad-checkpoint)" : "") << "; "
       << dev.precision_text();
+  if (world.distributed())
+    out << "; data parallel over " << world.size() << " ranks (tokens/s of all of them; batch size per rank)";
   if (opt.keep_ffn_layers > 0) out << ", the ffn gate and up outputs of the last " << opt.keep_ffn_layers << " kept";
   out << "\n";
   out.unsetf(std::ios::floatfield);
@@ -147,49 +215,23 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
   nlohmann::json rows = nlohmann::json::array();
   for (int64_t B : opt.batch_sizes) {
     if (!dev.is_cpu()) dev.vulkan->reset_peak();
-    Result r;
-    r.batch_size = B;
     std::string profile_table;
-    {
-      LossGraph lg(*model, B, opt.seq_len, 4096,
-                   opt.grad_checkpoint ? LossGraph::Memory::Recompute : LossGraph::Memory::Planned);
-      model::LoraSpec spec;
-      spec.cfg.rank = opt.lora_rank;
-      spec.cfg.alpha = 2.0 * double(opt.lora_rank);
-      std::mt19937 init_rng(7);
-      lg.model_graph().add_adapters(spec, init_rng);
-      lg.model_graph().keep_ffn_layers(opt.keep_ffn_layers);
-      lg.build("--batch-sizes");
-      ag::AdamW adam(lg.graph(), {1e-4, 0.9, 0.999, 1e-8, 0.0});
-      for (const ag::Var& p : adam.params()) r.trainable += p.value().numel();
-      const std::vector<data::Batch> micro{random_batch(B, opt.seq_len, cfg.n_vocab, uint32_t(B))};
-      double optimizer_s = 0;  // wall time of the clip and AdamW
-      auto step = [&] {
-        const StepLoss sl = accumulate_gradients(lg, micro);
-        const auto t_opt = std::chrono::steady_clock::now();
-        adam.clip(1.0);
-        adam.step(1e-4);
-        optimizer_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_opt).count();
-        return sl.loss;
-      };
-      const bool profile = opt.profile && !dev.is_cpu();
-      if (profile) lg.graph().set_profiling(true);
-      for (int64_t i = 0; i < opt.warmup; ++i) step();
-      lg.graph().clear_op_times();
-      optimizer_s = 0;
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int64_t i = 0; i < opt.steps; ++i) r.loss = step();
-      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (profile) profile_table = format_profile(lg.graph().op_times(), opt.steps, r.seconds, optimizer_s);
-    }
-    r.tokens_per_s = double(B * opt.seq_len * opt.steps) / r.seconds;
+    Result r = time_steps(*model, dev, opt, B, profile_table);
+    r.tokens_per_s = double(B * opt.seq_len * opt.steps * world.size()) / r.seconds;
     r.ms_per_step = 1e3 * r.seconds / double(opt.steps);
     r.peak_bytes = dev.is_cpu() ? train::peak_rss_bytes() : dev.vulkan->peak_bytes_allocated();
     char line[256];
     std::snprintf(line, sizeof line, "bs %-3lld %10.1f tok/s %10.1f ms/step   peak %s %s   loss %.3f",
                   (long long)B, r.tokens_per_s, r.ms_per_step, train::fmt_bytes(r.peak_bytes).c_str(),
                   dev.is_cpu() ? "(process RSS)" : "device", r.loss);
-    out << line << std::endl << profile_table;
+    out << line;
+    if (world.distributed()) {
+      const double per = 1e3 / double(opt.steps);
+      out << "   gradients: copy out " << std::fixed << std::setprecision(1) << r.gather_s * per << " ms, sum over "
+          << world.size() << " ranks " << r.sum_s * per << " ms, copy back " << r.scatter_s * per << " ms per step";
+    }
+    out.unsetf(std::ios::floatfield);
+    out << std::endl << profile_table;
     rows.push_back({{"shape", opt.shape},
                     {"device", dev.name()},
                     {"seq_len", opt.seq_len},
@@ -206,6 +248,10 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
                     {"precision", precision_name(dev.precision)},
                     {"grad_checkpoint", opt.grad_checkpoint},
                     {"keep_ffn_layers", opt.keep_ffn_layers},
+                    {"ranks", world.size()},
+                    {"gradient_copy_out_ms", 1e3 * r.gather_s / double(opt.steps)},
+                    {"gradient_sum_ms", 1e3 * r.sum_s / double(opt.steps)},
+                    {"gradient_copy_back_ms", 1e3 * r.scatter_s / double(opt.steps)},
                     {"loss", r.loss}});
   }
   json.write(rows);
@@ -219,6 +265,8 @@ Command add_bench_train(CLI::App& bench) {
       "Time full LoRA training steps (forward, backward, clip, AdamW) on a random model of a named shape made in "
       "memory (Q4_0 weights unless --type says otherwise): tokens/s and peak memory per batch size");
   const auto dev = add_device_flags(cmd, /*with_precision=*/true);
+  cmd->add_flag("--allow-shared-device", dev->allow_shared_device,
+                "under mpirun: let more ranks run on a machine than it has GPUs (they share them)");
   cmd->add_option("--type", o->type,
                   "the random model's weights: q4_0, q8_0 or f16 (every matrix), or q4_k_m (llama-quantize's "
                   "Q4_K_M mix: Q4_K, with Q6_K for the output matrix and attn_v/ffn_down of some layers)")
@@ -241,7 +289,10 @@ Command add_bench_train(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--json", o->json_path, "also write the results as a JSON array to this file");
   set_examples(cmd, "  q4tune bench train --shape tinyllama-1.1b --type q4_k_m --batch-sizes 1,4 --grad-checkpoint");
-  return {cmd, [o, dev] { return run_bench_train(dev->open(), *o, std::cout); }};
+  return {cmd, [o, dev] {
+            dist::World::init();
+            return run_bench_train(dev->open(), *o, std::cout);
+          }};
 }
 
 }  // namespace q4t

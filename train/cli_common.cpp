@@ -61,8 +61,8 @@ std::shared_ptr<DeviceFlags> add_device_flags(CLI::App* cmd, bool with_precision
 }
 
 DeviceChoice DeviceFlags::open() const {
-  cpu::set_num_threads(threads);
-  DeviceChoice dev = choose_device(device);
+  cpu::set_num_threads(rank_threads(threads));
+  DeviceChoice dev = choose_rank_device(device, allow_shared_device);
   if (!precision.empty()) dev.set_precision(precision);
   return dev;
 }

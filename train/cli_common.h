@@ -29,6 +29,7 @@ struct DeviceFlags {
   std::string device = "auto";
   std::string precision;  // "" where the command has no --precision
   int threads = 0;
+  bool allow_shared_device = false;  // under mpirun (choose_rank_device)
   DeviceChoice open() const;
 };
 // Registers --device and --threads on cmd, and --precision auto|mixed|f32 when `with_precision`; the command's run

@@ -1,12 +1,16 @@
 #include "train/device_choice.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
+#include <thread>
+#include <vector>
 #include <stdexcept>
 
 #include "kernels/cpu/threads.h"
 #include "train/cli_common.h"
 #include "train/commands.h"
+#include "train/distributed.h"
 
 namespace q4t {
 
@@ -54,6 +58,38 @@ DeviceChoice choose_device(const std::string& spec_text, bool validation) {
   } catch (const vk::DeviceError&) {
     if (spec.kind != vk::DeviceSpec::Kind::Auto) throw;
   }
+  return c;
+}
+
+int rank_threads(int requested) {
+  const int ranks = dist::World::get().local_size();
+  if (requested > 0 || ranks == 1) return requested;
+  return std::max(1, int(std::thread::hardware_concurrency()) / ranks);
+}
+
+DeviceChoice choose_rank_device(const std::string& spec_text, bool shared) {
+  const dist::World& w = dist::World::get();
+  const vk::DeviceSpec spec = vk::DeviceSpec::parse(spec_text);
+  if (w.local_size() == 1 || spec.kind == vk::DeviceSpec::Kind::Cpu || spec.index >= 0) return choose_device(spec_text);
+  std::vector<vk::PhysicalDeviceInfo> all;
+  try {
+    all = vk::Device::list();
+  } catch (const vk::DeviceError&) {
+    if (spec.kind != vk::DeviceSpec::Kind::Auto) throw;
+  }
+  std::vector<vk::PhysicalDeviceInfo> gpus;
+  for (const auto& d : all)
+    if (d.type != "cpu") gpus.push_back(d);
+  if (gpus.empty() && spec.kind == vk::DeviceSpec::Kind::Auto) return DeviceChoice{};  // the CPU, as auto does
+  if (gpus.empty()) gpus = all;
+  if (gpus.empty()) throw vk::DeviceError("--device " + spec_text + ": no Vulkan device on " + w.host());
+  if (w.local_size() > int(gpus.size()) && !shared)
+    throw std::invalid_argument("--device " + spec_text + ": " + std::to_string(w.local_size()) + " ranks run on " +
+                                w.host() + ", which has " + std::to_string(gpus.size()) + " Vulkan " +
+                                (gpus.size() == 1 ? "device" : "devices") +
+                                "; start at most that many per machine, or pass --allow-shared-device to share them");
+  DeviceChoice c;
+  c.vulkan = vk::Device::open({int(gpus[size_t(w.local_rank()) % gpus.size()].index), false});
   return c;
 }
 

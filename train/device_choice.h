@@ -29,4 +29,14 @@ Precision default_precision(const vk::Device& dev);
 // such as lavapipe is slower than them; "vulkan" still opens it); "vulkan"/"vulkan:N" fail with DeviceError instead.
 DeviceChoice choose_device(const std::string& spec, bool validation = false);
 
+// The device of this rank of a data-parallel run (dist::World): "auto" and "vulkan" take the GPU of the rank's place
+// among the ranks on its machine (local rank i: the i-th GPU of `q4tune devices`; lavapipe counts where there is
+// no GPU); "vulkan:N" and "cpu" are taken as they are. More ranks on a machine than GPUs fail with
+// std::invalid_argument unless `shared`, which deals them out in turn. One process: choose_device(spec).
+DeviceChoice choose_rank_device(const std::string& spec, bool shared);
+
+// --threads of this rank: `requested`, or with 0 the machine's cores divided among the ranks on it (all of them for
+// one process: 0 stays 0).
+int rank_threads(int requested);
+
 }  // namespace q4t

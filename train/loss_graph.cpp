@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -98,13 +99,14 @@ double LossGraph::forward() {
 }
 
 StepLoss accumulate_gradients(LossGraph& lg, const std::vector<data::Batch>& micro,
-                              const std::function<void(size_t)>& before_forward) {
+                              const std::function<void(size_t)>& before_forward, int64_t counted_total) {
   ag::Graph& g = lg.graph();
   StepLoss r;
   for (const data::Batch& b : micro) {
     r.counted += b.n_label_tokens();
     for (uint8_t m : b.attn_mask) r.real_tokens += m;
   }
+  const int64_t total = counted_total > 0 ? counted_total : r.counted;
   bool first = true;
   for (size_t i = 0; i < micro.size(); ++i) {
     const int64_t n = lg.set_batch(micro[i]);
@@ -115,7 +117,7 @@ StepLoss accumulate_gradients(LossGraph& lg, const std::vector<data::Batch>& mic
       r.loss = li;
       return r;
     }
-    const double w = double(n) / double(r.counted);
+    const double w = double(n) / double(total);
     r.loss += li * w;
     g.backward(lg.loss(), lg.seed(float(w)), first ? ag::Graph::Accumulate::None : ag::Graph::Accumulate::Params);
     first = false;
@@ -124,19 +126,40 @@ StepLoss accumulate_gradients(LossGraph& lg, const std::vector<data::Batch>& mic
   return r;
 }
 
-EvalResult evaluate(LossGraph& lg, const data::Dataset& ds, int64_t max_batches) {
+data::Batch batch_rows(const data::Batch& b, int64_t first, int64_t n) {
+  if (first < 0 || n < 0 || first + n > b.B)
+    throw std::invalid_argument("batch_rows: rows " + std::to_string(first) + "+" + std::to_string(n) + " of " +
+                                std::to_string(b.B));
+  data::Batch out;
+  out.B = n;
+  out.T = b.T;
+  const auto rows = [&](const auto& v) {
+    using V = std::decay_t<decltype(v)>;
+    return V(v.begin() + first * b.T, v.begin() + (first + n) * b.T);
+  };
+  out.ids = rows(b.ids);
+  out.labels = rows(b.labels);
+  out.attn_mask = rows(b.attn_mask);
+  out.segment_ids = rows(b.segment_ids);
+  out.positions = rows(b.positions);
+  return out;
+}
+
+EvalResult evaluate(LossGraph& lg, const data::Dataset& ds, int64_t max_batches, int shard, int shards) {
   EvalResult r;
-  double sum = 0;
-  for (size_t first = 0; first < ds.size(); first += size_t(lg.B())) {
-    if (max_batches > 0 && r.batches >= max_batches) break;
+  const size_t B = size_t(lg.B());
+  int64_t index = 0;  // of the batch of B rows, over all shards
+  for (size_t first = 0; first < ds.size(); first += B, ++index) {
+    if (max_batches > 0 && index >= max_batches * shards) break;
+    if (index % shards != shard) continue;
     const data::Batch b = ds.batch_at(first, lg.B());
     const int64_t n = lg.set_batch(b);
     ++r.batches;
     if (n == 0) continue;
-    sum += lg.forward() * double(n);
+    r.sum += lg.forward() * double(n);
     r.tokens += n;
   }
-  r.loss = r.tokens > 0 ? sum / double(r.tokens) : std::nan("");
+  r.loss = r.tokens > 0 ? r.sum / double(r.tokens) : std::nan("");
   return r;
 }
 

@@ -51,20 +51,29 @@ class LossGraph {
 // the parameters' gradients (which start from zero). before_forward(i), when given, runs before micro-batch i's
 // forward (the trainer rewrites the dropout salt there). Micro-batches without counted tokens are skipped; with
 // none at all the gradients are zero. Stops at the first non-finite micro-batch loss and returns it.
+// counted_total > 0 sets N instead (a data-parallel rank: the counted tokens of every rank's micro-batches), so that
+// the ranks' gradients and losses sum to those of one process with all the rows; counted and real_tokens stay this
+// rank's own.
 struct StepLoss {
   double loss = 0;          // the token-weighted mean (NaN/Inf when a micro-batch's loss was)
   int64_t counted = 0;      // N
   int64_t real_tokens = 0;  // non-padding input tokens
 };
 StepLoss accumulate_gradients(LossGraph& lg, const std::vector<data::Batch>& micro,
-                              const std::function<void(size_t)>& before_forward = {});
+                              const std::function<void(size_t)>& before_forward = {}, int64_t counted_total = 0);
+
+// Rows [first, first + n) of b.
+data::Batch batch_rows(const data::Batch& b, int64_t first, int64_t n);
 
 struct EvalResult {
   double loss = 0;        // mean over counted tokens
+  double sum = 0;         // of the counted tokens' losses
   int64_t tokens = 0;     // counted tokens
   int64_t batches = 0;
 };
-// Mean loss over ds in file order, max_batches batches at most (0: all), each weighted by its counted tokens.
-EvalResult evaluate(LossGraph& lg, const data::Dataset& ds, int64_t max_batches);
+// Mean loss over ds in file order, max_batches batches of shards·B rows at most (0: all), each weighted by its
+// counted tokens. With shards > 1 this process takes the batches of B rows numbered shard, shard + shards, ...:
+// its part of what one process with shards·B rows per batch evaluates (sum and tokens add up over the shards).
+EvalResult evaluate(LossGraph& lg, const data::Dataset& ds, int64_t max_batches, int shard = 0, int shards = 1);
 
 }  // namespace q4t

@@ -10,6 +10,7 @@
 
 #include "train/cli_common.h"
 #include "train/commands.h"
+#include "train/distributed.h"
 #include "train/suggest.h"
 #include "train/train.h"
 
@@ -133,18 +134,32 @@ std::optional<int> parse(CLI::App& app, const std::vector<std::string>& in_order
   return std::nullopt;
 }
 
+// A failure of this rank alone in a data-parallel run: the others would wait for it, so the job ends.
+[[noreturn]] void rank_failed(const std::string& what) {
+  const q4t::dist::World& w = q4t::dist::World::get();
+  std::cerr << "q4tune: error: rank " << w.rank() << " (on " << w.host() << "): " << what
+            << "; stopping every rank (the last complete checkpoint is kept)\n";
+  w.abort(1);
+}
+
 // Runs the command that was parsed; its error is one line on stderr and exit code 1.
 int run_parsed(const std::vector<Command>& commands) {
   try {
     for (const Command& c : commands)
       if (*c.cmd) return c.run();
+  } catch (const q4t::dist::JobError& e) {  // every rank has it: rank 0 says it
+    std::fflush(stdout);
+    if (q4t::dist::launched_rank() == 0) std::cerr << "q4tune: error: " << e.what() << "\n";
+    return 1;
   } catch (const std::bad_alloc&) {
     std::fflush(stdout);
+    if (q4t::dist::World::get().distributed()) rank_failed("out of host memory");
     std::cerr << "q4tune: error: out of host memory: the model, --seq-len or --batch-size asks for more than this "
                  "machine has\n";
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
+    if (q4t::dist::World::get().distributed()) rank_failed(e.what());
     std::cerr << "q4tune: error: " << e.what() << "\n";
     return 1;
   }

@@ -19,9 +19,11 @@
 #include "data/atomic_file.h"
 #include "data/dataset_cache.h"
 #include "train/commands.h"
+#include "train/distributed.h"
 #include "train/embedded.h"
 #include "train/run_log.h"
 #include "train/schedule.h"
+#include "train/distributed.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -256,14 +258,17 @@ int run_train(const TrainOptions& opt, std::ostream& out) {
     out << opt.effective_config;
     return 0;
   }
+  const dist::World& world = dist::World::init();
+  std::ostream quiet(nullptr);  // the other ranks of a data-parallel run: rank 0 reports
+  std::ostream& log = world.root() ? out : quiet;
   RemoveIfEmpty made;
-  made.add(opt.out);
-  if (!opt.tensorboard.empty()) made.add(opt.tensorboard);
-  validate_train_options(opt);
-  Trainer trainer(opt, out);
+  if (world.root()) made.add(opt.out);
+  if (world.root() && !opt.tensorboard.empty()) made.add(opt.tensorboard);
+  dist::on_every_rank(world, [&] { validate_train_options(opt); });
+  Trainer trainer(opt, log);
   InterruptGuard guard;
   while (!trainer.done()) {
-    if (g_interrupts > 0) {
+    if (trainer.stop_requested(g_interrupts > 0)) {
       trainer.stop_interrupted();
       return 130;
     }

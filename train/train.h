@@ -35,6 +35,7 @@ struct TrainOptions {
   std::string model, data, val_data, out;
   double val_fraction = 0;
   std::string device = "auto";
+  bool allow_shared_device = false;  // data parallel: more ranks on a machine than its GPUs share them
   int threads = 0;
   std::string precision = "auto";  // auto, mixed or f32 (DeviceChoice::set_precision)
   // LoRA.

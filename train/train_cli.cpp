@@ -75,9 +75,11 @@ void add_data_options(CLI::App* cmd, TrainOptions& o) {
 
 void add_device_options(CLI::App* cmd, TrainOptions& o) {
   const char* g = "Device";
-  cmd->add_option("--device", o.device, "auto (the best Vulkan GPU, else the CPU kernels; a CPU-emulated Vulkan device such as lavapipe only when named), cpu, vulkan or vulkan:N")
+  cmd->add_option("--device", o.device, "auto (the best Vulkan GPU, else the CPU kernels; a CPU-emulated Vulkan device such as lavapipe only when named), cpu, vulkan or vulkan:N; under mpirun, auto and vulkan take the GPU of the rank's place on its machine")
       ->capture_default_str()->group(g);
-  cmd->add_option("--threads", o.threads, "CPU worker threads (0: one per core)")->capture_default_str()->group(g);
+  cmd->add_flag("--allow-shared-device", o.allow_shared_device,
+                "under mpirun: let more ranks run on a machine than it has GPUs (they share them)")->group(g);
+  cmd->add_option("--threads", o.threads, "CPU worker threads (0: one per core, divided among the ranks on the machine)")->capture_default_str()->group(g);
   cmd->add_option("--precision", o.precision,
                   "auto (mixed where the device has cooperative matrices, f32 elsewhere), mixed (the products of 32 "
                   "tokens or more take f16 inputs with f32 sums; norms, softmax, the loss, the adapters and AdamW stay "
@@ -121,7 +123,7 @@ void add_optimizer_options(CLI::App* cmd, TrainOptions& o) {
 // What one step is and how many run, and what the step keeps in memory.
 void add_step_options(CLI::App* cmd, TrainOptions& o) {
   const char* g = "Steps";
-  cmd->add_option("--batch-size", o.batch_size, "rows per micro-batch")->capture_default_str()->group(g);
+  cmd->add_option("--batch-size", o.batch_size, "rows per micro-batch (of each rank, under mpirun)")->capture_default_str()->group(g);
   cmd->add_option("--grad-accum", o.grad_accum, "micro-batches per optimizer step (the loss is the mean over all their "
                                                 "counted tokens)")
       ->capture_default_str()->group(g);

@@ -27,6 +27,8 @@ namespace {
 
 // The options that decide the numbers a run computes: a resume must match all of them.
 json identity_json(const TrainOptions& o, const std::string& model_path, const std::string& data_path) {
+  // (Checkpoints of one process from before data parallelism record batch-size and grad-accum instead of
+  // rows-per-step: load_matching_checkpoint reads their product.)
   json j;
   std::error_code ec;
   const auto size = fs::file_size(model_path, ec);
@@ -51,8 +53,9 @@ json identity_json(const TrainOptions& o, const std::string& model_path, const s
   j["adam-eps"] = o.adam_eps;
   j["weight-decay"] = o.weight_decay;
   j["grad-clip"] = o.grad_clip;
-  j["batch-size"] = o.batch_size;
-  j["grad-accum"] = o.grad_accum;
+  // The rows of one optimizer step, over every rank: how they split into ranks, micro-batches and rows per
+  // micro-batch changes the sums' order only, so a run may resume with another split (and other ranks).
+  j["rows-per-step"] = o.batch_size * o.grad_accum * dist::World::get().size();
   j["seq-len"] = o.seq_len;
   j["pack"] = o.pack;
   j["train-on-prompt"] = o.train_on_prompt;
@@ -169,10 +172,14 @@ CheckpointState load_matching_checkpoint(const std::string& dir, const json& ide
   // A key that an older checkpoint does not record had its default then.
   const json defaults = identity_json(TrainOptions{}, model_path, data_path);
   std::string diff;
+  json older = had;
+  if (!older.contains("rows-per-step") && older.contains("batch-size"))
+    older["rows-per-step"] = older["batch-size"].get<int64_t>() * older.value("grad-accum", int64_t(1));
   for (auto it = identity.begin(); it != identity.end(); ++it) {
-    const json& was = had.contains(it.key()) ? had[it.key()] : defaults[it.key()];
+    const json& was = older.contains(it.key()) ? older[it.key()] : defaults[it.key()];
     if (was != it.value())
-      diff += (diff.empty() ? "" : ", ") + it.key() + " was " + was.dump() + ", now " + it.value().dump();
+      diff += (diff.empty() ? "" : ", ") + it.key() + " was " + was.dump() + ", now " + it.value().dump() +
+              (it.key() == "rows-per-step" ? " (ranks x --batch-size x --grad-accum)" : "");
   }
   if (!diff.empty())
     throw std::invalid_argument("--resume: checkpoint " + dir + " is from a run with other options (" + diff +
@@ -238,36 +245,90 @@ std::string one_line(const std::string& s) {
 }  // namespace
 
 Trainer::Trainer(const TrainOptions& opt, std::ostream& out)
-    : opt_(opt), out_(out), sched_{opt.schedule, opt.warmup_steps, opt.warmup_ratio, opt.min_lr} {
-  const std::optional<std::string> ckpt_dir = find_checkpoint(opt, out);
-  model_path_ = resolve_builtin(opt.model, out);
-  data_path_ = resolve_builtin(opt.data, out);
-  val_path_ = opt.val_data.empty() ? "" : resolve_builtin(opt.val_data, out);
-  identity_ = identity_json(opt, model_path_, data_path_);
-  std::vector<DataFile> data = {data_file("data-xxh3", data_path_)};
-  if (!val_path_.empty()) data.push_back(data_file("val-data-xxh3", val_path_));
-  for (const DataFile& f : data) data_digests_[f.key] = f.xxh3;
-  std::optional<CheckpointState> ckpt;
-  if (ckpt_dir) ckpt = load_matching_checkpoint(*ckpt_dir, identity_, model_path_, data, out);
-  load_model();
-  load_data();
-  check_sample_prompts();
-  build_graph();
-  if (ckpt) restore(*ckpt_dir, *ckpt);
+    : opt_(opt), out_(out), world_(dist::World::init()),
+      sched_{opt.schedule, opt.warmup_steps, opt.warmup_ratio, opt.min_lr} {
+  setup(opt, out);
   const std::vector<ag::Var>& params = adam_->params();
   int64_t n_trainable = 0;
   for (const ag::Var& p : params) n_trainable += p.value().numel();
   out_ << "training " << train::plural(int64_t(params.size() / 2), "adapter") << " ("
        << train::plural(n_trainable, "parameter") << ", rank " << opt.lora_rank << ") for "
        << train::plural(total_steps_, "step") << " of " << opt.grad_accum << " x [" << opt.batch_size << ", "
-       << opt.seq_len << "] tokens, " << train::plural(int64_t(ds_->train.size()), "row") << " per epoch\n";
-  open_log(ckpt.has_value());
+       << opt.seq_len << "] tokens" << (world_.distributed() ? " on each of " + std::to_string(world_.size()) + " ranks" : "")
+       << ", " << train::plural(int64_t(ds_->train.size()), "row") << " per epoch\n";
+  if (world_.root()) open_log(ckpt_resumed_);
+}
+
+// Where the run continues from, the model, the data and the graph. In a data-parallel run rank 0 alone tidies
+// --out, picks the checkpoint and makes the builtin files; then every rank loads them, any rank's failure stops
+// all of them with its message, and the ranks must agree on what they loaded.
+void Trainer::setup(const TrainOptions& opt, std::ostream& out) {
+  json picked;  // rank 0's choices, for every rank
+  dist::on_every_rank(world_, [&] {
+    if (!world_.root()) return;
+    const std::optional<std::string> dir = find_checkpoint(opt, out);
+    picked = {{"checkpoint", dir ? json(*dir) : json()},
+              {"model", resolve_builtin(opt.model, out)},
+              {"data", resolve_builtin(opt.data, out)},
+              {"val", opt.val_data.empty() ? "" : resolve_builtin(opt.val_data, out)}};
+  });
+  picked = json::parse(world_.broadcast(picked.dump()));
+  model_path_ = picked["model"];
+  data_path_ = picked["data"];
+  val_path_ = picked["val"];
+  const std::optional<std::string> ckpt_dir =
+      picked["checkpoint"].is_null() ? std::nullopt : std::optional<std::string>(picked["checkpoint"]);
+  dist::on_every_rank(world_, [&] {
+    identity_ = identity_json(opt, model_path_, data_path_);
+    std::vector<DataFile> data = {data_file("data-xxh3", data_path_)};
+    if (!val_path_.empty()) data.push_back(data_file("val-data-xxh3", val_path_));
+    for (const DataFile& f : data) data_digests_[f.key] = f.xxh3;
+    std::optional<CheckpointState> ckpt;
+    if (ckpt_dir) ckpt = load_matching_checkpoint(*ckpt_dir, identity_, model_path_, data, out);
+    load_model();
+    load_data();
+    check_sample_prompts();
+    build_graph();
+    if (ckpt) restore(*ckpt_dir, *ckpt);
+    ckpt_resumed_ = ckpt.has_value();
+  });
+  check_ranks_agree();
+}
+
+// XXH3 of the adapters' values (every rank holds the same ones in a data-parallel run).
+std::string Trainer::adapters_digest() const {
+  Checksum64 h;
+  for (const std::vector<float>& v : param_values(*be_, adam_->params())) h.bytes(v.data(), v.size() * sizeof(float));
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h.digest()));
+  return hex;
+}
+
+// Every rank must train the same run: the same options and files, the same data rows, the same adapters. A rank
+// that differs (another file at the same path on another machine, say) stops the job, named.
+void Trainer::check_ranks_agree() const {
+  if (!world_.distributed()) return;
+  const json mine = {{"identity", identity_},         {"data", data_digests_},
+                     {"rows", ds_->train.size()},     {"step", step_},
+                     {"adapters", adapters_digest()}, {"steps", total_steps_}};
+  const std::vector<std::string> all = world_.all_gather(mine.dump());
+  const std::vector<std::string> hosts = world_.all_gather(world_.host());
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    const json a = json::parse(all[0]), b = json::parse(all[r]);
+    std::string what;
+    for (auto it = a.begin(); it != a.end(); ++it)
+      if (b.value(it.key(), json()) != it.value()) what += (what.empty() ? "" : ", ") + it.key();
+    throw dist::JobError("rank " + std::to_string(r) + " (on " + hosts[r] + ") does not train what rank 0 (on " +
+                         hosts[0] + ") trains: its " + what +
+                         " differ; every rank needs the same model, data and options at the same paths");
+  }
 }
 
 // Device, model, tokenizer.
 void Trainer::load_model() {
-  q4t::cpu::set_num_threads(opt_.threads);
-  dev_ = choose_device(opt_.device);
+  q4t::cpu::set_num_threads(rank_threads(opt_.threads));
+  dev_ = choose_rank_device(opt_.device, opt_.allow_shared_device);
   dev_.set_precision(opt_.precision);
   be_ = dev_.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev_.vulkan, dev_.precision);
   file_ = gguf::File::open(model_path_);
@@ -298,7 +359,7 @@ void Trainer::load_data() {
   ds_ = data::load_datasets(data_path_, *tok_, dopt, out_);
   if (ds_->train.size() == 0) throw std::runtime_error(data_path_ + ": no training examples");
   out_ << data::padding_report(ds_->train) << "\n";
-  const int64_t rows_per_step = opt_.batch_size * opt_.grad_accum;
+  const int64_t rows_per_step = opt_.batch_size * opt_.grad_accum * world_.size();
   total_steps_ = opt_.steps > 0 ? opt_.steps
                                 : std::max<int64_t>(1, int64_t(std::ceil(opt_.epochs * double(ds_->train.size()) /
                                                                          double(rows_per_step))));
@@ -318,6 +379,7 @@ void Trainer::build_graph() {
                     {"warmup_ratio", opt_.warmup_ratio}, {"min_lr", opt_.min_lr},
                     {"total_steps", total_steps_}};
   micro_.resize(static_cast<size_t>(opt_.grad_accum));
+  if (world_.distributed()) flat_ = std::make_unique<ag::FlatGrads>(lg_->graph(), adam_->params());
   const model::ModelGraph& mg = lg_->model_graph();
   if (mg.dropout_salt().g) salt_tensor_ = mg.dropout_salt().value();
 }
@@ -365,36 +427,66 @@ void Trainer::redraw() {
   train::write_loss_svg((fs::path(opt_.out) / "loss.svg").string(), series.train, series.val, title, series.lr);
 }
 
-std::runtime_error Trainer::not_finite(const std::string& what, double value) const {
-  return std::runtime_error("step " + std::to_string(step_ + 1) + ": the " + what + " is " + std::to_string(value) +
-                            "; stopped without saving (the last good checkpoint, if any, is kept under " + opt_.out +
-                            "/checkpoints)");
+void Trainer::fail_not_finite(const std::string& what, double value) const {
+  const std::string msg = "step " + std::to_string(step_ + 1) + ": the " + what + " is " + std::to_string(value) +
+                          "; stopped without saving (the last good checkpoint, if any, is kept under " + opt_.out +
+                          "/checkpoints)";
+  // Summed over the ranks, the loss and the gradients are the same on every one: so is this failure.
+  if (world_.distributed()) throw dist::JobError(msg);
+  throw std::runtime_error(msg);
+}
+
+// This rank's micro-batches of the step: each is its rows of the next global micro-batch (every rank draws the
+// same ones from the same cursor). Returns the counted and the real tokens of the global micro-batches.
+std::pair<int64_t, int64_t> Trainer::next_micro_batches() {
+  const int64_t B = opt_.batch_size, n = world_.size();
+  int64_t counted = 0, real = 0;
+  for (auto& b : micro_) {
+    data::Batch all = ds_->train.next_batch(B * n);
+    counted += all.n_label_tokens();
+    for (uint8_t m : all.attn_mask) real += m;
+    b = n == 1 ? std::move(all) : batch_rows(all, world_.rank() * B, B);
+  }
+  return {counted, real};
 }
 
 void Trainer::step() {
   const auto t0 = Clock::now();
   const double lr = train::lr_at(step_, total_steps_, opt_.lr, sched_);
-  for (auto& b : micro_) b = ds_->train.next_batch(opt_.batch_size);
-  const StepLoss sl = accumulate_gradients(*lg_, micro_, [&](size_t i) {
-    if (!salt_tensor_.defined()) return;
-    const uint64_t salt = splitmix64(opt_.seed ^ splitmix64(micro_index_ + i));
-    const int32_t s[2] = {int32_t(uint32_t(salt)), int32_t(uint32_t(salt >> 32))};
-    ag::Tensor t = salt_tensor_;
-    be_->upload_i32(t, s);
-  });
+  const auto [counted, real_tokens] = next_micro_batches();
+  const uint64_t rank_salt = world_.rank() == 0 ? 0 : splitmix64(~uint64_t(world_.rank()));
+  StepLoss sl = accumulate_gradients(
+      *lg_, micro_,
+      [&](size_t i) {
+        if (!salt_tensor_.defined()) return;
+        const uint64_t salt = splitmix64(opt_.seed ^ splitmix64(micro_index_ + i) ^ rank_salt);
+        const int32_t s[2] = {int32_t(uint32_t(salt)), int32_t(uint32_t(salt >> 32))};
+        ag::Tensor t = salt_tensor_;
+        be_->upload_i32(t, s);
+      },
+      counted);
   micro_index_ += uint64_t(opt_.grad_accum);
+  if (flat_) {  // the ranks' gradients and losses, each a part of the global step's, summed
+    double loss = std::isfinite(sl.loss) ? sl.loss : std::nan("");
+    world_.sum(std::span<double>(&loss, 1));
+    flat_->gather();
+    world_.sum(flat_->values());
+    flat_->scatter();
+    sl.loss = loss;
+  }
   const double loss = sl.loss;
-  if (!std::isfinite(loss)) throw not_finite("loss", loss);
+  if (!std::isfinite(loss)) fail_not_finite("loss", loss);
   const double norm = opt_.grad_clip > 0 ? adam_->clip(opt_.grad_clip) : adam_->grad_norm();
-  if (!std::isfinite(norm)) throw not_finite("gradient norm", norm);
+  if (!std::isfinite(norm)) fail_not_finite("gradient norm", norm);
   adam_->step(lr);
   ++step_;
-  tokens_seen_ += sl.real_tokens;
-  loop_tokens_ += sl.real_tokens;
-  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double tok_s = double(sl.real_tokens) / std::max(dt, 1e-9);
+  tokens_seen_ += real_tokens;
+  loop_tokens_ += real_tokens;
   if (step_ == first_step_ + 1) first_loss_ = loss;
   last_loss_ = loss;
+  if (!world_.root()) return;
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double tok_s = double(real_tokens) / std::max(dt, 1e-9);
   metrics_->log_train(step_, loss, lr, tok_s,
                       {{"grad_norm", norm}, {"tokens", tokens_seen_}, {"epoch", ds_->train.cursor().epoch},
                        {"elapsed_s", progress_->elapsed_s()}});
@@ -405,7 +497,15 @@ void Trainer::step() {
 
 void Trainer::evaluate() {
   if (!ds_->val) return;
-  const EvalResult r = q4t::evaluate(*lg_, *ds_->val, opt_.eval_batches);
+  EvalResult r = q4t::evaluate(*lg_, *ds_->val, opt_.eval_batches, world_.rank(), world_.size());
+  if (world_.distributed()) {  // each rank evaluated its share of the batches
+    double parts[2] = {r.sum, double(r.tokens)};
+    world_.sum(std::span<double>(parts, 2));
+    r.sum = parts[0];
+    r.tokens = int64_t(parts[1]);
+    r.loss = r.tokens > 0 ? r.sum / double(r.tokens) : std::nan("");
+  }
+  if (!world_.root()) return;
   if (!std::isfinite(r.loss)) {
     progress_->message("eval at step " + std::to_string(step_) + ": no counted tokens in the validation set");
     return;
@@ -420,6 +520,8 @@ void Trainer::evaluate() {
 }
 
 void Trainer::save(const std::string& why) {
+  check_ranks_agree();
+  if (!world_.root()) return;
   const ag::Graph& g = lg_->graph();
   const std::vector<ag::Var>& params = adam_->params();
   CheckpointState s;
@@ -444,6 +546,7 @@ void Trainer::save(const std::string& why) {
 
 void Trainer::stop_interrupted() {
   save("interrupted");
+  if (!world_.root()) return;
   progress_->finish();
   out_ << "interrupted at step " << step_ << " of " << total_steps_ << "; continue with --resume\n";
 }
@@ -451,6 +554,7 @@ void Trainer::stop_interrupted() {
 void Trainer::finish() {
   evaluate();
   save("final");
+  if (!world_.root()) return;
   redraw();
   progress_->finish();
   export_adapters();

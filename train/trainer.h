@@ -1,5 +1,6 @@
 // One run of `q4tune train` (train.h): setup and resume, the optimizer step, evaluation, checkpoints, and the
-// end-of-run exports, summary and samples. run_train (train.cpp) drives it:
+// end-of-run exports, summary and samples; as one process or as each rank of a data-parallel run
+// (train/distributed.h), where every rank computes and only rank 0 writes and prints. run_train (train.cpp) drives it:
 //   Trainer t(options, out);  // device, model, data, graph; a resume restores the checkpoint's state
 //   while (!t.done()) { t.step(); /* t.evaluate(), t.save(why) when due */ }
 //   t.finish();               // final evaluation and checkpoint, adapter.gguf and peft/, summary, samples
@@ -12,14 +13,17 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "autograd/backend.h"
+#include "autograd/flat_grads.h"
 #include "autograd/optim.h"
 #include "data/dataset.h"
 #include "data/gguf.h"
 #include "data/tokenizer.h"
 #include "train/device_choice.h"
+#include "train/distributed.h"
 #include "train/generate.h"
 #include "train/loss_graph.h"
 #include "train/run_log.h"
@@ -46,6 +50,8 @@ class Trainer {
   void evaluate();
   // A checkpoint of the current step under OUT/checkpoints; why ("final", "interrupted", ...) goes in the message.
   void save(const std::string& why);
+  // Whether to stop after this step: `interrupted` (Ctrl-C here) on any rank.
+  bool stop_requested(bool interrupted) const { return world_.any(interrupted); }
   // After Ctrl-C: saves a checkpoint and says how to continue.
   void stop_interrupted();
   // After the last step: the final evaluation and checkpoint, the adapter exports, the summary and the samples.
@@ -54,13 +60,17 @@ class Trainer {
  private:
   using Clock = std::chrono::steady_clock;
 
+  void setup(const TrainOptions& opt, std::ostream& out);
+  void check_ranks_agree() const;
+  std::string adapters_digest() const;
   void load_model();
   void load_data();
   void build_graph();
   void restore(const std::string& dir, const CheckpointState& ckpt);
   void open_log(bool resumed);
   void redraw();
-  std::runtime_error not_finite(const std::string& what, double value) const;
+  [[noreturn]] void fail_not_finite(const std::string& what, double value) const;
+  std::pair<int64_t, int64_t> next_micro_batches();
   void export_adapters();
   void print_summary();
   std::vector<ChatPrompt> sample_prompts() const;
@@ -70,6 +80,7 @@ class Trainer {
 
   const TrainOptions& opt_;
   std::ostream& out_;
+  const dist::World& world_;
   std::string model_path_, data_path_, val_path_;  // with the builtin names resolved
   nlohmann::json identity_;                        // the options a resume must match (identity_json)
   nlohmann::json data_digests_;                    // the data files' XXH3, which a resume must match too
@@ -82,9 +93,11 @@ class Trainer {
   int64_t total_steps_ = 0;
   std::unique_ptr<LossGraph> lg_;
   std::unique_ptr<ag::AdamW> adam_;
+  std::unique_ptr<ag::FlatGrads> flat_;  // data parallel: the gradients the ranks sum
   train::ScheduleConfig sched_;
   nlohmann::json schedule_json_;  // the schedule as checkpoints record it
 
+  bool ckpt_resumed_ = false;
   int64_t step_ = 0;
   uint64_t micro_index_ = 0;  // micro-batches so far: the dropout salt's counter
   int64_t tokens_seen_ = 0;

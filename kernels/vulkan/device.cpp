@@ -404,7 +404,7 @@ uint32_t Device::pick_memory_type(uint32_t type_bits, bool* host_visible) const 
   return uint32_t(fallback);
 }
 
-Device::HostBuffer Device::make_host_buffer(size_t bytes) {
+Device::HostBuffer Device::make_host_buffer(size_t bytes, bool cached) {
   HostBuffer b;
   VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
   bi.size = std::max<size_t>(bytes, 4);
@@ -415,8 +415,10 @@ Device::HostBuffer Device::make_host_buffer(size_t bytes) {
   vkGetBufferMemoryRequirements(device_, b.buffer, &req);
   const VkMemoryPropertyFlags want = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
   int type = -1;
-  for (uint32_t i = 0; i < mem_props_.memoryTypeCount && type < 0; ++i)
-    if ((req.memoryTypeBits & (1u << i)) && (mem_props_.memoryTypes[i].propertyFlags & want) == want) type = int(i);
+  for (const VkMemoryPropertyFlags extra : {VkMemoryPropertyFlags(cached ? VK_MEMORY_PROPERTY_HOST_CACHED_BIT : 0), 0u})
+    for (uint32_t i = 0; i < mem_props_.memoryTypeCount && type < 0; ++i)
+      if ((req.memoryTypeBits & (1u << i)) && (mem_props_.memoryTypes[i].propertyFlags & (want | extra)) == (want | extra))
+        type = int(i);
   VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
   ai.allocationSize = req.size;
   ai.memoryTypeIndex = uint32_t(type);

@@ -86,7 +86,9 @@ class Device {
     VkDeviceMemory memory = VK_NULL_HANDLE;
     void* ptr = nullptr;
   };
-  HostBuffer make_host_buffer(size_t bytes);
+  // cached: prefer memory the CPU caches (HOST_CACHED), for buffers the host reads in bulk; uncached host-visible
+  // memory is write-combined on discrete GPUs, quick to write and slow to read.
+  HostBuffer make_host_buffer(size_t bytes, bool cached = false);
   void free_host_buffer(HostBuffer& b);
   // Runs fn with a host buffer of at least `bytes` that the device keeps and reuses (grown on demand), under a
   // lock: the per-step uploads and downloads of a training step, without an allocation each.
