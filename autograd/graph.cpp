@@ -419,17 +419,23 @@ void Graph::run_pass(bool backward, int out, const Tensor* seed, bool keep_param
     seq->begin();
     if (backward) begin_backward(seq.get());
     if (profiling_) seq->timestamp();
-    for (const Step& st : *steps) {
+    GradSink* sink = backward ? sink_ : nullptr;
+    if (sink) sink->record_begin();
+    const std::vector<std::vector<int>> ready = sink ? params_final_after(*steps) : std::vector<std::vector<int>>{};
+    for (size_t i = 0; i < steps->size(); ++i) {
+      const Step& st = (*steps)[i];
       run_step(st, seq.get());
+      if (sink && !ready[i].empty()) sink->record_ready(*seq, ready[i]);
       if (profiling_) {
         seq->timestamp();
         marks.push_back({st.id, st.kind != StepKind::Backward});
       }
     }
+    if (sink) sink->record_ready(*seq, ready.back());
     seq->end();
     have = want;
   }
-  seq->run();
+  run_recorded(*seq, backward);
   for (size_t k = 0; k < marks.size(); ++k) {
     OpTime& t = op_times_[nodes_[size_t(marks[k].id)].op->name];
     (marks[k].forward ? t.forward_ns : t.backward_ns) += seq->elapsed_ns(uint32_t(k), uint32_t(k + 1));
@@ -443,6 +449,52 @@ void Graph::set_profiling(bool on) {
   op_times_.clear();
   fwd_seq_.reset(), bwd_seq_[0].reset(), bwd_seq_[1].reset();
   fwd_recorded_ = {}, bwd_recorded_[0] = {}, bwd_recorded_[1] = {};
+}
+
+// A backward with a gradient sink lets the sink work between the submit and the wait.
+void Graph::run_recorded(vk::Sequence& seq, bool backward) {
+  if (!backward || !sink_) return seq.run();
+  sink_->before_submit();
+  seq.submit();
+  try {
+    sink_->while_running();
+  } catch (...) {
+    seq.wait();
+    throw;
+  }
+  seq.wait();
+}
+
+void Graph::set_grad_sink(GradSink* sink) {
+  sink_ = sink;
+  bwd_seq_[0].reset(), bwd_seq_[1].reset();
+  bwd_recorded_[0] = {}, bwd_recorded_[1] = {};
+}
+
+// A backward step adds into the gradients of its node's inputs; a parameter's gradient is final after the last
+// step that has the parameter as an input.
+std::vector<std::vector<int>> Graph::params_final_after(const std::vector<Step>& steps) const {
+  std::vector<int> last(nodes_.size(), -1);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Node& n = nodes_[size_t(steps[i].id)];
+    if (steps[i].kind != StepKind::Backward || !n.op || !n.op->backward) continue;
+    for (int in : n.inputs)
+      if (nodes_[size_t(in)].is_param) last[size_t(in)] = int(i);
+  }
+  std::vector<std::vector<int>> out(steps.size() + 1);
+  for (int id = 0; id < size(); ++id)
+    if (nodes_[size_t(id)].is_param) out[last[size_t(id)] < 0 ? steps.size() : size_t(last[size_t(id)])].push_back(id);
+  return out;
+}
+
+std::vector<int> Graph::params_by_readiness(Var out) const {
+  if (out.g != this) throw GraphError("params_by_readiness: the output belongs to another graph");
+  if (planned_ && out.id != plan_out_)
+    throw GraphError("params_by_readiness: the memory plan is for the backward from " + label(node(plan_out_), plan_out_));
+  const std::vector<std::vector<int>> ready = params_final_after(planned_ ? plan_bwd_ : backward_steps(out.id, false));
+  std::vector<int> order;
+  for (const std::vector<int>& r : ready) order.insert(order.end(), r.begin(), r.end());
+  return order;
 }
 
 const Tensor& Graph::grad(Var v) const {

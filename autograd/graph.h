@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <typeinfo>
 #include <vector>
@@ -148,6 +149,23 @@ class Graph {
   const std::map<std::string, OpTime>& op_times() const { return op_times_; }
   void clear_op_times() { op_times_.clear(); }
 
+  // Data parallel on Vulkan: what takes the parameters' gradients as they become final during a backward, to send
+  // them on while the backward goes on (ag::FlatGrads).
+  class GradSink {
+   public:
+    virtual ~GradSink() = default;
+    virtual void record_begin() = 0;  // a backward is being recorded
+    // While a backward is recorded: these parameters' gradients get no more adds after the steps recorded so far
+    // (once per parameter; those no step adds into come at the end).
+    virtual void record_ready(vk::Sequence& seq, std::span<const int> params) = 0;
+    virtual void before_submit() = 0;  // each Vulkan backward, before its submit
+    virtual void while_running() = 0;  // each Vulkan backward, between its submit and the wait for it
+  };
+  void set_grad_sink(GradSink* sink);  // nullptr: none. Records the backward again at its next run.
+  GradSink* grad_sink() const { return sink_; }
+  // The parameters' node ids in the order their gradients become final in the backward from out.
+  std::vector<int> params_by_readiness(Var out) const;
+
   const Node& node(int id) const { return nodes_.at(size_t(id)); }
   Node& node(int id) { return nodes_.at(size_t(id)); }
   int size() const { return int(nodes_.size()); }
@@ -174,8 +192,12 @@ class Graph {
   };
 
   void run_pass(bool backward, int out, const Tensor* seed, bool keep_param_grads = false);
+  void run_recorded(vk::Sequence& seq, bool backward);
   std::vector<int> ancestors(int out) const;
   std::vector<Step> backward_steps(int out, bool recompute) const;
+  // Per step of a backward, the parameters whose gradients no later step adds into; one more entry for those
+  // that no step adds into.
+  std::vector<std::vector<int>> params_final_after(const std::vector<Step>& steps) const;
   void mark_for_plan(std::vector<int>& ids, Var v, const char* what);
   int id_of(const Node& n) const { return int(&n - nodes_.data()); }
 
@@ -190,6 +212,7 @@ class Graph {
   Recorded fwd_recorded_, bwd_recorded_[2];
   // Profiling: the node run between timestamps k and k + 1 of each recorded pass.
   bool profiling_ = false;
+  GradSink* sink_ = nullptr;
   struct Mark {
     int id = -1;
     bool forward = true;

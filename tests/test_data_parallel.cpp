@@ -68,7 +68,7 @@ class DataParallel : public ::testing::Test {
     cmd += test::quoted(Q4TUNE_BIN) + " train --model " + test::quoted(dir_ / "model.gguf") + " --data " +
            test::quoted(std::string(Q4T_SOURCE_DIR) + "/configs/demo.jsonl") + " --val-data " +
            test::quoted(std::string(Q4T_SOURCE_DIR) + "/configs/demo-val.jsonl") + " --out " +
-           test::quoted(dir_ / name) + " --device cpu --threads 1 --steps " + std::to_string(kSteps) +
+           test::quoted(dir_ / name) + " " + device_ + " --steps " + std::to_string(kSteps) +
            " --seq-len 48 --pack --lora-rank 4 --lr 1e-3 --seed 5 --eval-every 3 --save-every 3 --keep-checkpoints 0"
            " --batch-size " + std::to_string(batch) + " --grad-accum " + std::to_string(accum) + " " + more;
     return test::run_shell(cmd);
@@ -96,6 +96,7 @@ class DataParallel : public ::testing::Test {
   }
 
   fs::path dir_;
+  std::string device_ = "--device cpu --threads 1";
 };
 
 // The same 6 rows per step as one micro-batch of 6, as 2 or 3 micro-batches (--grad-accum), and on 2 or 3 ranks.
@@ -147,6 +148,27 @@ TEST_F(DataParallel, TwoAndThreeRanksEndAtTheAdaptersOfOneRankWithTheSameGlobalB
       EXPECT_NEAR(got[i].first, ref[i].first, 1e-5 * ref[i].first) << run;
     }
   }
+}
+
+// On Vulkan (two ranks sharing lavapipe here) the ranks sum their gradients bucket by bucket while the backward of
+// the step's last micro-batch runs (ag::FlatGrads): each bucket is copied out and signalled as soon as the backward
+// is done with it. A copy or a signal placed before the backward's last add into a gradient would show as another
+// adapter than that of the same ranks summing everything after the backward (--grad-bucket-mb 0): the same sums
+// in the same order, so bit for bit the same.
+TEST_F(DataParallel, OnVulkanTheSumDuringTheBackwardEqualsTheSumAfterIt) {
+  if (test::run_shell(test::quoted(Q4TUNE_BIN) + " devices").out.find("vulkan:0") == std::string::npos)
+    GTEST_SKIP() << "no Vulkan device";
+  device_ = "--device vulkan --allow-shared-device";
+  // 10 KB buckets: the gradients of the 2 layers' 14 adapters go in several parts.
+  const test::CmdResult during = train("during", 2, 3, 1, "--grad-bucket-mb 0.01"),
+                        after = train("after", 2, 3, 1, "--grad-bucket-mb 0");
+  ASSERT_EQ(during.code, 0) << during.out;
+  ASSERT_EQ(after.code, 0) << after.out;
+  EXPECT_NE(during.out.find("buckets while the backward runs"), std::string::npos) << during.out;
+  EXPECT_NE(after.out.find("in 1 bucket after the backward"), std::string::npos) << after.out;
+  const double d = relative_difference("after", "during");
+  std::printf("two ranks on Vulkan, the sum during the backward against after it: %.3g\n", d);
+  EXPECT_EQ(d, 0);
 }
 
 // A run whose last checkpoint is lost continues from the middle one, on another number of ranks.

@@ -110,7 +110,9 @@ struct Result {
   int64_t batch_size = 0;
   double seconds = 0, tokens_per_s = 0, ms_per_step = 0, loss = 0;
   // Data parallel: copying the gradients out of the graph, summing them over the ranks, copying them back.
-  double gather_s = 0, sum_s = 0, scatter_s = 0;
+  double exchange_s = 0;      // the sum's wall time after the backward (the loss's and what the backward left)
+  int64_t overlapped = 0;     // timed steps whose backward summed every bucket while it ran
+  size_t buckets = 0;
   int64_t peak_bytes = 0, trainable = 0;
 };
 
@@ -135,23 +137,21 @@ Result time_steps(const model::Model& model, const DeviceChoice& dev, const Benc
   const std::vector<data::Batch> micro{
       random_batch(B, opt.seq_len, cfg.n_vocab, uint32_t(B) + 7919u * uint32_t(world.rank()))};
   std::unique_ptr<ag::FlatGrads> flat;
-  if (world.distributed()) flat = std::make_unique<ag::FlatGrads>(lg.graph(), adam.params());
+  if (world.distributed()) {
+    flat = std::make_unique<ag::FlatGrads>(lg.graph(), lg.loss(), adam.params(),
+                                           [&world](std::span<float> v) { world.sum(v); },
+                                           ag::bucket_floats(opt.grad_bucket_mb));
+    r.buckets = flat->bucket_count();
+  }
   double optimizer_s = 0;  // wall time of the clip and AdamW
   auto step = [&] {
-    StepLoss sl = accumulate_gradients(lg, micro, {}, micro[0].n_label_tokens() * world.size());
+    StepLoss sl = accumulate_gradients(lg, micro, {}, micro[0].n_label_tokens() * world.size(), flat.get());
     if (flat) {
-      using Clock = std::chrono::steady_clock;
-      const auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
-      auto t = Clock::now();
-      flat->gather();
-      r.gather_s += since(t);
-      t = Clock::now();
+      const auto t = std::chrono::steady_clock::now();
       world.sum(std::span<double>(&sl.loss, 1));
-      world.sum(flat->values());
-      r.sum_s += since(t);
-      t = Clock::now();
-      flat->scatter();
-      r.scatter_s += since(t);
+      flat->exchange();
+      r.exchange_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+      r.overlapped += flat->overlapped();
     }
     const auto t_opt = std::chrono::steady_clock::now();
     adam.clip(1.0);
@@ -164,7 +164,8 @@ Result time_steps(const model::Model& model, const DeviceChoice& dev, const Benc
   for (int64_t i = 0; i < opt.warmup; ++i) step();
   lg.graph().clear_op_times();
   optimizer_s = 0;
-  r.gather_s = r.sum_s = r.scatter_s = 0;
+  r.exchange_s = 0;
+  r.overlapped = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < opt.steps; ++i) r.loss = step();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -183,6 +184,8 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
   if (opt.steps < 1) throw std::invalid_argument("--steps: must be at least 1");
   if (opt.warmup < 0) throw std::invalid_argument("--warmup: must be 0 or more");
   if (opt.lora_rank < 1) throw std::invalid_argument("--lora-rank: must be at least 1");
+  if (!(opt.grad_bucket_mb >= 0 && opt.grad_bucket_mb <= 1 << 20))
+    throw std::invalid_argument("--grad-bucket-mb: must lie in [0, 1048576]");
   if (opt.keep_ffn_layers < 0 || opt.keep_ffn_layers > cfg.n_layer)
     throw std::invalid_argument("--keep-ffn-layers: " + std::to_string(opt.keep_ffn_layers) + " is outside 0.." +
                                 std::to_string(cfg.n_layer) + " (the shape's layers)");
@@ -227,8 +230,9 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
     out << line;
     if (world.distributed()) {
       const double per = 1e3 / double(opt.steps);
-      out << "   gradients: copy out " << std::fixed << std::setprecision(1) << r.gather_s * per << " ms, sum over "
-          << world.size() << " ranks " << r.sum_s * per << " ms, copy back " << r.scatter_s * per << " ms per step";
+      out << "   gradients of " << world.size() << " ranks in " << r.buckets << " buckets, summed "
+          << (r.overlapped == opt.steps ? "during the backward" : r.overlapped == 0 ? "after the backward" : "partly during it")
+          << ", then " << std::fixed << std::setprecision(1) << r.exchange_s * per << " ms per step after it";
     }
     out.unsetf(std::ios::floatfield);
     out << std::endl << profile_table;
@@ -249,9 +253,10 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
                     {"grad_checkpoint", opt.grad_checkpoint},
                     {"keep_ffn_layers", opt.keep_ffn_layers},
                     {"ranks", world.size()},
-                    {"gradient_copy_out_ms", 1e3 * r.gather_s / double(opt.steps)},
-                    {"gradient_sum_ms", 1e3 * r.sum_s / double(opt.steps)},
-                    {"gradient_copy_back_ms", 1e3 * r.scatter_s / double(opt.steps)},
+                    {"grad_bucket_mb", opt.grad_bucket_mb},
+                    {"gradient_buckets", r.buckets},
+                    {"gradient_sum_overlapped_steps", r.overlapped},
+                    {"gradient_exchange_after_backward_ms", 1e3 * r.exchange_s / double(opt.steps)},
                     {"loss", r.loss}});
   }
   json.write(rows);
@@ -286,6 +291,10 @@ Command add_bench_train(CLI::App& bench) {
   cmd->add_option("--keep-ffn-layers", o->keep_ffn_layers,
                   "with --grad-checkpoint: the last N layers keep their ffn gate and up outputs instead of "
                   "recomputing them")
+      ->capture_default_str();
+  cmd->add_option("--grad-bucket-mb", o->grad_bucket_mb,
+                  "under mpirun: the ranks sum their gradients in parts of this many MB, on a GPU each part while the "
+                  "backward goes on (0: all at once after the backward, to measure what the overlap saves)")
       ->capture_default_str();
   cmd->add_option("--json", o->json_path, "also write the results as a JSON array to this file");
   set_examples(cmd, "  q4tune bench train --shape tinyllama-1.1b --type q4_k_m --batch-sizes 1,4 --grad-checkpoint");

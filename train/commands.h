@@ -148,6 +148,7 @@ struct BenchTrainOptions {
   bool profile = false;   // Vulkan: GPU time per op of the graph's passes
   bool grad_checkpoint = false;  // as TrainOptions::grad_checkpoint
   int64_t keep_ffn_layers = 0;   // with grad_checkpoint: the last N layers keep their ffn gate and up outputs
+  double grad_bucket_mb = 4;     // under mpirun: as TrainOptions::grad_bucket_mb
   std::string json_path;  // empty: no JSON
 };
 int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::ostream& out);

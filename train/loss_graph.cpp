@@ -99,7 +99,8 @@ double LossGraph::forward() {
 }
 
 StepLoss accumulate_gradients(LossGraph& lg, const std::vector<data::Batch>& micro,
-                              const std::function<void(size_t)>& before_forward, int64_t counted_total) {
+                              const std::function<void(size_t)>& before_forward, int64_t counted_total,
+                              ag::FlatGrads* flat) {
   ag::Graph& g = lg.graph();
   StepLoss r;
   for (const data::Batch& b : micro) {
@@ -119,6 +120,7 @@ StepLoss accumulate_gradients(LossGraph& lg, const std::vector<data::Batch>& mic
     }
     const double w = double(n) / double(total);
     r.loss += li * w;
+    if (flat && i + 1 == micro.size()) flat->arm();
     g.backward(lg.loss(), lg.seed(float(w)), first ? ag::Graph::Accumulate::None : ag::Graph::Accumulate::Params);
     first = false;
   }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "autograd/flat_grads.h"
 #include "autograd/graph.h"
 #include "data/dataset.h"
 #include "train/model/model.h"
@@ -59,8 +60,11 @@ struct StepLoss {
   int64_t counted = 0;      // N
   int64_t real_tokens = 0;  // non-padding input tokens
 };
+// flat (data parallel): armed for the backward of the last micro-batch, which sums the gradients over the ranks
+// while it runs where the device allows (ag::FlatGrads); the caller's flat->exchange() completes the sum.
 StepLoss accumulate_gradients(LossGraph& lg, const std::vector<data::Batch>& micro,
-                              const std::function<void(size_t)>& before_forward = {}, int64_t counted_total = 0);
+                              const std::function<void(size_t)>& before_forward = {}, int64_t counted_total = 0,
+                              ag::FlatGrads* flat = nullptr);
 
 // Rows [first, first + n) of b.
 data::Batch batch_rows(const data::Batch& b, int64_t first, int64_t n);

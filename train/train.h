@@ -36,6 +36,7 @@ struct TrainOptions {
   double val_fraction = 0;
   std::string device = "auto";
   bool allow_shared_device = false;  // data parallel: more ranks on a machine than its GPUs share them
+  double grad_bucket_mb = 4;          // data parallel: the gradients are summed over the ranks in parts this size
   int threads = 0;
   std::string precision = "auto";  // auto, mixed or f32 (DeviceChoice::set_precision)
   // LoRA.

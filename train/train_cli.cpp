@@ -79,6 +79,10 @@ void add_device_options(CLI::App* cmd, TrainOptions& o) {
       ->capture_default_str()->group(g);
   cmd->add_flag("--allow-shared-device", o.allow_shared_device,
                 "under mpirun: let more ranks run on a machine than it has GPUs (they share them)")->group(g);
+  cmd->add_option("--grad-bucket-mb", o.grad_bucket_mb,
+                  "under mpirun: the ranks sum their gradients in parts of this many MB, on a GPU each part while the "
+                  "backward goes on with the layers before it (0: all at once after the backward)")
+      ->capture_default_str()->group(g);
   cmd->add_option("--threads", o.threads, "CPU worker threads (0: one per core, divided among the ranks on the machine)")->capture_default_str()->group(g);
   cmd->add_option("--precision", o.precision,
                   "auto (mixed where the device has cooperative matrices, f32 elsewhere), mixed (the products of 32 "

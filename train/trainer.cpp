@@ -256,6 +256,9 @@ Trainer::Trainer(const TrainOptions& opt, std::ostream& out)
        << train::plural(total_steps_, "step") << " of " << opt.grad_accum << " x [" << opt.batch_size << ", "
        << opt.seq_len << "] tokens" << (world_.distributed() ? " on each of " + std::to_string(world_.size()) + " ranks" : "")
        << ", " << train::plural(int64_t(ds_->train.size()), "row") << " per epoch\n";
+  if (flat_)
+    out_ << "the ranks sum their gradients in " << train::plural(int64_t(flat_->bucket_count()), "bucket")
+         << (flat_->sums_during_backward() ? " while the backward runs\n" : " after the backward\n");
   if (world_.root()) open_log(ckpt_resumed_);
 }
 
@@ -379,7 +382,10 @@ void Trainer::build_graph() {
                     {"warmup_ratio", opt_.warmup_ratio}, {"min_lr", opt_.min_lr},
                     {"total_steps", total_steps_}};
   micro_.resize(static_cast<size_t>(opt_.grad_accum));
-  if (world_.distributed()) flat_ = std::make_unique<ag::FlatGrads>(lg_->graph(), adam_->params());
+  if (world_.distributed())
+    flat_ = std::make_unique<ag::FlatGrads>(lg_->graph(), lg_->loss(), adam_->params(),
+                                            [this](std::span<float> v) { world_.sum(v); },
+                                            ag::bucket_floats(opt_.grad_bucket_mb));
   const model::ModelGraph& mg = lg_->model_graph();
   if (mg.dropout_salt().g) salt_tensor_ = mg.dropout_salt().value();
 }
@@ -464,14 +470,12 @@ void Trainer::step() {
         ag::Tensor t = salt_tensor_;
         be_->upload_i32(t, s);
       },
-      counted);
+      counted, flat_.get());
   micro_index_ += uint64_t(opt_.grad_accum);
   if (flat_) {  // the ranks' gradients and losses, each a part of the global step's, summed
     double loss = std::isfinite(sl.loss) ? sl.loss : std::nan("");
     world_.sum(std::span<double>(&loss, 1));
-    flat_->gather();
-    world_.sum(flat_->values());
-    flat_->scatter();
+    flat_->exchange();
     sl.loss = loss;
   }
   const double loss = sl.loss;

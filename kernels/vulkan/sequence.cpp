@@ -188,9 +188,16 @@ void Sequence::flush() {
       vkCmdDispatch(cb_, c.groups[0], c.groups[1], c.groups[2]);
     } else if (c.kind == Command::Fill) {
       vkCmdFillBuffer(cb_, c.dst, 0, VK_WHOLE_SIZE, 0);
-    } else {
-      VkBufferCopy region{0, 0, c.bytes};
+    } else if (c.kind == Command::Copy) {
+      VkBufferCopy region{0, c.dst_offset, c.bytes};
       vkCmdCopyBuffer(cb_, c.src, c.dst, 1, &region);
+    } else {  // the copies before it into host memory, visible to the host; then the event
+      VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+      mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+      mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+      vkCmdPipelineBarrier(cb_, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr, 0,
+                           nullptr);
+      vkCmdSetEvent(cb_, c.event, VK_PIPELINE_STAGE_TRANSFER_BIT);
     }
   }
   emitted_ = true;
@@ -211,6 +218,24 @@ void Sequence::copy(const Buffer& dst, const Buffer& src, size_t bytes) {
   if (bytes == 0) return;
   add({Command::Copy, VK_NULL_HANDLE, VK_NULL_HANDLE, VK_NULL_HANDLE, {}, {}, dst.handle(), src.handle(), bytes, 0},
       {{range_of(src), false}, {range_of(dst), true}});
+}
+
+void Sequence::copy_to_host(const Device::HostBuffer& dst, size_t dst_offset, const Buffer& src, size_t bytes) {
+  if (!recording_) throw std::logic_error("Sequence::copy_to_host outside begin()/end()");
+  if (bytes > src.size()) throw std::logic_error("Sequence::copy_to_host: range exceeds the source");
+  if (bytes == 0) return;
+  Command c{Command::Copy, VK_NULL_HANDLE, VK_NULL_HANDLE, VK_NULL_HANDLE, {}, {}, dst.buffer, src.handle(), bytes, 0};
+  c.dst_offset = dst_offset;
+  add(std::move(c), {{range_of(src), false}, {{dst.memory, dst_offset, dst_offset + bytes}, true}});
+}
+
+void Sequence::signal_host(VkEvent ev, const Device::HostBuffer& dst, size_t begin, size_t end) {
+  if (!recording_) throw std::logic_error("Sequence::signal_host outside begin()/end()");
+  if (independent_) throw std::logic_error("Sequence::signal_host inside an independent group");
+  Command c{Command::Signal, VK_NULL_HANDLE, VK_NULL_HANDLE, VK_NULL_HANDLE, {}, {}, VK_NULL_HANDLE, VK_NULL_HANDLE,
+            0, 0};
+  c.event = ev;
+  add(std::move(c), {{{dst.memory, begin, std::max(end, begin + 1)}, false}});
 }
 
 void Sequence::begin_independent() {

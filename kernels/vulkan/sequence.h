@@ -39,6 +39,12 @@ class Sequence {
   // Transfer commands, ordered like dispatches: zero a whole buffer, or copy bytes between buffers.
   void fill_zero(const Buffer& b);
   void copy(const Buffer& dst, const Buffer& src, size_t bytes);
+  // Copies src's first `bytes` into mapped host memory at dst_offset, ordered like the other commands. Then
+  // signal_host() sets ev once the copies recorded before it into bytes [begin, end) of dst are done, their
+  // bytes visible to the host (which polls vkGetEventStatus and resets ev before the next submit); the GPU goes
+  // on with the commands that do not wait for those copies.
+  void copy_to_host(const Device::HostBuffer& dst, size_t dst_offset, const Buffer& src, size_t bytes);
+  void signal_host(VkEvent ev, const Device::HostBuffer& dst, size_t begin, size_t end);
   // Commands recorded between begin_independent() and end_independent() take one level as a group, although
   // they touch the same buffers: none of them may read or write bytes that another of them writes (parts of one
   // buffer, say). The group depends on what its commands depend on, and what touches its bytes, on the group.
@@ -65,7 +71,7 @@ class Sequence {
   };
   // A recorded command, written to the command buffer by flush().
   struct Command {
-    enum Kind { Dispatch, Fill, Copy } kind;
+    enum Kind { Dispatch, Fill, Copy, Signal } kind;
     VkPipeline pipeline;
     VkPipelineLayout layout;
     VkDescriptorSet set;
@@ -74,6 +80,8 @@ class Sequence {
     VkBuffer dst, src;
     size_t bytes;
     uint32_t node;  // the independent group it belongs to, or its own index
+    size_t dst_offset = 0;
+    VkEvent event = VK_NULL_HANDLE;
   };
   struct Node {
     std::vector<std::pair<Range, bool>> accesses;  // {bytes, written}
