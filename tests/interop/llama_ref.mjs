@@ -4,6 +4,10 @@
 //
 //   node llama_ref.mjs --model M.gguf --ids-file ids.json --out out.json [--lora A.gguf [--lora-scale S]]...
 //                      [--tokenize-file strings.json --tokens-out tokens.json] [--node-llama DIR]
+//                      [--and --model M2.gguf ...]...
+//
+// --and starts another job (its own model, files and adapters) run by the same process: node-llama-cpp's start
+// (node, the module, and the child process it tests its binary in) takes seconds, a job on a test model a second.
 //
 // ids.json: a JSON array of token ids, or {"ids": [...]}. out.json: {"logits": [[n_vocab floats] per position]},
 // position p holding the logits that predict token p+1 (llama.cpp evaluates exactly the ids given; no BOS is added).
@@ -20,7 +24,8 @@ import path from "node:path";
 import {pathToFileURL} from "node:url";
 
 const usage = "usage: node llama_ref.mjs --model M.gguf [--ids-file ids.json --out out.json] " +
-  "[--lora A.gguf [--lora-scale S]]... [--tokenize-file strings.json --tokens-out tokens.json] [--node-llama DIR]";
+  "[--lora A.gguf [--lora-scale S]]... [--tokenize-file strings.json --tokens-out tokens.json] [--node-llama DIR] " +
+  "[--and --model M2.gguf ...]...";
 
 class UsageError extends Error {}
 
@@ -157,26 +162,43 @@ function tokenizeAll(model, strings) {
   };
 }
 
-async function main() {
-  const args = parseArgs(process.argv.slice(2));
-  if (!fs.existsSync(args.model)) throw new Error(`model '${args.model}' does not exist`);
-  for (const lora of args.loras)
-    if (!fs.existsSync(lora.filePath)) throw new Error(`LoRA adapter '${lora.filePath}' does not exist`);
+// The jobs of argv: its parts between --and.
+function parseJobs(argv) {
+  const jobs = [];
+  for (let start = 0; start <= argv.length;) {
+    let end = argv.indexOf("--and", start);
+    if (end < 0) end = argv.length;
+    jobs.push(parseArgs(argv.slice(start, end)));
+    start = end + 1;
+  }
+  return jobs;
+}
+
+async function runJob(llama, args) {
   const ids = args.idsFile ? readIds(args.idsFile) : null;
   const strings = args.tokenizeFile ? readStrings(args.tokenizeFile) : null;
+  const model = await llama.loadModel({modelPath: path.resolve(args.model), gpuLayers: 0});
+  try {
+    if (strings) fs.writeFileSync(args.tokensOut, JSON.stringify(tokenizeAll(model, strings)));
+    if (ids) fs.writeFileSync(args.out, JSON.stringify({logits: await evaluateLogits(model, ids, args.loras)}));
+  } finally {
+    await model.dispose();
+  }
+}
 
-  const {getLlama, LlamaLogLevel} = await importNodeLlama(args.nodeLlama);
+async function main() {
+  const jobs = parseJobs(process.argv.slice(2));
+  for (const args of jobs) {
+    if (!fs.existsSync(args.model)) throw new Error(`model '${args.model}' does not exist`);
+    for (const lora of args.loras)
+      if (!fs.existsSync(lora.filePath)) throw new Error(`LoRA adapter '${lora.filePath}' does not exist`);
+  }
+  const {getLlama, LlamaLogLevel} = await importNodeLlama(jobs[0].nodeLlama);
   // The CPU prebuilt only: never compile llama.cpp, never download anything.
   const llama = await getLlama({gpu: false, build: "never", skipDownload: true, usePrebuiltBinaries: true,
                                 progressLogs: false, logLevel: LlamaLogLevel.error});
   try {
-    const model = await llama.loadModel({modelPath: path.resolve(args.model), gpuLayers: 0});
-    try {
-      if (strings) fs.writeFileSync(args.tokensOut, JSON.stringify(tokenizeAll(model, strings)));
-      if (ids) fs.writeFileSync(args.out, JSON.stringify({logits: await evaluateLogits(model, ids, args.loras)}));
-    } finally {
-      await model.dispose();
-    }
+    for (const args of jobs) await runJob(llama, args);
   } finally {
     await llama.dispose();
   }

@@ -166,15 +166,22 @@ INSTANTIATE_TEST_SUITE_P(Variants, LlamaCppLoadsOurGgufAdapter,
 // its effect on the logits is printed per format.
 class LlamaCppRunsTheMergedModel : public LlamaCppLoadsOurGgufAdapter {
  protected:
-  Logits llama_cpp(const std::string& model, const std::string& lora, const std::string& out_name) {
-    const fs::path out = dir_ / out_name;
-    const CmdResult r = run("node " + interop::quoted(fs::path(Q4T_INTEROP_DIR) / "llama_ref.mjs") + " --node-llama " +
-                            interop::quoted(g_node_llama_dir) + " --model " + interop::quoted(dir_ / model) +
-                            " --ids-file " + interop::quoted(dir_ / "ids.json") +
-                            (lora.empty() ? "" : " --lora " + interop::quoted(dir_ / lora)) + " --out " +
-                            interop::quoted(out));
+  // llama.cpp's logits of each {model, adapter or ""} on ids.json, all in one run of llama_ref.mjs.
+  std::vector<Logits> llama_cpp(const std::vector<std::pair<std::string, std::string>>& jobs) {
+    std::string cmd = "node " + interop::quoted(fs::path(Q4T_INTEROP_DIR) / "llama_ref.mjs") + " --node-llama " +
+                      interop::quoted(g_node_llama_dir);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const auto& [model, lora] = jobs[i];
+      cmd += (i > 0 ? " --and --model " : " --model ") + interop::quoted(dir_ / model) + " --ids-file " +
+             interop::quoted(dir_ / "ids.json") + (lora.empty() ? "" : " --lora " + interop::quoted(dir_ / lora)) +
+             " --out " + interop::quoted(dir_ / (std::to_string(i) + "-llama-cpp.json"));
+    }
+    const CmdResult r = run(cmd);
     EXPECT_EQ(r.code, 0) << r.out;
-    return r.code == 0 ? read_logits(out) : Logits{};
+    std::vector<Logits> got;
+    for (size_t i = 0; i < jobs.size(); ++i)
+      got.push_back(r.code == 0 ? read_logits(dir_ / (std::to_string(i) + "-llama-cpp.json")) : Logits{});
+    return got;
   }
   CmdResult q4tune(const std::string& args) { return run(std::string(Q4TUNE_BIN) + " " + args); }
   std::string at(const std::string& name) { return interop::quoted(dir_ / name); }
@@ -192,13 +199,13 @@ TEST_P(LlamaCppRunsTheMergedModel, WithTheLogitsOfBasePlusAdapter) {
     ASSERT_EQ(m.code, 0) << m.out;
   }
   const Logits f32_activations = q4tune_logits(" --adapter " + interop::quoted(dir_ / "adapter.gguf"), "q4tune.json");
-  const Logits reference = llama_cpp("m.gguf", "adapter.gguf", "adapted.json");
+  const std::vector<Logits> ref = llama_cpp(
+      {{"m.gguf", "adapter.gguf"}, {"merged-f32.gguf", ""}, {"merged-same.gguf", ""}, {"m.gguf", ""}});
+  const Logits &reference = ref[0], &merged_f32 = ref[1], &merged_same = ref[2], &base = ref[3];
   ASSERT_EQ(reference.size(), size_t(kSeqLen));
-  const Logits merged_f32 = llama_cpp("merged-f32.gguf", "", "merged-f32.json");
-  const Logits merged_same = llama_cpp("merged-same.gguf", "", "merged-same.json");
   const double f32 = worst_ratio(merged_f32, f32_activations), f32_vs_llama = worst_ratio(merged_f32, reference);
   const double same = worst_ratio(merged_same, reference), requant = worst_ratio(merged_same, merged_f32);
-  const double effect = worst_ratio(llama_cpp("m.gguf", "", "base.json"), reference);
+  const double effect = worst_ratio(base, reference);
   std::printf("%s %s merged, by llama.cpp: f32 vs base + adapter %.3g (vs llama.cpp's own %.3g); %s vs base + "
               "adapter %.3g, of which requantizing W + dW %.3g; the adapter's effect %.3g\n",
               arch.c_str(), type.c_str(), f32, f32_vs_llama, type.c_str(), same, requant, effect);

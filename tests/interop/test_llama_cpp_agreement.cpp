@@ -338,13 +338,22 @@ class LlamaCppAgreement : public ::testing::TestWithParam<Variant> {
     return r.code == 0 ? read_logits(out) : Logits{};
   }
 
-  Logits llama_cpp_logits(const fs::path& model, const fs::path& ids, const std::string& lora_args) {
-    const fs::path out = dir_ / ("llama_cpp_" + model.stem().string() + ".json");
-    const CmdResult r = run("node " + quoted(fs::path(Q4T_INTEROP_DIR) / "llama_ref.mjs") + " --node-llama " +
-                            quoted(g_node_llama.dir) + " --model " + quoted(model) + " --ids-file " + quoted(ids) +
-                            lora_args + " --out " + quoted(out));
+  // llama.cpp's logits of each model, all in one run of llama_ref.mjs.
+  std::vector<Logits> llama_cpp_logits(const std::vector<fs::path>& models, const fs::path& ids,
+                                       const std::string& lora_args) {
+    std::string cmd = "node " + quoted(fs::path(Q4T_INTEROP_DIR) / "llama_ref.mjs") + " --node-llama " +
+                      quoted(g_node_llama.dir);
+    std::vector<fs::path> outs;
+    for (const fs::path& model : models) {
+      outs.push_back(dir_ / ("llama_cpp_" + model.stem().string() + ".json"));
+      cmd += (outs.size() > 1 ? " --and --model " : " --model ") + quoted(model) + " --ids-file " + quoted(ids) +
+             lora_args + " --out " + quoted(outs.back());
+    }
+    const CmdResult r = run(cmd);
     EXPECT_EQ(r.code, 0) << r.out;
-    return r.code == 0 ? read_logits(out) : Logits{};
+    std::vector<Logits> got;
+    for (const fs::path& out : outs) got.push_back(r.code == 0 ? read_logits(out) : Logits{});
+    return got;
   }
 
   // The whole comparison for one model, with or without an adapter (scale 0.75).
@@ -357,7 +366,10 @@ class LlamaCppAgreement : public ::testing::TestWithParam<Variant> {
 
     const fs::path exact = dir_ / "exact.gguf";
     const bool quantized = write_exact_copy(model, exact);
-    const Logits want = llama_cpp_logits(quantized ? exact : model, ids, lora_args);
+    // llama.cpp on the exact copy and (quantized) on the file itself.
+    const std::vector<Logits> ref =
+        llama_cpp_logits(quantized ? std::vector<fs::path>{exact, model} : std::vector<fs::path>{model}, ids, lora_args);
+    const Logits& want = ref[0];
     const Logits cpu = q4tune_logits(model, ids, "cpu", adapter_args);
     const Logits vulkan = q4tune_logits(model, ids, "vulkan", adapter_args);
     ASSERT_FALSE(HasFailure());
@@ -377,7 +389,7 @@ class LlamaCppAgreement : public ::testing::TestWithParam<Variant> {
 
     if (quantized) {
       // llama.cpp on the quantized file itself, against q4tune rounding the activations as llama.cpp does.
-      const Logits rounded = llama_cpp_logits(model, ids, lora_args);
+      const Logits& rounded = ref[1];
       const std::string numerics = " --llama-cpp-numerics";
       const Logits cpu_r = q4tune_logits(model, ids, "cpu", adapter_args, numerics);
       const Logits vk_r = q4tune_logits(model, ids, "vulkan", adapter_args, numerics);
