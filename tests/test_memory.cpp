@@ -131,6 +131,25 @@ TEST_F(MemoryRefusal, EvalAtASeqLenOfAMillionIsRefusedToo) {
                  "lower --seq-len or --batch-size");
 }
 
+// On lavapipe the demo model at a million tokens passes the memory check (its heap is the machine's memory) and
+// meets a tensor larger than the device can make a buffer for: one error with the flags, nothing written.
+TEST(MemoryRefusalOnVulkan, ATensorTheDeviceCannotMakeNamesTheFlags) {
+  test::TempDir dir("q4t_memory_");
+  const ChildRun devices = run_q4tune({"devices"}, dir.path());
+  if (devices.out.find("llvmpipe") == std::string::npos) GTEST_SKIP() << "no lavapipe device";
+  const ChildRun r = run_q4tune({"train", "--device", "vulkan", "--seq-len", "1000000", "--steps", "1", "-o",
+                                 dir.path() + "/run"},
+                                dir.path());
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_LT(r.seconds, 30.0);
+  EXPECT_FALSE(fs::exists(dir.path() + "/run/checkpoints"));
+  const std::string line = last_line(r.err);
+  EXPECT_TRUE(std::regex_match(line, std::regex("q4tune: error: --batch-size 4 x --seq-len 1000000: .* cannot make a "
+                                                "buffer of [0-9]+ bytes \\(vkCreateBuffer: out of device memory\\); "
+                                                "lower --seq-len or --batch-size")))
+      << line;
+}
+
 // Under ulimit -v the mapped model file takes address space as well as its copy: a 1-layer model runs in 256 MiB,
 // one of 190 MB of f32 weights (mapped 190 MB + copied 190 MB) is refused before it is copied.
 TEST(MemoryLimit, LogitsRunsASmallModelUnderUlimitVAndRefusesOneWhoseWeightsDoNotFit) {

@@ -37,31 +37,37 @@ void LossGraph::build(const std::string& batch_flag) {
     input_bytes = at + size_t(n) * sizeof(int32_t);
     inputs.emplace_back(std::move(t), at);
   }
-  ids_ = g_->constant(inputs[0].first, "batch.ids");
-  labels_ = g_->constant(inputs[1].first, "batch.labels");
-  segments_ = g_->constant(inputs[2].first, "batch.segments");
-  ag::Var h = mg_->hidden(ids_, 0, segments_);
-  ag::Var w = mg_->output_weight();
-  const int64_t tile = std::clamp<int64_t>(vocab_tile_, 1, w.shape()[0]);
-  // The vocabulary-tiled loss has no soft-capping: a soft-capped output (gemma2) takes the whole logits.
-  loss_ = mg_->model().config().final_softcap > 0 ? ag::cross_entropy(mg_->output_logits(h), labels_)
-                                                   : ag::linear_cross_entropy(h, w, labels_, tile);
-  if (memory_ != Memory::PerTensor) g_->plan_memory(loss_, memory_ == Memory::Recompute, [&](size_t arena) {
-    train::MemoryNeed need;
-    need.what = batch_flag + " " + std::to_string(B_) + " x --seq-len " + std::to_string(T_);
-    constexpr size_t kMax = size_t(std::numeric_limits<int64_t>::max());
-    need.activations = int64_t(std::min(arena, kMax - input_bytes) + input_bytes);  // saturating
-    need.weights = mg_->model().weight_bytes();
-    need.weights_loaded = true;
-    // --grad-checkpoint keeps only each layer's output from the forward to the backward.
-    const bool backward = g_->node(loss_.id).requires_grad;
-    need.lower = "lower --seq-len or " + batch_flag;
-    if (backward && memory_ == Memory::Planned) need.lower += ", or use --grad-checkpoint";
-    train::require_memory(need, train::memory_room(be));
-  });
-  be.place(inputs, input_bytes);
-  const std::vector<int32_t> zeros(size_t(n), 0);
-  for (auto& [t, offset] : inputs) be.upload_i32(t, zeros);
+  // A tensor larger than the device can make at all (lavapipe at a huge B·T) is refused with the flags too.
+  try {
+    ids_ = g_->constant(inputs[0].first, "batch.ids");
+    labels_ = g_->constant(inputs[1].first, "batch.labels");
+    segments_ = g_->constant(inputs[2].first, "batch.segments");
+    ag::Var h = mg_->hidden(ids_, 0, segments_);
+    ag::Var w = mg_->output_weight();
+    const int64_t tile = std::clamp<int64_t>(vocab_tile_, 1, w.shape()[0]);
+    // The vocabulary-tiled loss has no soft-capping: a soft-capped output (gemma2) takes the whole logits.
+    loss_ = mg_->model().config().final_softcap > 0 ? ag::cross_entropy(mg_->output_logits(h), labels_)
+                                                     : ag::linear_cross_entropy(h, w, labels_, tile);
+    if (memory_ != Memory::PerTensor) g_->plan_memory(loss_, memory_ == Memory::Recompute, [&](size_t arena) {
+      train::MemoryNeed need;
+      need.what = batch_flag + " " + std::to_string(B_) + " x --seq-len " + std::to_string(T_);
+      constexpr size_t kMax = size_t(std::numeric_limits<int64_t>::max());
+      need.activations = int64_t(std::min(arena, kMax - input_bytes) + input_bytes);  // saturating
+      need.weights = mg_->model().weight_bytes();
+      need.weights_loaded = true;
+      // --grad-checkpoint keeps only each layer's output from the forward to the backward.
+      const bool backward = g_->node(loss_.id).requires_grad;
+      need.lower = "lower --seq-len or " + batch_flag;
+      if (backward && memory_ == Memory::Planned) need.lower += ", or use --grad-checkpoint";
+      train::require_memory(need, train::memory_room(be));
+    });
+    be.place(inputs, input_bytes);
+    const std::vector<int32_t> zeros(size_t(n), 0);
+    for (auto& [t, offset] : inputs) be.upload_i32(t, zeros);
+  } catch (const vk::OutOfMemoryError& e) {
+    throw std::invalid_argument(batch_flag + " " + std::to_string(B_) + " x --seq-len " + std::to_string(T_) + ": " +
+                                e.what() + "; lower --seq-len or " + batch_flag);
+  }
 }
 
 int64_t LossGraph::set_batch(const data::Batch& b) {

@@ -14,7 +14,11 @@ VkBuffer make_buffer(Device& dev, size_t bytes, VkBufferUsageFlags usage) {
   bi.usage = usage;
   bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
   VkBuffer b;
-  check(vkCreateBuffer(dev.handle(), &bi, nullptr, &b), "vkCreateBuffer");
+  const VkResult r = vkCreateBuffer(dev.handle(), &bi, nullptr, &b);
+  if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY)
+    throw OutOfMemoryError(dev.name() + " cannot make a buffer of " + std::to_string(bytes) + " bytes (vkCreateBuffer: " +
+                           (r == VK_ERROR_OUT_OF_DEVICE_MEMORY ? "out of device memory)" : "out of host memory)"));
+  check(r, "vkCreateBuffer");
   return b;
 }
 
@@ -38,7 +42,7 @@ Buffer::Buffer(Device& dev, size_t bytes) : dev_(&dev), size_(bytes) {
   VkResult r = vkAllocateMemory(dev.handle(), &ai, nullptr, &memory_);
   if (r != VK_SUCCESS) {
     vkDestroyBuffer(dev.handle(), buffer_, nullptr);
-    throw DeviceError(dev.name() + ": cannot allocate " + std::to_string(bytes) + " bytes of device memory (" +
+    throw OutOfMemoryError(dev.name() + ": cannot allocate " + std::to_string(bytes) + " bytes of device memory (" +
                       (r == VK_ERROR_OUT_OF_DEVICE_MEMORY ? "out of device memory" : "vkAllocateMemory failed") +
                       ")");
   }
@@ -83,7 +87,7 @@ Arena::Arena(Device& dev, size_t bytes, uint32_t type_bits) : dev_(&dev), size_(
   ai.memoryTypeIndex = type_;
   const VkResult r = vkAllocateMemory(dev.handle(), &ai, nullptr, &memory_);
   if (r != VK_SUCCESS)
-    throw DeviceError(dev.name() + ": cannot allocate " + std::to_string(bytes) + " bytes of device memory (" +
+    throw OutOfMemoryError(dev.name() + ": cannot allocate " + std::to_string(bytes) + " bytes of device memory (" +
                       (r == VK_ERROR_OUT_OF_DEVICE_MEMORY ? "out of device memory" : "vkAllocateMemory failed") + ")");
   if (host_visible) check(vkMapMemory(dev.handle(), memory_, 0, VK_WHOLE_SIZE, 0, &mapped_), "vkMapMemory");
   dev.note_alloc(int64_t(size_));

@@ -17,6 +17,10 @@ namespace q4t::vk {
 struct DeviceError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+// A buffer or memory larger than the device can make or hold.
+struct OutOfMemoryError : DeviceError {
+  using DeviceError::DeviceError;
+};
 
 // Throws DeviceError naming the call and the VkResult.
 void check(VkResult r, const char* what);
