@@ -4,6 +4,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <string_view>
 
 #define XXH_INLINE_ALL
@@ -12,6 +14,13 @@
 namespace q4t {
 
 inline uint64_t checksum64(const void* data, size_t n) { return XXH3_64bits(data, n); }
+
+// 16 lowercase hex digits, as q4tune's files and cache names write a checksum.
+inline std::string hex64(uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
 
 // The same checksum over data given in pieces; u64() and str() frame values so that ("ab", "c") and ("a", "bc")
 // differ.

@@ -60,12 +60,6 @@ uint64_t checksum_v1(std::string_view bytes) {
   return h;
 }
 
-std::string hex64(uint64_t x) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(x));
-  return buf;
-}
-
 struct FileEntry {
   uint64_t bytes = 0;
   uint64_t hash = 0;

@@ -17,13 +17,13 @@
 #include <sstream>
 
 #include "data/atomic_file.h"
+#include "data/checksum.h"
 #include "data/dataset_cache.h"
 #include "train/commands.h"
 #include "train/distributed.h"
 #include "train/embedded.h"
 #include "train/run_log.h"
 #include "train/schedule.h"
-#include "train/distributed.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -86,12 +86,6 @@ InitModelOptions demo_model_options() {
   m.ctx = 512;
   m.seed = 7;
   return m;
-}
-
-std::string hex64(uint64_t v) {
-  char b[17];
-  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
-  return b;
 }
 
 uint64_t fnv1a(std::string_view s) {

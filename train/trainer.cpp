@@ -139,9 +139,7 @@ DataFile data_file(const std::string& key, const std::string& path) {
   while (in.read(chunk.data(), std::streamsize(chunk.size())) || in.gcount() > 0)
     h.bytes(chunk.data(), size_t(in.gcount()));
   if (in.bad()) return {key, path, ""};
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h.digest()));
-  return {key, path, hex};
+  return {key, path, hex64(h.digest())};
 }
 
 // Refuses a resume on data that changed since the checkpoint in dir was written (same options, other rows); a
@@ -302,9 +300,7 @@ void Trainer::setup(const TrainOptions& opt, std::ostream& out) {
 std::string Trainer::adapters_digest() const {
   Checksum64 h;
   for (const std::vector<float>& v : param_values(*be_, adam_->params())) h.bytes(v.data(), v.size() * sizeof(float));
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h.digest()));
-  return hex;
+  return hex64(h.digest());
 }
 
 // Every rank must train the same run: the same options and files, the same data rows, the same adapters. A rank
