@@ -22,6 +22,7 @@
 #include "train/commands.h"
 #include "train/device_choice.h"
 #include "train/memory_estimate.h"
+#include "train/model/config.h"
 #include "train/model/model.h"
 #include "train/model/weight_mix.h"
 #include "train/run_log.h"
@@ -254,8 +255,7 @@ InitModelShape check_init_model(const InitModelOptions& o) {
   const int64_t D = s.head_dim = o.head_dim > 0 ? o.head_dim : o.dim / o.heads;
   if (D % 2 != 0) throw std::invalid_argument("init-model: the head size " + std::to_string(D) + " must be even");
   const int64_t R = s.rope_dims = o.rope_dims > 0 ? o.rope_dims : D;
-  const bool partial_ok = o.arch == "phi3" || o.arch == "gemma2" || o.arch == "gemma3";
-  if (R % 2 != 0 || R > D || o.rope_dims < 0 || (R != D && !partial_ok))
+  if (R % 2 != 0 || R > D || o.rope_dims < 0 || (R != D && !model::partial_rotary_allowed(o.arch)))
     throw std::invalid_argument("--rope-dims: " + std::to_string(o.rope_dims) + " must be even, at most the head size " +
                                 std::to_string(D) + ", and less than it for phi3 and gemma only");
   if (o.rope_freqs && o.arch != "llama") throw std::invalid_argument("--rope-freqs: only llama models carry rope_freqs.weight");

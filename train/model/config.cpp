@@ -10,6 +10,8 @@ const std::vector<std::string>& supported_architectures() {
   return a;
 }
 
+bool partial_rotary_allowed(const std::string& arch) { return arch == "phi3" || arch == "gemma2" || arch == "gemma3"; }
+
 namespace {
 [[noreturn]] void bad(const gguf::File& f, const std::string& key, const std::string& why) {
   throw gguf::FormatError(f.path() + ": key '" + key + "': " + why);
@@ -195,8 +197,7 @@ ModelConfig ModelConfig::from_gguf(const gguf::File& f) {
   if (c.n_rot <= 0 || c.n_rot > c.head_dim || c.n_rot % 2 != 0)
     bad(f, a + "rope.dimension_count", std::to_string(c.n_rot) + " must be even and at most the head size " +
                                            std::to_string(c.head_dim));
-  // llama.cpp rotates part of a head for gemma and phi3 only (phi-4-mini) and refuses it for the others.
-  if (c.n_rot != c.head_dim && (c.arch == "llama" || c.arch == "qwen2" || c.arch == "qwen3"))
+  if (c.n_rot != c.head_dim && !partial_rotary_allowed(c.arch))
     bad(f, a + "rope.dimension_count", std::to_string(c.n_rot) + " differs from the head size " +
                                            std::to_string(c.head_dim) + " (partial rotary is not supported for " +
                                            c.arch + ")");

@@ -11,6 +11,9 @@ namespace q4t::model {
 
 // The architectures q4tune runs, as general.architecture names them.
 const std::vector<std::string>& supported_architectures();
+// Whether llama.cpp rotates part of a head (rope.dimension_count below the head size) for arch: gemma and phi3
+// (phi-4-mini) only.
+bool partial_rotary_allowed(const std::string& arch);
 
 // RoPE's context scaling ({arch}.rope.scaling.*), as llama.cpp applies it.
 struct RopeScaling {
