@@ -50,14 +50,14 @@ void check(int rc, const char* what) {
 // (after which rank r holds the whole sum of slice r + 1), then in size - 1 more steps the whole sums go round.
 void ring_sum(float* v, size_t n, int size, int rank) {
   const size_t slice = (n + size_t(size) - 1) / size_t(size);
-  std::vector<float> padded;
+  static thread_local std::vector<float> padded, in;  // kept from call to call (a step sums bucket after bucket)
   float* all = v;
   if (slice * size_t(size) != n) {
     padded.assign(slice * size_t(size), 0.0f);
     std::copy(v, v + n, padded.begin());
     all = padded.data();
   }
-  std::vector<float> in(slice);
+  in.resize(slice);
   const int right = (rank + 1) % size, left = (rank + size - 1) % size;
   const auto part = [&](int k) { return all + size_t((k % size + size) % size) * slice; };
   for (int s = 0; s < size - 1; ++s) {
