@@ -55,11 +55,12 @@ FlatGrads::FlatGrads(Graph& g, Var out, const std::vector<Var>& params, SumFn su
   vk_host_ = dev.make_host_buffer(std::max<size_t>(4, count_ * sizeof(float)), /*cached=*/true);
   host_ = static_cast<float*>(vk_host_.ptr);
   std::memset(host_, 0, count_ * sizeof(float));
+  if (bucket_floats == 0) return;
   for (Bucket& b : buckets_) {
     VkEventCreateInfo ei{VK_STRUCTURE_TYPE_EVENT_CREATE_INFO};
     vk::check(vkCreateEvent(dev.handle(), &ei, nullptr, &b.event), "vkCreateEvent");
   }
-  if (bucket_floats > 0) g_.set_grad_sink(this);
+  g_.set_grad_sink(this);
 }
 
 FlatGrads::~FlatGrads() {
@@ -101,7 +102,6 @@ void FlatGrads::before_submit() {
 
 // The armed backward: each bucket summed once the GPU has copied it out.
 void FlatGrads::while_running() {
-  if (!armed_) return;
   armed_ = false;
   VkDevice dev = g_.backend().device().handle();
   for (const Bucket& b : buckets_) {

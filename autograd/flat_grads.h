@@ -3,7 +3,8 @@
 // layer's first), cut into buckets at parameter boundaries; every process cuts the same buckets.
 //
 // A step's exchange: arm() before the backward of its last micro-batch; then exchange() sums every bucket over
-// the ranks with the function given and copies the sums back into the gradients. On Vulkan the armed backward
+// the ranks with the function given and copies the sums back into the gradients. On Vulkan the armed backward (a
+// sequence of its own: the micro-batches before it run as without data parallelism)
 // copies each gradient into mapped host memory as soon as the backward is done with it and signals each bucket
 // with an event, and the host sums the buckets while the GPU goes on with the earlier layers: only the last
 // bucket's sum and the copy back remain after the backward. The CPU (and a step whose armed backward did not
@@ -38,13 +39,13 @@ class FlatGrads : public Graph::GradSink {
   void arm() { armed_ = true; }
   void exchange();
 
-  std::span<float> values() { return {host_, count_}; }
   size_t bucket_count() const { return buckets_.size(); }
   bool sums_during_backward() const { return g_.grad_sink() == this; }
   // Whether the last exchange summed every bucket while the backward ran.
   bool overlapped() const { return overlapped_; }
 
   // Graph::GradSink
+  bool armed() const override { return armed_; }
   void record_begin() override;
   void record_ready(vk::Sequence& seq, std::span<const int> params) override;
   void before_submit() override;

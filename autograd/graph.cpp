@@ -402,24 +402,25 @@ void Graph::run_pass(bool backward, int out, const Tensor* seed, bool keep_param
   if (backward) {
     if (!seed_.defined() || seed_.shape() != seed->shape()) {
       seed_ = be_.empty(seed->shape(), seed->dtype());
-      bwd_seq_[0].reset(), bwd_seq_[1].reset();
+      reset_backward_recordings();
     }
     be_.device().run_once([&](VkCommandBuffer cb) {
       VkBufferCopy region{0, 0, seed->bytes()};
       vkCmdCopyBuffer(cb, seed->buffer().handle(), seed_.buffer().handle(), 1, &region);
     });
   }
-  std::unique_ptr<vk::Sequence>& seq = backward ? bwd_seq_[keep_param_grads] : fwd_seq_;
-  std::vector<Mark>& marks = backward ? bwd_marks_[keep_param_grads] : fwd_marks_;
+  GradSink* sink = backward && sink_ && sink_->armed() ? sink_ : nullptr;
+  const int kind = int(keep_param_grads) + (sink ? 2 : 0);
+  std::unique_ptr<vk::Sequence>& seq = backward ? bwd_seq_[kind] : fwd_seq_;
+  std::vector<Mark>& marks = backward ? bwd_marks_[kind] : fwd_marks_;
   const Recorded want{size(), out};
-  Recorded& have = backward ? bwd_recorded_[keep_param_grads] : fwd_recorded_;
+  Recorded& have = backward ? bwd_recorded_[kind] : fwd_recorded_;
   if (!seq || !(have == want)) {
     marks.clear();
     seq = std::make_unique<vk::Sequence>(be_.device(), profiling_ ? uint32_t(steps->size() + 1) : 0);
     seq->begin();
     if (backward) begin_backward(seq.get());
     if (profiling_) seq->timestamp();
-    GradSink* sink = backward ? sink_ : nullptr;
     if (sink) sink->record_begin();
     const std::vector<std::vector<int>> ready = sink ? params_final_after(*steps) : std::vector<std::vector<int>>{};
     for (size_t i = 0; i < steps->size(); ++i) {
@@ -435,7 +436,7 @@ void Graph::run_pass(bool backward, int out, const Tensor* seed, bool keep_param
     seq->end();
     have = want;
   }
-  run_recorded(*seq, backward);
+  run_recorded(*seq, sink);
   for (size_t k = 0; k < marks.size(); ++k) {
     OpTime& t = op_times_[nodes_[size_t(marks[k].id)].op->name];
     (marks[k].forward ? t.forward_ns : t.backward_ns) += seq->elapsed_ns(uint32_t(k), uint32_t(k + 1));
@@ -447,17 +448,18 @@ void Graph::set_profiling(bool on) {
     throw GraphError("profiling: " + be_.device().name() + " has no timestamp queries");
   profiling_ = on;
   op_times_.clear();
-  fwd_seq_.reset(), bwd_seq_[0].reset(), bwd_seq_[1].reset();
-  fwd_recorded_ = {}, bwd_recorded_[0] = {}, bwd_recorded_[1] = {};
+  fwd_seq_.reset();
+  fwd_recorded_ = {};
+  reset_backward_recordings();
 }
 
-// A backward with a gradient sink lets the sink work between the submit and the wait.
-void Graph::run_recorded(vk::Sequence& seq, bool backward) {
-  if (!backward || !sink_) return seq.run();
-  sink_->before_submit();
+// An armed gradient sink works between the submit and the wait.
+void Graph::run_recorded(vk::Sequence& seq, GradSink* sink) {
+  if (!sink) return seq.run();
+  sink->before_submit();
   seq.submit();
   try {
-    sink_->while_running();
+    sink->while_running();
   } catch (...) {
     seq.wait();
     throw;
@@ -465,10 +467,13 @@ void Graph::run_recorded(vk::Sequence& seq, bool backward) {
   seq.wait();
 }
 
+void Graph::reset_backward_recordings() {
+  for (int k = 0; k < kBackwardKinds; ++k) bwd_seq_[k].reset(), bwd_recorded_[k] = {};
+}
+
 void Graph::set_grad_sink(GradSink* sink) {
   sink_ = sink;
-  bwd_seq_[0].reset(), bwd_seq_[1].reset();
-  bwd_recorded_[0] = {}, bwd_recorded_[1] = {};
+  reset_backward_recordings();
 }
 
 // A backward step adds into the gradients of its node's inputs; a parameter's gradient is final after the last

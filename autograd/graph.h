@@ -154,14 +154,17 @@ class Graph {
   class GradSink {
    public:
     virtual ~GradSink() = default;
-    virtual void record_begin() = 0;  // a backward is being recorded
-    // While a backward is recorded: these parameters' gradients get no more adds after the steps recorded so far
-    // (once per parameter; those no step adds into come at the end).
+    // Whether the next backward is one the sink takes part in (others run as without a sink; each kind is
+    // recorded once).
+    virtual bool armed() const = 0;
+    virtual void record_begin() = 0;  // an armed backward is being recorded
+    // While an armed backward is recorded: these parameters' gradients get no more adds after the steps recorded
+    // so far (once per parameter; those no step adds into come at the end).
     virtual void record_ready(vk::Sequence& seq, std::span<const int> params) = 0;
-    virtual void before_submit() = 0;  // each Vulkan backward, before its submit
-    virtual void while_running() = 0;  // each Vulkan backward, between its submit and the wait for it
+    virtual void before_submit() = 0;  // each armed backward, before its submit
+    virtual void while_running() = 0;  // each armed backward, between its submit and the wait for it
   };
-  void set_grad_sink(GradSink* sink);  // nullptr: none. Records the backward again at its next run.
+  void set_grad_sink(GradSink* sink);  // nullptr: none. Records the armed backward again at its next run.
   GradSink* grad_sink() const { return sink_; }
   // The parameters' node ids in the order their gradients become final in the backward from out.
   std::vector<int> params_by_readiness(Var out) const;
@@ -192,7 +195,8 @@ class Graph {
   };
 
   void run_pass(bool backward, int out, const Tensor* seed, bool keep_param_grads = false);
-  void run_recorded(vk::Sequence& seq, bool backward);
+  void run_recorded(vk::Sequence& seq, GradSink* sink);
+  void reset_backward_recordings();
   std::vector<int> ancestors(int out) const;
   std::vector<Step> backward_steps(int out, bool recompute) const;
   // Per step of a backward, the parameters whose gradients no later step adds into; one more entry for those
@@ -208,8 +212,10 @@ class Graph {
     int nodes = -1, out = -1;
     bool operator==(const Recorded&) const = default;
   };
-  std::unique_ptr<vk::Sequence> fwd_seq_, bwd_seq_[2];  // backward: [keep_param_grads]
-  Recorded fwd_recorded_, bwd_recorded_[2];
+  // backward: [keep_param_grads + 2 · (a gradient sink is armed)]
+  static constexpr int kBackwardKinds = 4;
+  std::unique_ptr<vk::Sequence> fwd_seq_, bwd_seq_[kBackwardKinds];
+  Recorded fwd_recorded_, bwd_recorded_[kBackwardKinds];
   // Profiling: the node run between timestamps k and k + 1 of each recorded pass.
   bool profiling_ = false;
   GradSink* sink_ = nullptr;
@@ -217,7 +223,7 @@ class Graph {
     int id = -1;
     bool forward = true;
   };
-  std::vector<Mark> fwd_marks_, bwd_marks_[2];
+  std::vector<Mark> fwd_marks_, bwd_marks_[kBackwardKinds];
   std::map<std::string, OpTime> op_times_;
   Tensor ones_;  // the default seed of a scalar output
   Tensor seed_;  // Vulkan: the seed is copied here, so the recorded pass never points at a caller's buffer

@@ -169,6 +169,14 @@ TEST_F(DataParallel, OnVulkanTheSumDuringTheBackwardEqualsTheSumAfterIt) {
   const double d = relative_difference("after", "during");
   std::printf("two ranks on Vulkan, the sum during the backward against after it: %.3g\n", d);
   EXPECT_EQ(d, 0);
+  // With --grad-accum 2 the first micro-batch's backward runs as without data parallelism, the second sums.
+  const test::CmdResult during2 = train("during2", 2, 3, 2, "--grad-bucket-mb 0.01"),
+                        after2 = train("after2", 2, 3, 2, "--grad-bucket-mb 0");
+  ASSERT_EQ(during2.code, 0) << during2.out;
+  ASSERT_EQ(after2.code, 0) << after2.out;
+  const double d2 = relative_difference("after2", "during2");
+  std::printf("the same with --grad-accum 2: %.3g\n", d2);
+  EXPECT_EQ(d2, 0);
 }
 
 // A run whose last checkpoint is lost continues from the middle one, on another number of ranks.
