@@ -184,8 +184,6 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
   if (opt.steps < 1) throw std::invalid_argument("--steps: must be at least 1");
   if (opt.warmup < 0) throw std::invalid_argument("--warmup: must be 0 or more");
   if (opt.lora_rank < 1) throw std::invalid_argument("--lora-rank: must be at least 1");
-  if (!(opt.grad_bucket_mb >= 0 && opt.grad_bucket_mb <= 1 << 20))
-    throw std::invalid_argument("--grad-bucket-mb: must lie in [0, 1048576]");
   if (opt.keep_ffn_layers < 0 || opt.keep_ffn_layers > cfg.n_layer)
     throw std::invalid_argument("--keep-ffn-layers: " + std::to_string(opt.keep_ffn_layers) + " is outside 0.." +
                                 std::to_string(cfg.n_layer) + " (the shape's layers)");
@@ -295,6 +293,7 @@ Command add_bench_train(CLI::App& bench) {
   cmd->add_option("--grad-bucket-mb", o->grad_bucket_mb,
                   "under mpirun: the ranks sum their gradients in parts of this many MB, on a GPU each part while the "
                   "backward goes on (0: all at once after the backward, to measure what the overlap saves)")
+      ->check(CLI::Range(0.0, 1048576.0))
       ->capture_default_str();
   cmd->add_option("--json", o->json_path, "also write the results as a JSON array to this file");
   set_examples(cmd, "  q4tune bench train --shape tinyllama-1.1b --type q4_k_m --batch-sizes 1,4 --grad-checkpoint");

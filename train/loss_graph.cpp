@@ -37,6 +37,7 @@ void LossGraph::build(const std::string& batch_flag) {
     input_bytes = at + size_t(n) * sizeof(int32_t);
     inputs.emplace_back(std::move(t), at);
   }
+  const std::string what = batch_flag + " " + std::to_string(B_) + " x --seq-len " + std::to_string(T_);
   // A tensor larger than the device can make at all (lavapipe at a huge B·T) is refused with the flags too.
   try {
     ids_ = g_->constant(inputs[0].first, "batch.ids");
@@ -50,7 +51,7 @@ void LossGraph::build(const std::string& batch_flag) {
                                                      : ag::linear_cross_entropy(h, w, labels_, tile);
     if (memory_ != Memory::PerTensor) g_->plan_memory(loss_, memory_ == Memory::Recompute, [&](size_t arena) {
       train::MemoryNeed need;
-      need.what = batch_flag + " " + std::to_string(B_) + " x --seq-len " + std::to_string(T_);
+      need.what = what;
       constexpr size_t kMax = size_t(std::numeric_limits<int64_t>::max());
       need.activations = int64_t(std::min(arena, kMax - input_bytes) + input_bytes);  // saturating
       need.weights = mg_->model().weight_bytes();
@@ -65,8 +66,7 @@ void LossGraph::build(const std::string& batch_flag) {
     const std::vector<int32_t> zeros(size_t(n), 0);
     for (auto& [t, offset] : inputs) be.upload_i32(t, zeros);
   } catch (const vk::OutOfMemoryError& e) {
-    throw std::invalid_argument(batch_flag + " " + std::to_string(B_) + " x --seq-len " + std::to_string(T_) + ": " +
-                                e.what() + "; lower --seq-len or " + batch_flag);
+    throw std::invalid_argument(what + ": " + e.what() + "; lower --seq-len or " + batch_flag);
   }
 }
 

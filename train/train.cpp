@@ -225,7 +225,6 @@ void validate_train_options(const TrainOptions& o) {
     fail_option(o.eval_every < 0 ? "eval-every" : o.save_every < 0 ? "save-every" : "eval-batches", "must be non-negative");
   if (o.keep_checkpoints < 0) fail_option("keep-checkpoints", "must be non-negative (0: keep all)");
   if (o.log_every < 1) fail_option("log-every", "must be at least 1");
-  if (!(o.grad_bucket_mb >= 0 && o.grad_bucket_mb <= 1 << 20)) fail_option("grad-bucket-mb", "must lie in [0, 1048576]");
   if (o.vocab_tile < 1) fail_option("vocab-tile", "must be at least 1");
   if (o.keep_ffn_layers < 0) fail_option("keep-ffn-layers", "must be non-negative");
   if (o.keep_ffn_layers > 0 && !o.grad_checkpoint)

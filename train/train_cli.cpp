@@ -82,6 +82,7 @@ void add_device_options(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--grad-bucket-mb", o.grad_bucket_mb,
                   "under mpirun: the ranks sum their gradients in parts of this many MB, on a GPU each part while the "
                   "backward goes on with the layers before it (0: all at once after the backward)")
+      ->check(CLI::Range(0.0, 1048576.0))
       ->capture_default_str()->group(g);
   cmd->add_option("--threads", o.threads, "CPU worker threads (0: one per core, divided among the ranks on the machine)")->capture_default_str()->group(g);
   cmd->add_option("--precision", o.precision,
