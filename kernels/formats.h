@@ -41,6 +41,7 @@ struct GpuKernels {
   uint32_t gemv_rows = 8;          // rows per workgroup
   const char* gemv_dot = nullptr;  // the GEMV on 8-bit integer dot products (x_limbs.comp), if any
   uint32_t gemv_dot_layout = 0;    // its limbs' layout
+  uint32_t gemv_dot_rows = 2;      // its rows per workgroup (docs/kernels.md, "Integer-dot GEMVs")
   const char* gemm = nullptr;      // T > 1 in f32: W tiles decoded into shared memory; null: unit_gemm_<name>
   const char* dx_gemm = nullptr;   // the dx of T > 1; null: unit_dx_gemm_<name>
   const char* dx_split = nullptr;  // the one-token dx's first pass; null: unit_dx_split_<name>

@@ -290,6 +290,57 @@ TEST_F(MixedKernels, RowsOutsideF16RangeKeepTheirProducts) {
     for (int64_t n = 0; n < n_out; ++n) EXPECT_EQ(std::isnan(y[size_t(t * n_out + n)]), t == 5) << t << " " << n;
 }
 
+// Under the mixed precision the one-token GEMVs with an integer-dot twin take the activations as 16-bit integers
+// at one scale per group (int_dot.glsl, two limbs): each output within what that rounding allows of the exact
+// product (Σ |w|·half a step of the input's group, plus f32 sums), on groups mixing values six decades apart, and
+// tighter than 8-bit activations would be: the bound's own 2^-15 steps. Odd row counts, one block or super-block
+// and more.
+TEST_P(MixedFormats, OneTokenGemvsTakeSixteenBitActivations) {
+  const Format f = GetParam();
+  const FormatTraits& t = format_traits(f);
+  if (!t.gpu.gemv_dot) GTEST_SKIP() << format_name(f) << " has no integer-dot GEMV";
+  if (!device_->integer_dot()) GTEST_SKIP() << device_->name() << " has no 8-bit integer dot products";
+  kernels_->set_integer_dot(vk::LinearKernels::IntegerDot::Always);
+  const int64_t group = t.block_elems == 256 && t.gpu.gemv_dot_layout != 3 && t.gpu.gemv_dot_layout != 5 ? 256 : 32;
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t n_in : widths(f))
+    for (int64_t n_out : {int64_t(1), int64_t(37)})
+      for (bool wide : {false, true}) {
+        std::vector<float> x(static_cast<size_t>(n_in), 0.0f);
+        for (size_t i = 0; i < x.size(); ++i)
+          x[i] = u(rng_) * (wide && i % 29 == 0 ? 1e3f : wide && i % 3 ? 1e-3f : 1.0f);
+        const auto w_host = random_weights(rng_, f, n_out, n_in);
+        const auto wd = device_bytes(f, w_host);
+        vk::Buffer w(*device_, wd.size()), xb(*device_, x.size() * 4), y(*device_, size_t(n_out) * 4);
+        vk::Buffer scratch(*device_, kernels_->gemm_scratch_bytes(f, 1, n_out, n_in));
+        w.upload(wd);
+        xb.upload(x);
+        vk::Sequence s(*device_);
+        s.begin();
+        kernels_->gemm(f, s, y, w, xb, 1, n_out, n_in, &scratch);
+        s.end();
+        s.run();
+        const auto got = y.download_as<float>(size_t(n_out));
+        const auto want = ref::frozen_gemm(f, w_host.data(), x.data(), 1, n_out, n_in);
+        for (int64_t r = 0; r < n_out; ++r) {
+          const auto wr = ref::frozen_row(f, w_host.data(), r, n_in);
+          double bound = 0, mass = 0;
+          for (int64_t g0 = 0; g0 < n_in; g0 += group) {
+            double m = 0, wsum = 0;
+            for (int64_t i = g0; i < g0 + group; ++i) {
+              m = std::max(m, double(std::abs(x[size_t(i)])));
+              wsum += std::abs(wr[size_t(i)]);
+              mass += std::abs(wr[size_t(i)] * x[size_t(i)]);
+            }
+            bound += wsum * 0.5 * m / 32767.0;
+          }
+          bound += 1e-6 * mass;
+          EXPECT_LE(std::abs(got[size_t(r)] - want[size_t(r)]), bound)
+              << format_name(f) << " n_in=" << n_in << " n_out=" << n_out << " row " << r << (wide ? " wide" : "");
+        }
+      }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllFormats, MixedFormats, ::testing::ValuesIn(all_formats()),
                          [](const ::testing::TestParamInfo<Format>& info) { return std::string(format_name(info.param)); });
 

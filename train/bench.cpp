@@ -526,7 +526,8 @@ int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& ou
     out << (dev.vulkan->coop_matrix() ? " (Q4_0 GEMM on tensor cores: VK_NV_cooperative_matrix)"
                                       : " (no cooperative matrices: every GEMM on FP32 FMAs)");
     if (dev.vulkan->integer_dot())
-      out << " (Q4_0, Q4_K and Q6_K GEMVs of 2^25 weights and more on 8-bit integer dot products)";
+      out << " (GEMVs of 2^25 weights and more on 8-bit integer dot products, activations in "
+          << (opt.precision == Precision::Mixed ? "16" : "24") << "-bit limbs)";
     if (dev.vulkan->float16()) out << " (Q4_0 and Q4_K one-token dx decoding through f16 pairs)";
     out << " (" << dev.vulkan->properties().limits.maxComputeSharedMemorySize / 1024 << " KiB of shared memory per workgroup)";
   }
@@ -572,7 +573,8 @@ Command add_bench(CLI::App& app) {
       ->delimiter(',');
   cmd->add_option_function<std::string>(
          "--precision", [o](const std::string& v) { o->precision = parse_precision(v, "--precision"); },
-         "f32 or mixed: the numerics of the gemm and dx kernels at --tokens (default f32)");
+         "f32 or mixed: the numerics of the gemm and dx kernels at --tokens, and of the one-token GEMVs' "
+         "activations (24-bit or 16-bit integers; default f32)");
   cmd->add_option("--shapes", o->shapes,
                   "comma-separated N_OUTxN_IN shapes (default 4096x4096,4096x14336,14336x4096,16384x16384)")
       ->delimiter(',');

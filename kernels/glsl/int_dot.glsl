@@ -5,6 +5,10 @@
 // at the group's scale s = max|x| / (2^23 - 1), so |x - s·A| <= s / 2 (the rounding of f32 at the group's
 // largest element), kept as three byte planes: A = L0 + 2^8·L1 + 2^16·L2 with L0, L1 unsigned and L2 signed.
 // A dot product of weights q (bytes 0..15) with x is then s·(Σ q·L0 + 2^8·Σ q·L1 + 2^16·Σ q·L2).
+// Under the mixed precision the limbs are two (LIMBS = 2, the same specialisation constant in x_limbs.comp and
+// the GEMV): A is a 16-bit integer at s = max|x| / (2^15 - 1), A = L0 + 2^8·L1 with L1 signed, which keeps more
+// of x than f16 does wherever the group's values are within 2^5 of its largest, and the products take one dot
+// instruction in three fewer. The functions below then leave the third sum 0.
 
 spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4451)
 uint dot_u8x4(uint a, uint b, spirv_literal int packed_format);  // OpUDotKHR
@@ -26,22 +30,36 @@ const int PACKED_4X8 = 0;  // PackedVectorFormat4x8BitKHR
 // 256-block into the 8 units of q6_k_gemv_dot.comp, 32 bytes each: unit 4h + g holds x[128h + 32·k4 + 8g ..
 // + 8) for k4 = 0..3 (Q6_K needs no sums).
 
+layout(constant_id = 3) const uint LIMBS = 3u;  // ids 0-2: the GEMVs' workgroup and rows
+
 // Σ q·L for weights q (4 bytes 0..15) against limb plane words l0, l1, l2: the three partial sums.
 ivec3 limb_dot(uint q, uint l0, uint l1, uint l2) {
+  if (LIMBS == 2u) return ivec3(int(dot_u8x4(q, l0, PACKED_4X8)), dot_s8x4_u8x4(l1, q, PACKED_4X8), 0);
   return ivec3(int(dot_u8x4(q, l0, PACKED_4X8)), int(dot_u8x4(q, l1, PACKED_4X8)),
                dot_s8x4_u8x4(l2, q, PACKED_4X8));
 }
 
 // The same for signed weights (bytes -128..127).
 ivec3 limb_dot_signed(uint q, uint l0, uint l1, uint l2) {
+  if (LIMBS == 2u) return ivec3(dot_s8x4_u8x4(q, l0, PACKED_4X8), dot_s8x4(q, l1, PACKED_4X8), 0);
   return ivec3(dot_s8x4_u8x4(q, l0, PACKED_4X8), dot_s8x4_u8x4(q, l1, PACKED_4X8), dot_s8x4(q, l2, PACKED_4X8));
 }
 
 // i.x + 2^8·i.y + 2^16·i.z as a float, for 0 <= i.x, i.y < 2^23 and |i.z| < 2^22 (the callers' sums stay
-// there): each part exact through the mantissa of 2^23 (2^23 + 2^22 for the signed one), one add each.
+// there; with two limbs i.y is the signed one, |i.y| < 2^22, and i.z is 0): each part exact through the mantissa
+// of 2^23 (2^23 + 2^22 for a signed one), one add each.
 float limb_value(ivec3 i) {
   const float lo = uintBitsToFloat(uint(i.x) | 0x4B000000u) - 8388608.0;
-  const float mid = uintBitsToFloat(uint(i.y) | 0x4B000000u) - 8388608.0;
+  const float mid = LIMBS == 2u ? uintBitsToFloat(uint(i.y + 0x4B400000)) - 12582912.0
+                                : uintBitsToFloat(uint(i.y) | 0x4B000000u) - 8388608.0;
+  const float hi = uintBitsToFloat(uint(i.z + 0x4B400000)) - 12582912.0;
+  return (lo + 256.0 * mid) + 65536.0 * hi;
+}
+
+// The same for sums of either sign, |i.x|, |i.y|, |i.z| < 2^22 (weights times signed scales): each part exact.
+float limb_value_signed22(ivec3 i) {
+  const float lo = uintBitsToFloat(uint(i.x + 0x4B400000)) - 12582912.0;
+  const float mid = uintBitsToFloat(uint(i.y + 0x4B400000)) - 12582912.0;
   const float hi = uintBitsToFloat(uint(i.z + 0x4B400000)) - 12582912.0;
   return (lo + 256.0 * mid) + 65536.0 * hi;
 }

@@ -39,11 +39,10 @@ constexpr int64_t kCoopMinSliceK = 256;
 // The tensor-core GEMM takes X split once per product (coop_split_rows.comp) where at least this many tiles
 // along N would each split it again; with fewer, the extra pass costs more than it saves (docs/kernels.md).
 constexpr int64_t kCoopSplitAMinTilesN = 4;
-// The integer-dot GEMVs (*_gemv_dot.comp): 128 invocations, each taking 2 rows (one row set). They take away the
-// decode's instructions, which bound the float GEMVs; their limb pass is a dispatch and a barrier more, so
-// matrices under kGemvDotMinWeights keep the float GEMVs (docs/kernels.md, "Integer-dot GEMVs").
+// The integer-dot GEMVs (*_gemv_dot.comp): 128 invocations in one row set of the format's gemv_dot_rows. They
+// take away the decode's instructions, which bound the float GEMVs; their limb pass is a dispatch and a barrier
+// more, so matrices under kGemvDotMinWeights keep the float GEMVs (docs/kernels.md, "Integer-dot GEMVs").
 constexpr uint32_t kGemvDotWorkgroup = 128;
-constexpr uint32_t kGemvDotRows = 2;
 constexpr int64_t kGemvDotMinWeights = int64_t(1) << 25;
 // Rows per chunk of the one-token dx: enough chunks to fill a large GPU, few enough that the partial sums
 // (n_chunks x n_in floats, written and read once) stay a small fraction of the weight bytes.
@@ -130,10 +129,12 @@ bool LinearKernels::gemv_dot(const char* shader, uint32_t layout, uint32_t rows,
                              const Buffer& w, const Buffer& x, int64_t n_out, int64_t n_in, const Buffer* scratch) {
   if (!integer_dot_gemv(n_out, n_in) || !scratch || scratch->size() < limb_bytes(n_in)) return false;
   struct { uint32_t n_in; } lp{uint32_t(n_in)};
-  s.dispatch(pipeline("x_limbs", 2, sizeof(lp), {layout}), {scratch, &x}, lp,
+  // Two limbs (16-bit activations) under the mixed precision, three (24-bit) in f32: int_dot.glsl.
+  const uint32_t limbs = precision_ == Precision::Mixed ? 2 : 3;
+  s.dispatch(pipeline("x_limbs", 2, sizeof(lp), {layout, limbs}), {scratch, &x}, lp,
              groups_1d(ceil_div(n_in, 256)));
   struct { uint32_t n_out, n_in; } push{uint32_t(n_out), uint32_t(n_in)};
-  s.dispatch(pipeline(shader, 3, sizeof(push), {kGemvDotWorkgroup, rows, rows}), {&y, &w, scratch}, push,
+  s.dispatch(pipeline(shader, 3, sizeof(push), {kGemvDotWorkgroup, rows, rows, limbs}), {&y, &w, scratch}, push,
              groups_1d(ceil_div(n_out, rows)));
   return true;
 }
@@ -212,7 +213,8 @@ void LinearKernels::gemm(Format f, Sequence& s, const Buffer& Y, const Buffer& w
   check_product(f, k, w, T, n_out, n_in, T == 1 ? "x" : "X", X, n_in, T == 1 ? "y" : "Y", Y, n_out);
   if (mixed_for(T, n_in)) return routed_mixed_gemm(f, k, s, Y, w, X, T, n_out, n_in, scratch);
   if (T == 1) {
-    if (g.gemv_dot && gemv_dot(g.gemv_dot, g.gemv_dot_layout, kGemvDotRows, s, Y, w, X, n_out, n_in, scratch)) return;
+    if (g.gemv_dot && gemv_dot(g.gemv_dot, g.gemv_dot_layout, g.gemv_dot_rows, s, Y, w, X, n_out, n_in, scratch))
+      return;
     struct { uint32_t n_out, n_in; } push{uint32_t(n_out), uint32_t(n_in)};
     const auto& p = pipeline(shader_of(g.gemv, "gemv", t), 3, sizeof(push), {g.gemv_workgroup, g.gemv_rows});
     s.dispatch(p, {&Y, &w, &X}, push, groups_1d(ceil_div(n_out, g.gemv_rows)));
