@@ -376,12 +376,13 @@ ag::Var ModelGraph::hidden(ag::Var ids, const AttentionStep& attend) const {
       k = ag::add(k, vars_.at(b + "attn_k.bias"));
       v = ag::add(v, vars_.at(b + "attn_v.bias"));
     }
-    if (c.qk_norm) {  // RMSNorm of each head's D values: q as [T*H, D] rows
-      const int64_t T = q.shape()[0];
-      q = ag::reshape(ag::rms_norm(ag::reshape(q, {T * c.n_head, c.head_dim}), vars_.at(b + "attn_q_norm.weight"), c.rms_eps),
-                      {T, c.n_head * c.head_dim});
-      k = ag::reshape(ag::rms_norm(ag::reshape(k, {T * c.n_head_kv, c.head_dim}), vars_.at(b + "attn_k_norm.weight"), c.rms_eps),
-                      {T, c.n_head_kv * c.head_dim});
+    if (c.qk_norm) {  // RMSNorm of each head's D values: q as [T*H, D] rows, k as [T*H_kv, D]
+      const auto per_head = [&](const ag::Var& t, int64_t heads, const char* weight) {
+        const int64_t T = t.shape()[0];
+        return ag::reshape(ag::rms_norm(ag::reshape(t, {T * heads, c.head_dim}), vars_.at(b + weight), c.rms_eps),
+                           {T, heads * c.head_dim});
+      };
+      q = per_head(q, c.n_head, "attn_q_norm.weight"), k = per_head(k, c.n_head_kv, "attn_k_norm.weight");
     }
     // Attention divides q·k by sqrt(head_dim); another scale is q's (RoPE is linear, so before it is the same).
     if (c.query_scale > 0) q = ag::scale(q, c.query_scale * std::sqrt(double(c.head_dim)));
