@@ -90,6 +90,9 @@ struct MergeOptions {
   std::vector<std::string> adapters;  // GGUF LoRAs, training runs (their newest complete checkpoint) or checkpoints
   std::vector<double> scales;         // one per adapter, or none (1 each)
   std::string type = "same";          // same (each tensor its own type), or a llama-quantize file type / format
+  std::string calibration;            // a dataset: quantize the merged weights against the inputs they see on it
+  int64_t calibration_tokens = 2048;
+  int64_t calibration_seq_len = 512;
 };
 // Folds the adapters into the model's weights (W' = dequant(W) + Σ scale·B·A, quantized again) and writes one GGUF
 // atomically, streaming one tensor at a time. A mismatched adapter is one std::invalid_argument naming it, before

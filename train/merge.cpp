@@ -1,7 +1,8 @@
 // q4tune merge: LoRA adapters folded into their base model. Each adapted weight becomes
-// W' = dequant(W) + Σ scale·B·A and is quantized again, to its own type or to --type; every other tensor and the
-// metadata are copied. The output streams one tensor at a time (gguf::Writer's produced tensors), so memory holds
-// one weight in f32 beside the mapped input, and it appears under its name only once whole.
+// W' = dequant(W) + Σ scale·B·A and is quantized again (train/requantize.h), to its own type or to --type, rounded
+// alone or, with --calibration, against the inputs it sees on a dataset; every other tensor and the metadata are
+// copied. The output streams one tensor at a time (gguf::Writer's produced tensors), so memory holds one weight in
+// f32 beside the mapped input (and the calibration inputs), and it appears under its name only once whole.
 #include <CLI/CLI.hpp>
 #include <Eigen/Core>
 #include <cmath>
@@ -10,13 +11,17 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <mutex>
+#include <sstream>
 
+#include "data/dataset.h"
 #include "data/gguf.h"
-#include "kernels/cpu/threads.h"
+#include "data/tokenizer.h"
 #include "kernels/formats.h"
 #include "train/cli_common.h"
 #include "train/commands.h"
+#include "train/loss_graph.h"
+#include "train/memory_estimate.h"
+#include "train/requantize.h"
 #include "train/run_log.h"
 #include "train/train.h"
 
@@ -114,120 +119,97 @@ void read_run_adapters(const std::string& dir, double user_scale, const gguf::Fi
   if (pairs == 0) throw std::runtime_error(run.checkpoint + "/lora.bin: no LoRA tensors");
 }
 
-// The bits of a block that belong to one weight alone (its quant), per weight: found by flipping each bit of a
-// block quantized from random values and seeing which weights change, so no format needs code of its own here.
-// k = 0 where the weights do not all own the same number (1 to 8) of bits (F16, BF16: not blocks of quants).
-struct QuantBits {
-  int k = 0;
-  std::vector<std::vector<int64_t>> bits;  // bits[i]: weight i's bit positions in the block
-  std::vector<uint8_t> mask;               // every weight's bits
-  std::vector<std::vector<uint8_t>> all;   // all[v]: the bits that give every weight the quant pattern v
+
+// The inputs that each layer product of the base with its adapter sees on calibration text, by weight name: rows
+// of o.calibration_seq_len tokens of o.calibration (any dataset q4tune reads), packed, up to o.calibration_tokens
+// real tokens, run on the CPU. Products that read one input (q, k and v) share its matrix.
+struct Calibration {
+  std::map<std::string, std::shared_ptr<const Eigen::MatrixXf>> inputs;
+  int64_t tokens = 0;
+  // The factor of a weight's inputs, computed once per input and dropped with the input's last weight.
+  std::shared_ptr<const InputFactor> factor(const std::string& weight);
+
+ private:
+  std::map<const Eigen::MatrixXf*, std::shared_ptr<const InputFactor>> factors_;
 };
 
-QuantBits probe_quant_bits(const FormatTraits& f) {
-  QuantBits q;
-  const int64_t n = f.block_elems;
-  if (n < 2) return q;
-  std::vector<float> x(static_cast<size_t>(n)), ref(x.size()), got(x.size());
-  uint64_t state = 0x9E3779B97F4A7C15ull;  // a fixed pseudo-random block: every scale of it non-zero
-  for (float& v : x) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    v = float(int64_t(state >> 40) % 2001 - 1000) / 1000.0f;
-  }
-  std::vector<uint8_t> block(static_cast<size_t>(f.block_bytes));
-  f.quantize_row(block.data(), x.data(), n);
-  f.dequantize_row(ref.data(), block.data(), n);
-  q.bits.assign(static_cast<size_t>(n), {});
-  for (int64_t bit = 0; bit < 8 * f.block_bytes; ++bit) {
-    block[size_t(bit / 8)] ^= uint8_t(1u << (bit % 8));
-    f.dequantize_row(got.data(), block.data(), n);
-    block[size_t(bit / 8)] ^= uint8_t(1u << (bit % 8));
-    int64_t changed = -1, count = 0;
-    for (int64_t i = 0; i < n; ++i)
-      if (!(got[size_t(i)] == ref[size_t(i)])) changed = i, ++count;
-    if (count == 1) q.bits[size_t(changed)].push_back(bit);
-  }
-  const size_t k = q.bits[0].size();
-  for (const auto& b : q.bits)
-    if (b.size() != k || k < 1 || k > 8) return QuantBits{};
-  q.k = int(k);
-  q.mask.assign(block.size(), 0);
-  q.all.assign(size_t(1) << k, std::vector<uint8_t>(block.size(), 0));
-  for (const auto& b : q.bits)
-    for (size_t j = 0; j < k; ++j) {
-      const auto bit = uint8_t(1u << (b[j] % 8));
-      q.mask[size_t(b[j] / 8)] |= bit;
-      for (uint32_t v = 0; v < (1u << k); ++v)
-        if ((v >> j) & 1u) q.all[v][size_t(b[j] / 8)] |= bit;
-    }
-  return q;
-}
-
-const QuantBits& quant_bits(const FormatTraits& f) {
-  static std::mutex m;
-  static std::map<Format, QuantBits> probed;
+std::shared_ptr<const InputFactor> Calibration::factor(const std::string& weight) {
+  static std::mutex m;  // the writer produces one tensor at a time; the lock only guards the maps
   std::lock_guard<std::mutex> lock(m);
-  auto it = probed.find(f.format);
-  if (it == probed.end()) it = probed.emplace(f.format, probe_quant_bits(f)).first;
-  return it->second;
+  auto it = inputs.find(weight);
+  if (it == inputs.end()) return nullptr;
+  const std::shared_ptr<const Eigen::MatrixXf> x = it->second;
+  inputs.erase(it);
+  auto& f = factors_[x.get()];
+  if (!f) f = input_factor(*x);
+  const std::shared_ptr<const InputFactor> out = f;
+  if (x.use_count() == 1) factors_.erase(x.get());  // no other weight reads this input
+  return out;
 }
 
-void set_quant(uint8_t* block, const std::vector<int64_t>& bits, uint32_t v) {
-  for (size_t j = 0; j < bits.size(); ++j) {
-    const auto mask = uint8_t(1u << (bits[j] % 8));
-    uint8_t& byte = block[size_t(bits[j] / 8)];
-    byte = (v >> j) & 1u ? uint8_t(byte | mask) : uint8_t(byte & ~mask);
-  }
-}
-
-double squared_error(const float* a, const float* b, int64_t n) {
-  double e = 0;
-  for (int64_t i = 0; i < n; ++i) e += double(a[i] - b[i]) * double(a[i] - b[i]);
-  return e;
-}
-
-// The bytes of W[n_out, n_in] in `type` (F32, or any format q4tune writes). With `before` (the weight's bytes
-// before the merge, in the same type), each block is also rounded on its old grid (its old scales kept, each
-// weight's quant chosen anew), and the block keeps whichever of that and the block quantized afresh lies closer
-// to W: an adapter's small change then costs at most itself, not a whole new rounding of the block.
-std::vector<uint8_t> encode(const std::vector<float>& w, GgmlType type, int64_t n_out, int64_t n_in,
-                            const uint8_t* before = nullptr) {
-  if (type == GgmlType::F32) {
-    std::vector<uint8_t> bytes(w.size() * sizeof(float));
-    std::memcpy(bytes.data(), w.data(), bytes.size());
-    return bytes;
-  }
-  const FormatTraits& f = *find_format(uint32_t(type));
-  const int64_t rb = row_bytes(f.format, n_in);
-  std::vector<uint8_t> bytes(static_cast<size_t>(n_out * rb));
-  cpu::parallel_for(n_out, 4, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) f.quantize_row(bytes.data() + r * rb, w.data() + r * n_in, n_in);
-  });
-  const QuantBits& q = quant_bits(f);
-  if (!before || q.k == 0) return bytes;
-  const int64_t n = f.block_elems, blocks = n_out * (n_in / n);  // rows are whole blocks: block b holds weights b·n ..
-  cpu::parallel_for(blocks, 64, [&](int64_t b0, int64_t b1) {
-    std::vector<float> fresh(static_cast<size_t>(n)), deq(fresh.size()), best(fresh.size());
-    std::vector<uint32_t> pick(fresh.size());
-    std::vector<uint8_t> grid(static_cast<size_t>(f.block_bytes));
-    for (int64_t b = b0; b < b1; ++b) {
-      uint8_t* out = bytes.data() + b * f.block_bytes;
-      const float* x = w.data() + b * n;
-      std::memcpy(grid.data(), before + b * f.block_bytes, grid.size());
-      std::fill(best.begin(), best.end(), INFINITY);
-      for (uint32_t v = 0; v < (1u << q.k); ++v) {
-        for (size_t j = 0; j < grid.size(); ++j) grid[j] = uint8_t((grid[j] & ~q.mask[j]) | q.all[v][j]);
-        f.dequantize_row(deq.data(), grid.data(), n);
-        for (int64_t i = 0; i < n; ++i)
-          if (std::abs(deq[size_t(i)] - x[i]) < best[size_t(i)]) best[size_t(i)] = std::abs(deq[size_t(i)] - x[i]), pick[size_t(i)] = v;
-      }
-      for (int64_t i = 0; i < n; ++i) set_quant(grid.data(), q.bits[size_t(i)], pick[size_t(i)]);
-      f.dequantize_row(deq.data(), grid.data(), n);
-      f.dequantize_row(fresh.data(), out, n);
-      if (squared_error(deq.data(), x, n) < squared_error(fresh.data(), x, n)) std::memcpy(out, grid.data(), grid.size());
+Calibration calibrate(const MergeOptions& o, std::ostream& out) {
+  if (o.adapters.size() != 1)
+    throw std::invalid_argument("--calibration: runs the base with one adapter; merge several one after the other");
+  if (!fs::is_regular_file(o.calibration))
+    throw std::invalid_argument("--calibration: '" + o.calibration + "' does not exist or is not a file");
+  if (o.calibration_tokens < 1) throw std::invalid_argument("--calibration-tokens: must be at least 1");
+  if (o.calibration_seq_len < 2) throw std::invalid_argument("--calibration-seq-len: must be at least 2");
+  const auto file = gguf::File::open(o.model);
+  const auto tok = tok::Tokenizer::from_gguf(*file);
+  const auto be = ag::Backend::cpu();
+  const auto model = train::load_model_that_fits(*file, *be);
+  check_vocab(*tok, *model, o.model);
+  data::DatasetOptions dopt;
+  dopt.seq_len = o.calibration_seq_len;
+  dopt.pack = true;
+  std::ostringstream quiet;
+  const data::Datasets ds = data::load_datasets(o.calibration, *tok, dopt, quiet);
+  LossGraph lg(*model, 1, o.calibration_seq_len, 4096, LossGraph::Memory::PerTensor);
+  const double scale = o.scales.empty() ? 1.0 : o.scales[0];
+  std::error_code ec;
+  if (fs::is_directory(o.adapters[0], ec))
+    load_run_adapters(lg.model_graph(), read_run(o.adapters[0]), scale);
+  else
+    lg.model_graph().load_adapters(*gguf::File::open(o.adapters[0]), scale);
+  std::vector<std::pair<std::string, ag::Var>> seen;
+  lg.model_graph().observe_inputs([&](const std::string& w, ag::Var x) { seen.emplace_back(w, x); });
+  lg.build();
+  std::map<std::string, std::vector<float>> rows;  // by the first weight that reads the input
+  std::map<std::string, std::string> first;
+  Calibration c;
+  for (size_t i = 0; i < ds.train.size() && c.tokens < o.calibration_tokens; ++i) {
+    const data::Batch b = ds.train.batch_at(i, 1);
+    lg.set_batch(b);
+    lg.forward();
+    std::map<const float*, std::string> by_data;
+    for (const auto& [w, x] : seen) {
+      const float* d = x.value().data<float>();
+      const std::string& reader = by_data.emplace(d, w).first->second;
+      first[w] = reader;
+      if (reader != w) continue;
+      const int64_t n_in = x.shape()[1];
+      std::vector<float>& r = rows[w];
+      for (int64_t t = 0, taken = c.tokens; t < b.T && taken < o.calibration_tokens; ++t)
+        if (b.attn_mask[size_t(t)]) r.insert(r.end(), d + t * n_in, d + (t + 1) * n_in), ++taken;
     }
-  });
-  return bytes;
+    for (int64_t t = 0; t < b.T && c.tokens < o.calibration_tokens; ++t) c.tokens += b.attn_mask[size_t(t)];
+  }
+  if (c.tokens == 0) throw std::invalid_argument("--calibration: '" + o.calibration + "' has no tokens");
+  std::map<std::string, std::shared_ptr<const Eigen::MatrixXf>> matrices;
+  double bytes = 0;
+  for (auto& [w, r] : rows) {
+    const int64_t n_in = int64_t(r.size()) / c.tokens;
+    matrices[w] = std::make_shared<const Eigen::MatrixXf>(
+        Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(r.data(), c.tokens, n_in));
+    bytes += double(r.size()) * sizeof(float);
+    std::vector<float>().swap(r);
+  }
+  for (const auto& [w, reader] : first) c.inputs[w] = matrices.at(reader);
+  char line[200];
+  std::snprintf(line, sizeof line, "calibration: %lld tokens of %s through the base and its adapter (%zu inputs, %.1f MiB)\n",
+                static_cast<long long>(c.tokens), o.calibration.c_str(), matrices.size(), bytes / 1048576.0);
+  out << line;
+  return c;
 }
 
 }  // namespace
@@ -275,6 +257,13 @@ int run_merge(const MergeOptions& o, std::ostream& out) {
                                   ", which q4tune cannot write: choose --type");
   }
 
+  auto calibration = std::make_shared<Calibration>();
+  if (!o.calibration.empty()) {
+    *calibration = calibrate(o, out);
+    for (size_t i = 0; i < tensors.size(); ++i)  // only the weights written anew are quantized against their inputs
+      if (loras.count(tensors[i].name) == 0 && types[i] == tensors[i].type) calibration->inputs.erase(tensors[i].name);
+  }
+
   gguf::Writer w;
   for (const auto& [key, value] : model->metadata())
     if (key != "general.alignment") w.set(key, value);
@@ -303,7 +292,7 @@ int run_merge(const MergeOptions& o, std::ostream& out) {
     range.first == range.second ? ++converted : ++merged;
     std::vector<const HostLora*> mine;
     for (auto it = range.first; it != range.second; ++it) mine.push_back(&it->second);
-    w.add_tensor(t->name, t->ne, type, [t, type, mine] {
+    w.add_tensor(t->name, t->ne, type, [t, type, mine, calibration] {
       std::vector<float> v = tensor_floats(*t);
       const int64_t n_in = t->cols(), n_out = t->rows();
       Eigen::Map<RowMajor> W(v.data(), n_out, n_in);
@@ -311,7 +300,8 @@ int run_merge(const MergeOptions& o, std::ostream& out) {
         const Eigen::Map<const RowMajor> A(l->a.data(), l->r, n_in), B(l->b.data(), n_out, l->r);
         W.noalias() += (float(l->scale) * B) * A;
       }
-      return encode(v, type, n_out, n_in, type == t->type ? t->data : nullptr);
+      const std::shared_ptr<const InputFactor> inputs = calibration->factor(t->name);
+      return encode_weight(v, type, n_out, n_in, type == t->type ? t->data : nullptr, inputs.get());
     });
   }
   w.write(o.out);
@@ -342,6 +332,15 @@ Command add_merge(CLI::App& app) {
   cmd->add_option("--type", o->type,
                   "same (each tensor keeps its type), or a llama-quantize file type or format for every matrix: " +
                       std::string("f32, f16, bf16, q4_k_m, q8_0, ... (as quantize --type)"))
+      ->capture_default_str();
+  cmd->add_option("--calibration", o->calibration,
+                  "a dataset (text, JSONL or JSON, as train --data): run the base with its adapter on it and quantize "
+                  "each merged weight against the inputs it sees there, each rounding error fed into the weights not "
+                  "yet rounded (GPTQ's error feedback); without it each weight is rounded alone");
+  cmd->add_option("--calibration-tokens", o->calibration_tokens,
+                  "the tokens of --calibration used; memory holds them once per distinct input (4 bytes per value)")
+      ->capture_default_str();
+  cmd->add_option("--calibration-seq-len", o->calibration_seq_len, "the tokens per calibration row (examples packed)")
       ->capture_default_str();
   set_examples(cmd, "  q4tune merge -m model-q4_k_m.gguf --lora my-run/adapter.gguf -o merged-q4_k_m.gguf\n"
                     "  q4tune merge -m model.gguf --lora my-run --type f16 -o merged-f16.gguf    (the run's newest checkpoint)");

@@ -325,6 +325,10 @@ ag::Var ModelGraph::frozen_linear(ag::Var x, ag::Var w) const { return ag::linea
 ag::Var ModelGraph::project(ag::Var x, int64_t layer, const std::string& target) const {
   const std::string name = target_tensor_name(layer, target);
   const ag::Var w = vars_.at(name);
+  if (observe_) {
+    g_.keep(x);
+    observe_(name, x);
+  }
   auto it = adapters_.find(name);
   if (it == adapters_.end()) return frozen_linear(x, w);
   return it->second(x, frozen_input(x, w));

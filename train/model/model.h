@@ -128,6 +128,11 @@ class ModelGraph {
   // the sequence at hand; a trainer sets its rows' length, a decoder its cache length.
   void set_rope_context(int64_t n) { rope_context_ = n; }
   int64_t rope_context() const { return rope_context_; }
+  // Called while hidden() builds the graph with each layer product's weight name and its input x [T, n_in] (the
+  // weights q4tune merge quantizes against calibration inputs). Each x is kept (Graph::keep), so its value stays
+  // readable after a forward. Set before hidden()/logits().
+  using InputObserver = std::function<void(const std::string& weight, ag::Var x)>;
+  void observe_inputs(InputObserver f) { observe_ = std::move(f); }
 
  private:
   ag::Var project(ag::Var x, int64_t layer, const std::string& target) const;
@@ -143,6 +148,7 @@ class ModelGraph {
   bool llama_cpp_numerics_;
   int64_t keep_ffn_layers_ = 0;
   int64_t rope_context_ = 0;
+  InputObserver observe_;
 };
 
 }  // namespace q4t::model
