@@ -332,7 +332,10 @@ TEST(Merge, CalibrationQuantizesAgainstTheInputsSeenOnData) {
                        " --calibration-tokens 600 --calibration-seq-len 64");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r.out, "calibration: 600 tokens of " + data + " through the base and its adapter (8 inputs, ")) << r.out;
-  ASSERT_EQ(q4tune("merge -m cal.gguf --lora cal-run/adapter.gguf -o plain-m.gguf").code, 0);
+  EXPECT_FALSE(has(r.out, "rounded alone")) << r.out;
+  r = q4tune("merge -m cal.gguf --lora cal-run/adapter.gguf -o plain-m.gguf");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "the 14 quantized weights written anew were rounded alone; --calibration DATA")) << r.out;
   const std::vector<double> want = logits("cal.gguf", "cal-run/adapter.gguf");
   const double cal = rel_diff(logits("cal-m.gguf"), want), plain = rel_diff(logits("plain-m.gguf"), want);
   const double effect = rel_diff(logits("cal.gguf"), want);

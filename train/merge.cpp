@@ -280,7 +280,7 @@ int run_merge(const MergeOptions& o, std::ostream& out) {
   w.set("q4tune.merge.adapters", gguf::Value::array(gguf::ValueType::STRING, from));
   w.set("q4tune.merge.adapter_scales", gguf::Value::array(gguf::ValueType::F32, scales));
 
-  int64_t merged = 0, converted = 0;
+  int64_t merged = 0, converted = 0, rounded = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const gguf::TensorInfo* t = &tensors[i];
     const GgmlType type = types[i];
@@ -290,6 +290,7 @@ int run_merge(const MergeOptions& o, std::ostream& out) {
       continue;
     }
     range.first == range.second ? ++converted : ++merged;
+    if (type != GgmlType::F32 && type != GgmlType::F16 && type != GgmlType::BF16) ++rounded;
     std::vector<const HostLora*> mine;
     for (auto it = range.first; it != range.second; ++it) mine.push_back(&it->second);
     w.add_tensor(t->name, t->ne, type, [t, type, mine, calibration] {
@@ -310,6 +311,10 @@ int run_merge(const MergeOptions& o, std::ostream& out) {
       << (o.type == "same" ? std::string("each in its own type") : "as " + o.type) << ")";
   if (converted > 0) out << ", " << train::plural(converted, "other tensor") << " converted";
   out << ", " << train::plural(int64_t(tensors.size()) - merged - converted, "tensor") << " copied\n";
+  if (o.calibration.empty() && rounded > 0)
+    out << "the " << train::plural(rounded, "quantized weight") << " written anew were rounded alone; --calibration DATA "
+        << "(such as the fine-tune's training data) quantizes them against the inputs they see there, which keeps the "
+        << "merged model closer to base + adapter\n";
   return 0;
 }
 
