@@ -13,3 +13,15 @@ void nibbles_f16(uint x, float16_t lo_off, float16_t hi_off, out vec4 lo, out ve
   lo = vec4(float(l02.x), float(l13.x), float(l02.y), float(l13.y));
   hi = vec4(float(h02.x), float(h13.x), float(h02.y), float(h13.y));
 }
+
+// The same for codes of up to 8 bits that stand as whole bytes: bytes 0..3 of xl and of xh as exact floats,
+// byte - off, two per f16 pair (Q5_K's 5-bit codes once their fifth bits are joined in).
+void bytes_f16(uint xl, uint xh, float16_t off, out vec4 lo, out vec4 hi) {
+  const f16vec2 base = f16vec2(1024.0hf + off);
+  const f16vec2 l02 = unpackFloat2x16((xl & 0x00FF00FFu) | 0x64006400u) - base;
+  const f16vec2 l13 = unpackFloat2x16(((xl >> 8u) & 0x00FF00FFu) | 0x64006400u) - base;
+  const f16vec2 h02 = unpackFloat2x16((xh & 0x00FF00FFu) | 0x64006400u) - base;
+  const f16vec2 h13 = unpackFloat2x16(((xh >> 8u) & 0x00FF00FFu) | 0x64006400u) - base;
+  lo = vec4(float(l02.x), float(l13.x), float(l02.y), float(l13.y));
+  hi = vec4(float(h02.x), float(h13.x), float(h02.y), float(h13.y));
+}

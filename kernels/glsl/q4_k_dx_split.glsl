@@ -55,16 +55,10 @@ const float HIGH_SCALE = 0.0625;
 void add_word(uint x, uint hb, float a_l, float a_h, inout vec4 l, inout vec4 h) {
   vec4 lo, hi;
 #if FORMAT == FORMAT_Q5_K
-  // Bits 0 and 1 of each byte of hb are the fifth bits of its low and high code: the codes of each kind joined
-  // as bytes first, then two per f16 pair as 1024 + code.
+  // Bits 0 and 1 of each byte of hb are the fifth bits of its low and high code, joined into bytes first.
   const uint x5l = (x & 0x0F0F0F0Fu) | ((hb & 0x01010101u) << 4u);
   const uint x5h = ((x >> 4u) & 0x0F0F0F0Fu) | ((hb & 0x02020202u) << 3u);
-  const f16vec2 l02 = unpackFloat2x16((x5l & 0x00FF00FFu) | 0x64006400u) - f16vec2(1024.0hf);
-  const f16vec2 l13 = unpackFloat2x16(((x5l >> 8u) & 0x00FF00FFu) | 0x64006400u) - f16vec2(1024.0hf);
-  const f16vec2 h02 = unpackFloat2x16((x5h & 0x00FF00FFu) | 0x64006400u) - f16vec2(1024.0hf);
-  const f16vec2 h13 = unpackFloat2x16(((x5h >> 8u) & 0x00FF00FFu) | 0x64006400u) - f16vec2(1024.0hf);
-  lo = vec4(float(l02.x), float(l13.x), float(l02.y), float(l13.y));
-  hi = vec4(float(h02.x), float(h13.x), float(h02.y), float(h13.y));
+  bytes_f16(x5l, x5h, 0.0hf, lo, hi);
 #else
   nibbles_f16(x, 0.0hf, 0.0hf, lo, hi);
 #endif
