@@ -48,7 +48,9 @@ struct GpuKernels {
   int64_t dx_cols = 1024;          // dx columns per workgroup of that pass
   uint32_t dx_row_slots = 8;       // its row slots (specialization constant 0)
   uint32_t dx_rows_in_flight = 0;  // its rows in flight (constant 1; 0: the shader has none)
-  const char* dx_split_f16 = nullptr;  // the same pass decoding through f16 pairs (devices with f16 arithmetic)
+  // The same pass for devices with f16 arithmetic (codes through f16 pairs; IQ4_NL's: a shared level table), with
+  // the same dx_cols and constants.
+  const char* dx_split_f16 = nullptr;
   int64_t dx_split_f16_n_in = 1;       // ... for rows of a multiple of this many weights
   // Tensor-core GEMM and dx at f32-level numerics (f16 hi + lo parts), if the format has them.
   const char* coop_gemm = nullptr;

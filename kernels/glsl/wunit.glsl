@@ -42,15 +42,7 @@ f16vec2 codes_minus(uint pair, float16_t bias) {
 #endif
 
 #if FORMAT == FORMAT_IQ4_NL || FORMAT == FORMAT_IQ4_XS
-// GGML's kvalues_iq4nl {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113} plus 128, entry
-// q in byte q % 4 of word q / 4.
-const uvec4 IQ4_LEVELS = uvec4(0x3F2D1801u, 0x766A5D4Fu, 0xA6998D81u, 0xF1D9C5B5u);
-
-// Entry q (0..15) plus 128, from registers.
-uint iq4_level(uint q) {
-  const uvec2 half_ = (q & 8u) != 0u ? IQ4_LEVELS.zw : IQ4_LEVELS.xy;
-  return (((q & 4u) != 0u ? half_.y : half_.x) >> (8u * (q & 3u))) & 0xFFu;
-}
+#include "iq4_levels.glsl"
 // The entries of 4 nibbles at bits 0, 8, 16, 24 of q (the rest ignored), plus 128, as the bytes of a word.
 uint iq4_levels4(uint q) {
   return iq4_level(q & 15u) | (iq4_level((q >> 8u) & 15u) << 8u) | (iq4_level((q >> 16u) & 15u) << 16u) |
