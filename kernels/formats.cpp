@@ -42,8 +42,8 @@ void dequantize_bytes_f64(double* y, const uint8_t* x, int64_t n) {
 // The one-token kernels' tuning (16384 x 16384; docs/kernels.md has the measurements): the tuned kernels' GEMV
 // workgroups of 128 invocations (256 for Q8_0 and F16), 2 rows each (4 for Q4_K and F16), dx split passes with 8
 // row slots (Q2_K 4, IQ4_NL 2) and the rows each invocation keeps loading (16 for Q4_0 and IQ4_NL, 3 or 4 for the
-// K-quants); the unit kernels' GEMV
-// 64 invocations with 8 rows (4 for Q3_K; BF16 128 with 2), their dx 8 row slots (BF16 4), best on an H200.
+// K-quants); the unit kernels' GEMV 64 invocations with 8 rows (4 for Q3_K; BF16 128 with 2), their dx 8 row
+// slots (BF16 4), best on an H200.
 constexpr uint32_t kDxSlots = 8;
 
 const FormatTraits kTable[] = {
