@@ -1,7 +1,9 @@
 // The CPU one-token product (GEMV) of every format against ggml's CPU mat-vec, measured in the same process on the
 // same weights: q4tune's cpu::frozen_gemm at T = 1, and ggml's mul_mat of the npm prebuilt's libggml (the CPU
 // variant its own loader would pick: the highest ggml_backend_score), both on the same number of threads.
-//   bench_ggml_cpu [N_OUTxN_IN ...]        default 4096x14336
+//   bench_ggml_cpu [--avx2] [N_OUTxN_IN ...]        default 4096x14336
+// --avx2: what an AVX2-only CPU runs, on this one: q4tune's AVX2 kernels against ggml's haswell variant (AVX2,
+// FMA, F16C; the one its loader picks on such a CPU).
 // Prints per format the median of 15 runs each (interleaved) and q4tune / ggml as a speed ratio (> 1: q4tune
 // faster). A benchmark, not a test: ctest does not run it.
 #include <dlfcn.h>
@@ -17,6 +19,7 @@
 
 #include "interop_util.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/q4_0_rows.h"
 #include "kernels/cpu/threads.h"
 #include "kernels/formats.h"
 
@@ -48,7 +51,7 @@ void sym(void* h, const char* name, F& f) {
   if (!f) throw std::runtime_error(std::string("missing ") + name);
 }
 
-Ggml load_ggml() {
+Ggml load_ggml(bool avx2) {
   const auto inst = interop::run(interop::quoted(fs::path(Q4T_INTEROP_DIR) / "install_node_llama.sh"));
   std::string dir = inst.out.substr(0, inst.out.find_last_not_of('\n') + 1);
   dir = dir.substr(dir.find_last_of('\n') + 1);
@@ -60,7 +63,7 @@ Ggml load_ggml() {
   void* cpu = nullptr;
   for (const auto& e : fs::directory_iterator(bins)) {
     const std::string n = e.path().filename().string();
-    if (n.rfind("libggml-cpu-", 0) != 0) continue;
+    if (n.rfind("libggml-cpu-", 0) != 0 || (avx2 && n != "libggml-cpu-haswell.so")) continue;
     void* h = dlopen(e.path().c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!h) continue;
     const auto score = reinterpret_cast<int (*)()>(dlsym(h, "ggml_backend_score"));
@@ -91,18 +94,25 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   std::vector<std::pair<int64_t, int64_t>> shapes;
+  bool avx2 = false;
   for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--avx2") == 0) {
+      avx2 = true;
+      continue;
+    }
     long long a = 0, b = 0;
     if (std::sscanf(argv[i], "%lldx%lld", &a, &b) != 2 || a <= 0 || b <= 0) {
-      std::fprintf(stderr, "usage: bench_ggml_cpu [N_OUTxN_IN ...]\n");
+      std::fprintf(stderr, "usage: bench_ggml_cpu [--avx2] [N_OUTxN_IN ...]\n");
       return 2;
     }
     shapes.emplace_back(a, b);
   }
   if (shapes.empty()) shapes.emplace_back(4096, 14336);
-  const Ggml g = load_ggml();
+  const Ggml g = load_ggml(avx2);
+  if (avx2) cpu::detail::use_q4_0_kernels(cpu::detail::Isa::Avx2);  // every format's row kernels follow it
   const int threads = cpu::num_threads();
-  std::printf("ggml %s, %d threads\n", g.variant.c_str(), threads);
+  std::printf("ggml %s, q4tune %s kernels, %d threads\n", g.variant.c_str(), cpu::detail::q4_0_kernels().name,
+              threads);
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (const auto& [n_out, n_in] : shapes)
