@@ -41,9 +41,9 @@ void dequantize_bytes_f64(double* y, const uint8_t* x, int64_t n) {
 
 // The one-token kernels' tuning (16384 x 16384; docs/kernels.md has the measurements): the tuned kernels' GEMV
 // workgroups of 128 invocations (256 for Q8_0 and F16), 2 rows each (4 for Q4_K and F16), dx split passes with 8
-// row slots (Q2_K 4, IQ4_NL 2) and the rows each invocation keeps loading (16 for Q4_0 and IQ4_NL, 3 or 4 for the
-// K-quants); the unit kernels' GEMV 64 invocations with 8 rows (4 for Q3_K; BF16 128 with 2), their dx 8 row
-// slots (BF16 4), best on an H200.
+// row slots (Q2_K and Q3_K 4, IQ4_NL 2) and the rows each invocation keeps loading (16 for Q4_0 and IQ4_NL, 3 or
+// 4 for the K-quants); the unit kernels' GEMV 64 invocations with 8 rows (4 for Q3_K; BF16 128 with 2), their dx
+// 8 row slots (BF16 4), best on an H200.
 constexpr uint32_t kDxSlots = 8;
 
 const FormatTraits kTable[] = {
@@ -86,7 +86,8 @@ const FormatTraits kTable[] = {
     {.format = Format::Q3_K, .name = "q3_k", .block_elems = 256, .block_bytes = 110,
      .quantize_row = Q4T_CODEC(BlockQ3_K, q3_k),
      .llama_cpp_act_round = ActRound::Q8_K, .cpu_rows = cpu::detail::row_kernels<Format::Q3_K>,
-     .gpu = {.gemv_rows = 4, .gemv_dot = "q3_k_gemv_dot", .gemv_dot_layout = 4, .gemv_dot_rows = 4}},
+     .gpu = {.gemv_rows = 4, .gemv_dot = "q3_k_gemv_dot", .gemv_dot_layout = 4, .gemv_dot_rows = 4,
+             .dx_row_slots = 4, .dx_rows_in_flight = 4, .dx_split_f16 = "q3_k_dx_split", .dx_split_f16_n_in = 256}},
     {.format = Format::Q4_K, .name = "q4_k", .block_elems = 256, .block_bytes = 144,
      .quantize_row = Q4T_CODEC(BlockQ4_K, q4_k),
      .llama_cpp_act_round = ActRound::Q8_K, .cpu_rows = cpu::detail::row_kernels<Format::Q4_K>,
