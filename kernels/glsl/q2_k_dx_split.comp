@@ -56,7 +56,8 @@ struct Row {
   uvec2 sc;     // the sub-blocks' scales: bytes 0 and 2 of .x for j = 0, 1, of .y for j = 2, 3
   uint d;
 };
-uint join(uint a, uint b, bool odd) { return odd ? (a >> 16u) | (b << 16u) : a; }
+#include "words.glsl"
+uint join(uint a, uint b, bool odd) { return odd ? mid_word(a, b) : a; }
 Row load_row(uint B) {
   const uint at = (B * BLOCK_BYTES) >> 2u;
   const bool odd = (B & 1u) != 0u;

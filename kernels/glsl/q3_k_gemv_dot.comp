@@ -26,7 +26,7 @@ layout(push_constant) uniform Push { uint n_out; uint n_in; } p;
 
 #include "int_dot.glsl"
 
-uint mid_word(uint a, uint b) { return (a >> 16u) | (b << 16u); }
+#include "words.glsl"
 
 // Four words of the block from its byte `off` (a multiple of 4): five loads, the fifth used by odd blocks.
 uvec4 block_words(uint at, uint off, bool odd) {

@@ -30,8 +30,7 @@ vec4 hi_nibbles_minus(uint q, float bias) {
   return uintBitsToFloat(uvec4(q >> 4u, q >> 12u, q >> 20u, q >> 28u) & 0xFu | UNIT_MAGIC) - (8388608.0 + bias);
 }
 
-// The word at byte 2 of the two words a, b (b's low half above a's high half).
-uint mid_word(uint a, uint b) { return (a >> 16u) | (b << 16u); }
+#include "words.glsl"
 
 #ifndef UNIT_F32_ONLY
 // A pair of codes c < 1024 as the f16 pair c - bias, exactly: OR-ed into the mantissa of 1024 (0x6400), then
