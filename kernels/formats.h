@@ -14,6 +14,7 @@ namespace q4t {
 
 namespace cpu::detail {
 struct FrozenRowKernels;
+struct IntRowKernels;
 }
 
 enum class Format : uint32_t {
@@ -78,6 +79,9 @@ struct FormatTraits {
   void (*cpu_gemm)(float* Y, const uint8_t* w, const float* X, int64_t T, int64_t n_out, int64_t n_in) = nullptr;
   void (*cpu_dx)(float* dX, const uint8_t* w, const float* dY, int64_t T, int64_t n_out, int64_t n_in,
                  int64_t j_start, int64_t j_end, bool accumulate) = nullptr;
+  // The CPU's mixed precision loops (kernels/cpu/int_rows.h: the activation rounded as llama_cpp_act_round says,
+  // integer dot products); null for the float formats. The function returns null where the CPU has none.
+  const cpu::detail::IntRowKernels* (*cpu_int_rows)() = nullptr;
   // The Vulkan kernels need n_in a multiple of this (whole units of 32 weights; F16: pairs).
   int64_t gpu_n_in_multiple = 32;
   // Whether a Vulkan device holds W in the grouped layout of kernels/shapes.h (Q6_K) rather than GGML's bytes.

@@ -17,11 +17,13 @@
 
 #include "error_of.h"
 #include "kernels/cpu/frozen_rows.h"
+#include "kernels/cpu/int_rows.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/q4_0_rows.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/cpu/threads.h"
 #include "kernels/formats.h"
+#include "kernels/quant/act_round.h"
 #include "kernels/quant/f16.h"
 #include "kernels/random_inputs.h"
 #include "kernels/shapes.h"
@@ -127,6 +129,77 @@ TEST_P(FrozenKernelSets, GemvAndGemmMatchTheDoubleReferenceOnAwkwardShapes) {
     EXPECT_LE(ref::max_rel_error(Y.data(), want), tol)
         << name() << (T == 1 ? " gemv " : " gemm ") << shape_label(T, n_out, n_in);
   });
+}
+
+// x rounded by the scalar rules of kernels/quant/act_round.h, block by block, as the format's products round it.
+std::vector<float> act_rounded(Format f, const std::vector<float>& x) {
+  const bool k = format_traits(f).llama_cpp_act_round == ActRound::Q8_K;
+  const int64_t block = k ? 256 : 32;
+  std::vector<float> y(x.size());
+  std::vector<int8_t> q(static_cast<size_t>(block));
+  for (size_t b = 0; b < x.size(); b += size_t(block)) {
+    const float d = k ? quant::round_q8_k_block(x.data() + b, q.data()) : quant::round_q8_0_block(x.data() + b, q.data());
+    for (int64_t i = 0; i < block; i++) y[b + size_t(i)] = d * float(q[size_t(i)]);
+  }
+  return y;
+}
+
+// Mixed precision on the CPU: below kMixedTokens tokens, the product of W with the activation rounded to 8-bit
+// blocks (the double-precision reference on the rounded values); from kMixedTokens on, and wherever the CPU or the
+// format has no integer loops, exactly the f32 result.
+TEST_P(FrozenKernelSets, MixedProductsAreTheProductOfTheActivationRoundedAsLlamaCpp) {
+  const Format f = format();
+  const double tol = shapes_for(f).tol;
+  for_each_shape(7, [&](const std::vector<uint8_t>& w, int64_t T, int64_t n_out, int64_t n_in) {
+    if (T > kMixedTokens) T = kMixedTokens;  // the first token count that runs in f32
+    std::vector<float> X = normal_floats(T * n_in, uint32_t(T + 5));
+    if (n_in >= 64) X[size_t(n_in / 2)] = 40.0f;  // one large value: its block's other values round coarsely
+    std::vector<float> Y(T * n_out, NAN), Y32(T * n_out, NAN);
+    frozen_gemm(f, Y, w, X, T, n_out, n_in, Precision::Mixed);
+    frozen_gemm(f, Y32, w, X, T, n_out, n_in);
+    if (T >= kMixedTokens || !has_mixed(f)) {
+      EXPECT_EQ(std::memcmp(Y.data(), Y32.data(), Y.size() * sizeof(float)), 0)
+          << name() << " mixed is not the f32 result at " << shape_label(T, n_out, n_in);
+      return;
+    }
+    const std::vector<float> Xr = act_rounded(f, X);
+    const std::vector<double> want = ref::frozen_gemm(f, w.data(), Xr.data(), T, n_out, n_in);
+    EXPECT_LE(ref::max_rel_error(Y.data(), want), tol) << name() << " mixed " << shape_label(T, n_out, n_in);
+    // and the rounding is visible: the f32 product is further from the rounded reference than the mixed one
+    if (n_in >= 64) {
+      EXPECT_GT(ref::max_rel_error(Y32.data(), want), 10 * tol) << name() << " " << shape_label(T, n_out, n_in);
+    }
+  });
+}
+
+// The integer loops' rounding of the activation is the scalar rule's, value for value, with its block sums; blocks
+// of zeros and of ties included.
+TEST_P(FrozenKernelSets, MixedRoundingIsTheScalarRuleBitForBit) {
+  const Format f = format();
+  const detail::IntRowKernels* k = format_traits(f).cpu_int_rows ? format_traits(f).cpu_int_rows() : nullptr;
+  if (!k) GTEST_SKIP() << name() << " has no integer loops in this kernel set";
+  const int64_t n = 4 * 256;
+  std::vector<float> x = normal_floats(n, 11);
+  std::fill(x.begin() + 256, x.begin() + 512, 0.0f);            // a zero block of either size
+  for (int i = 512; i < 768; i++) x[size_t(i)] = float(i % 5) - 2.5f;  // ties of the rounding
+  x[800] = -3e-3f, x[801] = 3e-3f;                              // largest magnitudes of equal size
+  std::vector<int8_t> q(n);
+  std::vector<float> d(size_t(n / k->block_elems));
+  std::vector<int16_t> bsum(n / 16);
+  k->round(q.data(), d.data(), bsum.data(), x.data(), n);
+  std::vector<int8_t> want(size_t(k->block_elems));
+  for (int64_t b = 0; b < n / k->block_elems; b++) {
+    const float* xb = x.data() + b * k->block_elems;
+    const float wd = k->block_elems == 32 ? quant::round_q8_0_block(xb, want.data()) : quant::round_q8_k_block(xb, want.data());
+    ASSERT_EQ(std::bit_cast<uint32_t>(d[size_t(b)]), std::bit_cast<uint32_t>(wd)) << name() << " block " << b;
+    for (int64_t i = 0; i < k->block_elems; i++)
+      ASSERT_EQ(q[size_t(b * k->block_elems + i)], want[size_t(i)]) << name() << " block " << b << " value " << i;
+  }
+  for (int64_t g = 0; g < n / 16; g++) {
+    int sum = 0;
+    for (int i = 0; i < 16; i++) sum += q[size_t(16 * g + i)];
+    ASSERT_EQ(bsum[size_t(g)], sum) << name() << " group " << g;
+  }
 }
 
 TEST_P(FrozenKernelSets, DxMatchesTheReferenceOverwritingAndAccumulating) {

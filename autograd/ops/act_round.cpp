@@ -7,7 +7,7 @@
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 #include "autograd/ops/vk_util.h"
-#include "kernels/quant/f16.h"
+#include "kernels/quant/act_round.h"
 
 namespace q4t::ag {
 
@@ -26,43 +26,26 @@ Shape act_round_shape(const Graph& g, const Node& n) {
   return x.shape();
 }
 
-// d = amax/127, q = nearest-even(x/d), y = f16(d)·q, as GGML's x86 Q8_0 activation quantizer computes it.
+// The rules of kernels/quant/act_round.h, block by block; y = d·q.
 template <class T>
 void act_round_forward_cpu(OpContext& c) {
   const T* x = c.in(0).data<T>();
   T* y = c.node.value.data<T>();
-  const int64_t n_blocks = c.in(0).numel() / 32;
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    float amax = 0;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(float(x[b * 32 + i])));
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    const float dh = quant::f16_to_f32(quant::f32_to_f16(d));
-    for (int i = 0; i < 32; ++i) y[b * 32 + i] = T(dh * std::nearbyint(float(x[b * 32 + i]) * id));
+  int8_t q[32];
+  for (int64_t b = 0; b < c.in(0).numel() / 32; ++b) {
+    const float d = quant::round_q8_0_block(x + b * 32, q);
+    for (int i = 0; i < 32; ++i) y[b * 32 + i] = T(d * float(q[i]));
   }
 }
 
-// m = the value of largest |x| (the first on ties), s = -127/m, q = min(127, nearest-even(s·x)), y = (1/s)·q, as
-// GGML's Q8_K activation quantizer computes it (the scale stays f32).
 template <class T>
 void act_round_k_forward_cpu(OpContext& c) {
   const T* x = c.in(0).data<T>();
   T* y = c.node.value.data<T>();
-  const int64_t n_blocks = c.in(0).numel() / 256;
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    float amax = 0, m = 0;
-    for (int i = 0; i < 256; ++i) {
-      const float v = float(x[b * 256 + i]);
-      if (std::fabs(v) > amax) {
-        amax = std::fabs(v);
-        m = v;
-      }
-    }
-    if (amax == 0.0f) {
-      for (int i = 0; i < 256; ++i) y[b * 256 + i] = T(0);
-      continue;
-    }
-    const float s = -127.0f / m, d = 1.0f / s;
-    for (int i = 0; i < 256; ++i) y[b * 256 + i] = T(d * std::min(127.0f, std::nearbyint(s * float(x[b * 256 + i]))));
+  int8_t q[256];
+  for (int64_t b = 0; b < c.in(0).numel() / 256; ++b) {
+    const float d = quant::round_q8_k_block(x + b * 256, q);
+    for (int i = 0; i < 256; ++i) y[b * 256 + i] = T(d * float(q[i]));
   }
 }
 

@@ -7,12 +7,19 @@
 #include <span>
 
 #include "kernels/formats.h"
+#include "kernels/precision.h"
 
 namespace q4t::cpu {
 
-// Y[T, n_out] = X[T, n_in] · Wᵀ, W [n_out, n_in] in format f (T = 1 is the GEMV)
+// Y[T, n_out] = X[T, n_in] · Wᵀ, W [n_out, n_in] in format f (T = 1 is the GEMV). Mixed: products of fewer than
+// kMixedTokens tokens round each token's activation to 8-bit blocks and multiply in integers (int_rows.h), where
+// the format and the CPU have those loops; every other product is f32.
+inline constexpr int64_t kMixedTokens = 12;
 void frozen_gemm(Format f, std::span<float> Y, std::span<const uint8_t> w, std::span<const float> X, int64_t T,
-                 int64_t n_out, int64_t n_in);
+                 int64_t n_out, int64_t n_in, Precision precision = Precision::F32);
+// Whether the CPU runs format f's products in mixed precision when asked (the format has integer loops and the
+// CPU has AVX2).
+bool has_mixed(Format f);
 // dX[T, n_in] (+)= dY[T, n_out][:, j_start:j_end] · W[j_start:j_end, :]
 // accumulate = false overwrites dX, true adds into it (vocab-tiled backward).
 void frozen_dx(Format f, std::span<float> dX, std::span<const uint8_t> w, std::span<const float> dY, int64_t T,

@@ -4,8 +4,10 @@
 //   bench_ggml_cpu [--avx2] [N_OUTxN_IN ...]        default 4096x14336
 // --avx2: what an AVX2-only CPU runs, on this one: q4tune's AVX2 kernels against ggml's haswell variant (AVX2,
 // FMA, F16C; the one its loader picks on such a CPU).
-// Prints per format the median of 15 runs each (interleaved) and q4tune / ggml as a speed ratio (> 1: q4tune
-// faster). A benchmark, not a test: ctest does not run it.
+// Prints per format the median of 15 runs each (interleaved) of ggml, q4tune in f32 and q4tune in mixed precision
+// (the activation rounded to 8-bit blocks as ggml rounds it, integer dot products; formats that have it), each
+// q4tune time as a speed ratio ggml / q4tune (> 1: q4tune faster), and the largest difference from ggml's result.
+// A benchmark, not a test: ctest does not run it.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -130,25 +132,36 @@ int main(int argc, char** argv) {
       g.build_forward_expand(gf, ty);
       std::memcpy(g.get_data(tw), w.data(), w.size());
       std::memcpy(g.get_data(tx), x.data(), x.size() * 4);
-      std::vector<double> ours, theirs;
+      std::vector<double> ours, mixed, theirs;
+      std::vector<float> ym(y.size());
+      const bool has_mixed = cpu::has_mixed(f.format);
       for (int rep = 0; rep < 16; ++rep) {
         auto t0 = std::chrono::steady_clock::now();
         cpu::frozen_gemm(f.format, y, w, x, 1, n_out, n_in);
         auto t1 = std::chrono::steady_clock::now();
-        g.compute(ctx, gf, threads);
+        if (has_mixed) cpu::frozen_gemm(f.format, ym, w, x, 1, n_out, n_in, Precision::Mixed);
         auto t2 = std::chrono::steady_clock::now();
+        g.compute(ctx, gf, threads);
+        auto t3 = std::chrono::steady_clock::now();
         if (rep == 0) continue;  // warm-up
         ours.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-        theirs.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+        mixed.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+        theirs.push_back(std::chrono::duration<double, std::milli>(t3 - t2).count());
       }
-      // The two results agree up to ggml's activation rounding (a misread layout would not).
+      // The results agree up to ggml's activation rounding (a misread layout would not); mixed rounds the
+      // activation as ggml does, so only the order of the sums differs.
       const float* gy = static_cast<const float*>(g.get_data(ty));
-      double diff = 0, scale = 0;
-      for (int64_t i = 0; i < n_out; ++i) diff = std::max(diff, double(std::abs(gy[i] - y[size_t(i)]))),
-                                          scale = std::max(scale, double(std::abs(gy[i])));
+      double diff = 0, diff_m = 0, scale = 0;
+      for (int64_t i = 0; i < n_out; ++i) {
+        diff = std::max(diff, double(std::abs(gy[i] - y[size_t(i)])));
+        diff_m = std::max(diff_m, double(std::abs(gy[i] - ym[size_t(i)])));
+        scale = std::max(scale, double(std::abs(gy[i])));
+      }
       const double a = median(ours), b = median(theirs);
-      std::printf("%-7s %6lldx%-6lld  q4tune %8.3f ms  ggml %8.3f ms  q4tune/ggml speed %.2fx  (max diff %.1e of %.2f)\n",
-                  f.name, (long long)n_out, (long long)n_in, a, b, b / a, diff, scale);
+      std::printf("%-7s %6lldx%-6lld  ggml %7.3f ms  f32 %7.3f ms %5.2fx (diff %.1e)", f.name, (long long)n_out,
+                  (long long)n_in, b, a, b / a, diff);
+      if (has_mixed) std::printf("  mixed %7.3f ms %5.2fx (diff %.1e)", median(mixed), b / median(mixed), diff_m);
+      std::printf("  of %.2f\n", scale);
       g.free_ctx(ctx);
     }
   return 0;
