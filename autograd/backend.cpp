@@ -10,10 +10,12 @@
 
 namespace q4t::ag {
 
-std::unique_ptr<Backend> Backend::cpu(DType real) {
+std::unique_ptr<Backend> Backend::cpu(DType real, Precision precision) {
   if (!is_real(real)) throw GraphError("a CPU backend computes in f32 or f64");
+  if (real == DType::F64 && precision == Precision::Mixed) throw GraphError("a CPU backend in f64 has no mixed precision");
   std::unique_ptr<Backend> b(new Backend());
   b->real_ = real;
+  b->cpu_precision_ = precision;
   return b;
 }
 
@@ -27,7 +29,7 @@ std::unique_ptr<Backend> Backend::vulkan(vk::Device& dev, Precision precision) {
 
 std::string Backend::name() const {
   if (vk_) return vk_->name();
-  return real_ == DType::F64 ? "cpu (f64)" : "cpu";
+  return real_ == DType::F64 ? "cpu (f64)" : cpu_precision_ == Precision::Mixed ? "cpu (mixed)" : "cpu";
 }
 
 namespace {

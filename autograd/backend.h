@@ -16,15 +16,18 @@ namespace q4t::ag {
 class Backend {
  public:
   // real: the dtype of real-valued tensors, F32 or F64 (F64 for the double-precision gradient checks).
-  static std::unique_ptr<Backend> cpu(DType real = DType::F32);
+  // `precision` Mixed (F32 tensors only): the frozen products of fewer than cpu::kMixedTokens tokens round their
+  // input to 8-bit blocks and multiply in integers (kernels/cpu/int_rows.h) where the format and the CPU have those
+  // loops; everything else stays f32.
+  static std::unique_ptr<Backend> cpu(DType real = DType::F32, Precision precision = Precision::F32);
   // Borrows dev, which must outlive the backend. `precision`: the numerics of the products (kernels/precision.h);
   // Mixed makes every frozen product of 32 tokens or more, the loss's output product and (on cooperative matrices)
   // attention take f16 inputs with f32 sums.
   static std::unique_ptr<Backend> vulkan(vk::Device& dev, Precision precision = Precision::F32);
 
   bool is_cpu() const { return vk_ == nullptr; }
-  // F32 on the CPU, else the Vulkan kernels' precision.
-  Precision precision() const { return linear_ ? linear_->precision() : Precision::F32; }
+  // The CPU's precision, or the Vulkan kernels'.
+  Precision precision() const { return linear_ ? linear_->precision() : cpu_precision_; }
   DType real() const { return real_; }
   std::string name() const;
 
@@ -60,6 +63,7 @@ class Backend {
  private:
   Backend() = default;
   DType real_ = DType::F32;
+  Precision cpu_precision_ = Precision::F32;
   vk::Device* vk_ = nullptr;
   std::unique_ptr<vk::LinearKernels> linear_;
   std::map<std::string, std::unique_ptr<vk::Pipeline>> pipelines_;

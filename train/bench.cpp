@@ -435,7 +435,7 @@ double time_cpu(double budget_s, const std::function<void()>& fn) {
   return best;
 }
 
-Result bench_cpu_case(const Case& c, double budget_s, double copy_gbps) {
+Result bench_cpu_case(const Case& c, double budget_s, double copy_gbps, Precision precision) {
   Result r{c};
   if (c.kernel == "copy") {
     std::vector<char> a(kCopyBytes, 1), b(kCopyBytes, 0);
@@ -455,7 +455,7 @@ Result bench_cpu_case(const Case& c, double budget_s, double copy_gbps) {
     if (dx)
       cpu::frozen_dx(format_of(c.weights), out, w, in, c.T, c.n_out, c.n_in, 0, c.n_out, false);
     else
-      cpu::frozen_gemm(format_of(c.weights), out, w, in, c.T, c.n_out, c.n_in);
+      cpu::frozen_gemm(format_of(c.weights), out, w, in, c.T, c.n_out, c.n_in, precision);
   });
   finish(r, s, copy_gbps);
   return r;
@@ -521,7 +521,15 @@ int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& ou
   if (!copy_listed) cases.insert(cases.begin(), {"copy", 0, 0, 0});
   BenchJson json(opt.json_path);
   out << "bench on " << dev.name();
-  if (dev.is_cpu()) out << " (" << cpu::num_threads() << " threads)";
+  if (dev.is_cpu()) {
+    out << " (" << cpu::num_threads() << " threads)";
+    if (opt.precision == Precision::Mixed) {
+      if (!cpu::has_mixed(Format::Q4_0))
+        throw std::invalid_argument("--precision mixed: this CPU's kernels have no integer loops (they need AVX2)");
+      out << " (mixed: products under " << cpu::kMixedTokens
+          << " tokens round the activation to 8-bit blocks and sum in integers)";
+    }
+  }
   if (!dev.is_cpu()) {
     out << (dev.vulkan->coop_matrix() ? " (Q4_0 GEMM on tensor cores: VK_NV_cooperative_matrix)"
                                       : " (no cooperative matrices: every GEMM on FP32 FMAs)");
@@ -542,7 +550,7 @@ int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& ou
   std::map<std::pair<int64_t, int64_t>, double> ceiling;  // f16_coop_gemm's TFLOPS per shape, this run
   nlohmann::json rows = nlohmann::json::array();
   for (const Case& c : cases) {
-    Result r = dev.is_cpu() ? bench_cpu_case(c, opt.seconds_per_case, copy_gbps)
+    Result r = dev.is_cpu() ? bench_cpu_case(c, opt.seconds_per_case, copy_gbps, opt.precision)
                             : bench_vulkan_case(*dev.vulkan, *kernels, c, opt.seconds_per_case, copy_gbps);
     if (c.kernel == "copy") copy_gbps = r.gbps;
     const auto shape = std::make_pair(c.n_out, c.n_in);
@@ -573,8 +581,9 @@ Command add_bench(CLI::App& app) {
       ->delimiter(',');
   cmd->add_option_function<std::string>(
          "--precision", [o](const std::string& v) { o->precision = parse_precision(v, "--precision"); },
-         "f32 or mixed: the numerics of the gemm and dx kernels at --tokens, and of the one-token GEMVs' "
-         "activations (24-bit or 16-bit integers; default f32)");
+         "f32 or mixed: on Vulkan, the numerics of the gemm and dx kernels at --tokens, and of the one-token "
+         "GEMVs' activations (24-bit or 16-bit integers); on the CPU, mixed rounds the activation of the GEMVs "
+         "(and of gemms under 12 tokens) to 8-bit blocks and sums in integers (default f32)");
   cmd->add_option("--shapes", o->shapes,
                   "comma-separated N_OUTxN_IN shapes (default 4096x4096,4096x14336,14336x4096,16384x16384)")
       ->delimiter(',');

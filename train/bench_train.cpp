@@ -194,7 +194,7 @@ int run_bench_train(const DeviceChoice& dev, const BenchTrainOptions& opt, std::
   std::ostream quiet(nullptr);  // the other ranks of a data-parallel run: rank 0 reports
   std::ostream& out = world.root() ? log : quiet;
 
-  auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan, dev.precision);
+  auto be = dev.backend();
   const auto t_model = std::chrono::steady_clock::now();
   auto model = model::Model::random(cfg, *be, 1234, model::Model::parse_random_weights("--type", opt.type));
   const double model_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_model).count();

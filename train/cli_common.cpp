@@ -43,6 +43,12 @@ std::string unescape(const std::string& s) {
 
 void set_examples(CLI::App* cmd, const std::string& lines) { cmd->footer("\nExample:\n" + lines); }
 
+const char* const kPrecisionHelp =
+    "auto (mixed where the device has cooperative matrices, f32 elsewhere), mixed or f32. Mixed on a GPU: the "
+    "products of 32 tokens or more take f16 inputs with f32 sums (norms, softmax, the loss, the adapters and AdamW "
+    "stay f32); on the CPU: the frozen products of fewer than 12 tokens (generation) round their inputs to 8-bit "
+    "blocks as llama.cpp does and sum in integers";
+
 std::shared_ptr<DeviceFlags> add_device_flags(CLI::App* cmd, bool with_precision) {
   auto f = std::make_shared<DeviceFlags>();
   cmd->add_option("--device", f->device,
@@ -52,9 +58,7 @@ std::shared_ptr<DeviceFlags> add_device_flags(CLI::App* cmd, bool with_precision
   cmd->add_option("--threads", f->threads, "CPU worker threads (0: one per core)")->check(CLI::NonNegativeNumber);
   if (!with_precision) return f;
   f->precision = "auto";
-  cmd->add_option("--precision", f->precision,
-                  "auto (mixed where the device has cooperative matrices, f32 elsewhere), mixed (f16 inputs with f32 "
-                  "sums for the products of 32 tokens or more) or f32")
+  cmd->add_option("--precision", f->precision, kPrecisionHelp)
       ->check(CLI::IsMember({"auto", "mixed", "f32"}))
       ->capture_default_str();
   return f;

@@ -35,5 +35,7 @@ struct DeviceFlags {
 // Registers --device and --threads on cmd, and --precision auto|mixed|f32 when `with_precision`; the command's run
 // keeps the flags.
 std::shared_ptr<DeviceFlags> add_device_flags(CLI::App* cmd, bool with_precision);
+// The help of every --precision (auto|mixed|f32): what mixed means on a GPU and on the CPU.
+extern const char* const kPrecisionHelp;
 
 }  // namespace q4t

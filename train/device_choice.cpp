@@ -7,6 +7,8 @@
 #include <vector>
 #include <stdexcept>
 
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/q4_0_rows.h"
 #include "kernels/cpu/threads.h"
 #include "train/cli_common.h"
 #include "train/commands.h"
@@ -28,13 +30,21 @@ void DeviceChoice::set_precision(const std::string& flag) {
     return;
   }
   precision = parse_precision(flag, "--precision");
-  if (precision == Precision::Mixed && !vulkan)
-    throw std::invalid_argument("--precision mixed: the CPU computes in f32; mixed precision runs on Vulkan devices "
-                                "(see `q4tune devices`)");
+  if (precision == Precision::Mixed && !vulkan && !cpu::has_mixed(Format::Q4_0))
+    throw std::invalid_argument(std::string("--precision mixed: this CPU's kernels (") +
+                                cpu::detail::q4_0_kernels().name +
+                                ") have no integer loops (they need AVX2); use --precision f32 or a Vulkan device");
+}
+
+std::unique_ptr<ag::Backend> DeviceChoice::backend() const {
+  return vulkan ? ag::Backend::vulkan(*vulkan, precision) : ag::Backend::cpu(ag::DType::F32, precision);
 }
 
 std::string DeviceChoice::precision_text() const {
   if (precision == Precision::F32) return "f32 precision";
+  if (!vulkan)
+    return "mixed precision (the inputs of products under " + std::to_string(cpu::kMixedTokens) +
+           " tokens rounded to 8-bit blocks, integer sums)";
   return vulkan && vulkan->coop_matrix() ? "mixed precision (f16 inputs, f32 sums, on tensor cores)"
                                          : "mixed precision (f16 inputs, f32 sums; no tensor cores on this device)";
 }
@@ -98,7 +108,9 @@ namespace {
 // q4tune devices: the CPU, then each Vulkan device by its --device name, with what --precision auto takes there.
 int list_devices(std::ostream& out) {
   const auto devs = vk::Device::list();
-  out << "cpu          the CPU kernels (" << cpu::num_threads() << " threads; f32)\n";
+  out << "cpu          the CPU kernels (" << cpu::num_threads() << " threads, "
+      << cpu::detail::q4_0_kernels().name << "; --precision auto is f32"
+      << (cpu::has_mixed(Format::Q4_0) ? ", mixed rounds inputs to 8-bit blocks)\n" : "; no mixed)\n");
   if (devs.empty()) out << "(no Vulkan devices)\n";
   for (const auto& d : devs)
     out << "vulkan:" << d.index << "     " << d.name << " (" << d.type << ", Vulkan "

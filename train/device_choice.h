@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include "autograd/backend.h"
 #include "kernels/host_kernels.h"
 #include "kernels/precision.h"
 #include "kernels/vulkan/device.h"
@@ -16,8 +17,10 @@ struct DeviceChoice {
   std::string name() const { return vulkan ? vulkan->name() : "cpu"; }
   std::unique_ptr<HostKernels> host_kernels() const;
   // --precision: "auto" (mixed where the device has cooperative matrices, f32 elsewhere), "mixed" or "f32"; mixed on
-  // the CPU is an error naming the flag (the CPU computes in f32).
+  // a CPU without the integer loops of kernels/cpu/int_rows.h is an error naming the flag.
   void set_precision(const std::string& flag);
+  // The autograd backend of this device and precision (the CPU's in f32 tensors).
+  std::unique_ptr<ag::Backend> backend() const;
   // "mixed precision (f16 inputs, f32 sums, on tensor cores)" and the like: what a run's first line says.
   std::string precision_text() const;
 };

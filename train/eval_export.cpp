@@ -44,7 +44,7 @@ int run_eval(const EvalOptions& opt, const DeviceChoice& dev, std::ostream& out)
     throw std::invalid_argument("--adapter: '" + o.adapter + "' does not exist or is not a file");
   if (o.seq_len < 2) throw std::invalid_argument("--seq-len: must be at least 2");
   if (o.batch_size < 1) throw std::invalid_argument("--batch-size: must be at least 1");
-  auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan, dev.precision);
+  auto be = dev.backend();
   auto file = gguf::File::open(o.model);
   auto tok = tok::Tokenizer::from_gguf(*file);
   auto model = train::load_model_that_fits(*file, *be);

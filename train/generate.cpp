@@ -240,7 +240,7 @@ int run_generate(const GenerateOptions& opt, const DeviceChoice& dev, std::ostre
   if (o.model.empty()) throw std::invalid_argument("a model: -m/--model FILE.gguf, or --run DIR of a training run");
   if (!o.chat && o.prompt.empty()) throw std::invalid_argument("-p/--prompt: the text to continue (or --chat)");
   if (!o.chat && !o.system.empty()) throw std::invalid_argument("--system is for --chat");
-  auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan, dev.precision);
+  auto be = dev.backend();
   const auto file = gguf::File::open(o.model);
   auto m = train::load_model_that_fits(*file, *be, generate_need(o, model::ModelConfig::from_gguf(*file)));
   const auto tok = tok::Tokenizer::from_gguf(*file);

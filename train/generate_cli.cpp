@@ -52,9 +52,7 @@ Command add_generate(CLI::App& app) {
                   "(see `q4tune devices`)")
       ->capture_default_str();
   cmd->add_option("--threads", opt.threads, "CPU worker threads (0: one per core)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--precision", opt.precision,
-                  "auto (mixed where the device has cooperative matrices, f32 elsewhere), mixed (f16 inputs with f32 "
-                  "sums for the prompt's products of 32 tokens or more) or f32")
+  cmd->add_option("--precision", opt.precision, kPrecisionHelp)
       ->check(CLI::IsMember({"auto", "mixed", "f32"}))
       ->capture_default_str();
   cmd->final_callback([&opt] {

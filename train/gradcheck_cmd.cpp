@@ -11,11 +11,18 @@
 #include "train/commands.h"
 #include "train/device_choice.h"
 
+#include <stdexcept>
 #include <string>
+
+#include "kernels/cpu/linear.h"
 
 namespace q4t {
 
 int run_gradcheck_cmd(const DeviceChoice& dev, std::ostream& out) {
+  if (dev.is_cpu() && dev.precision == Precision::Mixed)
+    throw std::invalid_argument("--precision mixed: gradcheck compares a Vulkan device's mixed precision with its "
+                                "f32; the CPU's mixed products (8-bit inputs below " +
+                                std::to_string(cpu::kMixedTokens) + " tokens) are checked by test_cpu_kernels");
   auto cpu32 = ag::Backend::cpu(ag::DType::F32);
   std::unique_ptr<ag::Backend> vulkan, mixed;
   std::vector<ag::Backend*> others{cpu32.get()};

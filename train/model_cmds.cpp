@@ -461,7 +461,7 @@ int run_logits(const LogitsOptions& o, const DeviceChoice& dev, std::ostream& ou
     ids = o.ids;
   }
   if (ids.empty()) throw std::invalid_argument("logits: give the token ids with --ids 1,2,3 or --ids-file F.json");
-  auto be = dev.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev.vulkan, dev.precision);
+  auto be = dev.backend();
   const auto file = gguf::File::open(o.model);
   train::MemoryNeed need;
   need.what = "logits of " + train::plural(int64_t(ids.size()), "token");

@@ -85,10 +85,7 @@ void add_device_options(CLI::App* cmd, TrainOptions& o) {
       ->check(CLI::Range(0.0, 1048576.0))
       ->capture_default_str()->group(g);
   cmd->add_option("--threads", o.threads, "CPU worker threads (0: one per core, divided among the ranks on the machine)")->capture_default_str()->group(g);
-  cmd->add_option("--precision", o.precision,
-                  "auto (mixed where the device has cooperative matrices, f32 elsewhere), mixed (the products of 32 "
-                  "tokens or more take f16 inputs with f32 sums; norms, softmax, the loss, the adapters and AdamW stay "
-                  "f32) or f32")
+  cmd->add_option("--precision", o.precision, kPrecisionHelp)
       ->check(CLI::IsMember({"auto", "mixed", "f32"}))
       ->capture_default_str()->group(g);
 }

@@ -329,7 +329,7 @@ void Trainer::load_model() {
   q4t::cpu::set_num_threads(rank_threads(opt_.threads));
   dev_ = choose_rank_device(opt_.device, opt_.allow_shared_device);
   dev_.set_precision(opt_.precision);
-  be_ = dev_.is_cpu() ? ag::Backend::cpu() : ag::Backend::vulkan(*dev_.vulkan, dev_.precision);
+  be_ = dev_.backend();
   file_ = gguf::File::open(model_path_);
   tok_ = tok::Tokenizer::from_gguf(*file_);
   model_ = train::load_model_that_fits(*file_, *be_);

@@ -288,14 +288,15 @@ std::span<const float> f32_rows(const Tensor& w, int64_t j0, int64_t n) {
   return {w.data<float>() + j0 * w.dim(1), size_t(n * w.dim(1))};
 }
 
-// logits[T, n] = x[T, C] · w[j0 : j0+n, :]ᵀ
+// logits[T, n] = x[T, C] · w[j0 : j0+n, :]ᵀ (a frozen w in the backend's precision)
 template <class T>
-void tile_logits_cpu(T* logits, const Tensor& x, const Tensor& w, int64_t j0, int64_t n) {
+void tile_logits_cpu(T* logits, const Tensor& x, const Tensor& w, int64_t j0, int64_t n, Precision precision) {
   const int64_t Tn = x.rows(), C = x.cols();
   if constexpr (std::is_same_v<T, float>) {
     const std::span<float> y(logits, size_t(Tn * n));
     const std::span<const float> xs(x.data<float>(), size_t(Tn * C));
-    if (is_frozen_storage(w.dtype())) return cpu::frozen_gemm(frozen_format(w.dtype()), y, frozen_rows(w, j0, n), xs, Tn, n, C);
+    if (is_frozen_storage(w.dtype()))
+      return cpu::frozen_gemm(frozen_format(w.dtype()), y, frozen_rows(w, j0, n), xs, Tn, n, C, precision);
     return cpu::gemm_nt(y, xs, f32_rows(w, j0, n), Tn, n, C, false);
   } else {
     std::vector<T> row(static_cast<size_t>(C));
@@ -340,7 +341,7 @@ void linear_ce_forward_cpu(OpContext& c) {
   const int32_t* lab = labels.data<int32_t>();
   for (int64_t j0 = 0; j0 < V; j0 += tile) {
     const int64_t n = std::min(tile, V - j0);
-    tile_logits_cpu(logits, x, w, j0, n);
+    tile_logits_cpu(logits, x, w, j0, n, c.be.precision());
     lse_tile_cpu(st, logits, lab, Tn, n, j0, j0 == 0);
   }
   c.node.value.data<T>()[0] = lse_finish_cpu(st, lab, Tn);
@@ -357,7 +358,7 @@ void linear_ce_backward_cpu(OpContext& c) {
   const T seed = c.node.grad.data<T>()[0];
   for (int64_t j0 = 0; j0 < V; j0 += tile) {
     const int64_t n = std::min(tile, V - j0);
-    tile_logits_cpu(logits, x, w, j0, n);
+    tile_logits_cpu(logits, x, w, j0, n, c.be.precision());
     softmax_grad_cpu(logits, logits, false, lab, st, seed, Tn, n, j0);
     tile_dx_cpu(c.in_grad(0).data<T>(), logits, w, Tn, j0, n);
   }

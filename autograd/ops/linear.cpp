@@ -70,7 +70,9 @@ void frozen_forward(OpContext& c, const Tensor& y, const Tensor& x, const Tensor
     return c.be.linear().gemm_nt(*c.seq, y.buffer(), x.buffer(), w.buffer(), T_, n_out, n_in, false);
   }
   if (c.be.real() == DType::F64) return linear_forward_generic<double>(y, x, w);
-  if (frozen) return cpu::frozen_gemm(frozen_format(w.dtype()), f32_mut(y), byte_span(w), f32_span(x), T_, n_out, n_in);
+  if (frozen)
+    return cpu::frozen_gemm(frozen_format(w.dtype()), f32_mut(y), byte_span(w), f32_span(x), T_, n_out, n_in,
+                            c.be.precision());
   cpu::gemm_nt(f32_mut(y), f32_span(x), f32_span(w), T_, n_out, n_in, false);
 }
 
