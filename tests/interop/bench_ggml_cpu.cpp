@@ -1,10 +1,11 @@
 // The CPU one-token product (GEMV) of every format against ggml's CPU mat-vec, measured in the same process on the
 // same weights: q4tune's cpu::frozen_gemm at T = 1, and ggml's mul_mat of the npm prebuilt's libggml (the CPU
 // variant its own loader would pick: the highest ggml_backend_score), both on the same number of threads.
-//   bench_ggml_cpu [--avx2] [N_OUTxN_IN ...]        default 4096x14336
+//   bench_ggml_cpu [--avx2] [--reps N] [--formats a,b,...] [N_OUTxN_IN ...]     default 15 runs, every format,
+//   4096x14336
 // --avx2: what an AVX2-only CPU runs, on this one: q4tune's AVX2 kernels against ggml's haswell variant (AVX2,
 // FMA, F16C; the one its loader picks on such a CPU).
-// Prints per format the median of 15 runs each (interleaved) of ggml, q4tune in f32 and q4tune in mixed precision
+// Prints per format the median of the runs (interleaved) of ggml, q4tune in f32 and q4tune in mixed precision
 // (the activation rounded to 8-bit blocks as ggml rounds it, integer dot products; formats that have it), each
 // q4tune time as a speed ratio ggml / q4tune (> 1: q4tune faster), and the largest difference from ggml's result.
 // A benchmark, not a test: ctest does not run it.
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -97,14 +99,24 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   std::vector<std::pair<int64_t, int64_t>> shapes;
   bool avx2 = false;
+  int reps = 15;
+  std::string formats;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--avx2") == 0) {
       avx2 = true;
       continue;
     }
+    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc && std::atoi(argv[i + 1]) > 0) {
+      reps = std::atoi(argv[++i]);
+      continue;
+    }
+    if (std::strcmp(argv[i], "--formats") == 0 && i + 1 < argc) {
+      formats = "," + std::string(argv[++i]) + ",";
+      continue;
+    }
     long long a = 0, b = 0;
     if (std::sscanf(argv[i], "%lldx%lld", &a, &b) != 2 || a <= 0 || b <= 0) {
-      std::fprintf(stderr, "usage: bench_ggml_cpu [--avx2] [N_OUTxN_IN ...]\n");
+      std::fprintf(stderr, "usage: bench_ggml_cpu [--avx2] [--reps N] [--formats a,b,...] [N_OUTxN_IN ...]\n");
       return 2;
     }
     shapes.emplace_back(a, b);
@@ -119,7 +131,8 @@ int main(int argc, char** argv) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (const auto& [n_out, n_in] : shapes)
     for (const FormatTraits& f : format_table()) {
-      if (n_in % f.block_elems) continue;
+      if (n_in % f.block_elems || (!formats.empty() && formats.find("," + std::string(f.name) + ",") == std::string::npos))
+        continue;
       std::vector<float> wf(static_cast<size_t>(n_out * n_in)), x(static_cast<size_t>(n_in)), y(static_cast<size_t>(n_out));
       for (float& v : wf) v = nd(rng) * 0.02f;
       for (float& v : x) v = nd(rng);
@@ -135,7 +148,7 @@ int main(int argc, char** argv) {
       std::vector<double> ours, mixed, theirs;
       std::vector<float> ym(y.size());
       const bool has_mixed = cpu::has_mixed(f.format);
-      for (int rep = 0; rep < 16; ++rep) {
+      for (int rep = 0; rep <= reps; ++rep) {
         auto t0 = std::chrono::steady_clock::now();
         cpu::frozen_gemm(f.format, y, w, x, 1, n_out, n_in);
         auto t1 = std::chrono::steady_clock::now();
