@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/reference.h"
 #include "kernels/quant/f16.h"
 #include "kernels/quant/k_quants.h"
@@ -131,6 +132,19 @@ void check_gemv(HostKernels& k, std::mt19937& rng, const FormatCase& f, KernelRe
   }
 }
 
+// The CPU's mixed GEMV of format f on its T = 1 shapes, against the reference on the activation as it rounds it.
+void check_mixed_gemv(std::mt19937& rng, const FormatCase& f, KernelResult& r) {
+  for (const Shape& s : f.shapes) {
+    if (s.T != 1) continue;
+    const auto w = random_weights(rng, f.format, s.n_out, s.n_in);
+    const auto x = random_floats(rng, s.n_in);
+    std::vector<float> y(size_t(s.n_out));
+    cpu::frozen_gemm(f.format, y, w, x, 1, s.n_out, s.n_in, Precision::Mixed);
+    const auto xr = ref::act_rounded(f.format, x.data(), s.n_in);
+    r.add(ref::max_rel_error(y.data(), ref::frozen_gemm(f.format, w.data(), xr.data(), 1, s.n_out, s.n_in)));
+  }
+}
+
 // The one-token dx of format f through k on the T = 1 shapes among `shapes` (check_dx's two cases each).
 void check_one_token_dx(HostKernels& k, std::mt19937& rng, const FormatCase& f, std::span<const Shape> shapes,
                         KernelResult& r) {
@@ -196,6 +210,13 @@ int run_selftest(const DeviceChoice& dev, std::ostream& out) {
         guarded(path_lines.back(), [&] { check_one_token_dx(*f32, rng, f, f.shapes, path_lines.back()); });
       }
   }
+  // On the CPU, the GEMVs of --precision mixed: the activation rounded to 8-bit blocks, integer sums.
+  if (dev.is_cpu())
+    for (const FormatCase& f : cases)
+      if (cpu::has_mixed(f.format)) {
+        path_lines.push_back({std::string(f.name) + "_gemv (mixed)"});
+        guarded(path_lines.back(), [&] { check_mixed_gemv(rng, f, path_lines.back()); });
+      }
   for (KernelResult& r : path_lines) all.push_back(&r);
   bool ok = true;
   for (const KernelResult* r : all) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/quant/act_round.h"
 #include "kernels/quant/f16.h"
 #include "kernels/quant/q4_0.h"
 #include "kernels/quant/k_quants.h"
@@ -254,6 +255,18 @@ std::vector<double> mixed_dx(Format f, const uint8_t* w, const float* dY, const 
       for (int64_t i = 0; i < n_in; i++) dX[size_t(t * n_in + i)] += dy[size_t(t * K + j - j_start)] * row[size_t(i)];
   }
   return dX;
+}
+
+std::vector<float> act_rounded(Format f, const float* x, int64_t n) {
+  const bool k = format_traits(f).llama_cpp_act_round == ActRound::Q8_K;
+  const int64_t block = k ? 256 : 32;
+  std::vector<float> y(static_cast<size_t>(n));
+  std::vector<int8_t> q(static_cast<size_t>(block));
+  for (int64_t b = 0; b < n; b += block) {
+    const float d = k ? quant::round_q8_k_block(x + b, q.data()) : quant::round_q8_0_block(x + b, q.data());
+    for (int64_t i = 0; i < block; i++) y[size_t(b + i)] = d * float(q[size_t(i)]);
+  }
+  return y;
 }
 
 double max_rel_error(const float* got, const std::vector<double>& want) {

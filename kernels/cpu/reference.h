@@ -39,6 +39,12 @@ std::vector<double> mixed_rows(const float* x, int64_t rows, int64_t K, int64_t 
 // v rounded to the nearest f16 (ties to even; subnormals at 2^-24 steps; past 65504, infinity).
 double round_to_f16(double v);
 
+// --- The CPU's mixed precision (kernels/cpu/int_rows.h) ----------------------------------------------------------
+// x[0:n) (n whole blocks) rounded as llama.cpp's CPU matmuls round the input of a format-f weight (the rule of its
+// llama_cpp_act_round, kernels/quant/act_round.h): the values d·q, exact in f32. ref::frozen_gemm over these
+// values is the reference of the CPU's mixed products.
+std::vector<float> act_rounded(Format f, const float* x, int64_t n);
+
 // max_i |got_i - want_i| / max(max_i |want_i|, 1e-30): the norm-wise relative error all kernel checks use.
 double max_rel_error(const float* got, const std::vector<double>& want);
 
