@@ -369,6 +369,10 @@ Q4T_INT_TARGET inline __m256i chunk_sum(const uint8_t* blk, const int8_t* xq, co
   return _mm256_madd_epi16(p, group_scales<C>(s.sc));
 }
 
+// How far ahead of a 256-weight block its row is prefetched (Zen 4, 4096 x 14336, two threads: Q6_K 1.17-1.27 ms
+// against 1.38-1.57 without, Q3_K 0.97 against 1.05-1.06; 1 and 2 KiB ahead gained less, 8 KiB the same or less).
+constexpr int64_t kPrefetchBytes = 4096;
+
 // Blocks of 256 (R = 1, see dot_rows): per block and row, Σ_g sc[g]·Σ u·q in one int32 vector, times d·dx; the offsets
 // dm·dx·Σ_g mn[g]·bsum[g].
 template <class D, int R>
@@ -382,6 +386,8 @@ Q4T_INT_TARGET void dot_group256(float* y, const uint8_t* w, int64_t rb, const R
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
       const uint8_t* blk = w + r * rb + b * D::kBytes;
+      for (int64_t o = 0; o < D::kBytes; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes + o, _MM_HINT_T0);
       Scales s;
       D::scales(s, blk);
       __m256i i0 = _mm256_add_epi32(chunk_sum<D, 0>(blk, xq, s), chunk_sum<D, 1>(blk, xq, s));
