@@ -340,6 +340,11 @@ Q4T_INT_TARGET void dot_group32(float* y, const uint8_t* w, int64_t rb, const Ro
   for (int64_t b = 0; b < nb; b++) {
     const B xq = V::load32(reinterpret_cast<const uint8_t*>(x.q) + 32 * b);
     const float dx = x.d[b], sx = dx * float(x.bsum[2 * b] + x.bsum[2 * b + 1]);
+    // The next group's rows (contiguous after these) are fetched as this group goes: short rows otherwise leave
+    // the hardware prefetcher a new set of streams every few KiB (Zen 4, two threads, 14336 x 4096: Q4_0 0.98-1.07
+    // ms against 1.70-1.79, Q8_0 1.33-1.98 against 2.36-3.24; 4096 x 14336 the same or faster).
+    const char* next = reinterpret_cast<const char*>(w + R * rb + R * b * D::kBytes);
+    for (int64_t o = 0; o < R * D::kBytes; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
       const uint8_t* blk = w + r * rb + b * D::kBytes;
