@@ -15,6 +15,7 @@
 #include "kernels/cpu/q4_0_rows.h"
 #include "kernels/formats.h"
 #include "kernels/quant/iq4.h"
+#include "kernels/quant/k_quants.h"
 
 #ifndef Q4T_ROWS_TARGET
 #error "define Q4T_ROWS_TARGET before including frozen_rows_skeleton.h"
@@ -250,12 +251,9 @@ struct Q3_K {
     }
     // GGML's unpacking of the 16 six-bit scales (k3_scale for all at once): the low 4 bits are the nibbles of
     // bytes 0-7, the top 2 bits the bit pairs of bytes 8-11.
-    const uint32_t a0 = u32_at(b + 96), a1 = u32_at(b + 100), t = u32_at(b + 104);
-    const typename V::B sc = V::sub8(
-        V::from_u32((a0 & 0x0F0F0F0F) | ((t & 0x03030303) << 4), (a1 & 0x0F0F0F0F) | (((t >> 2) & 0x03030303) << 4),
-                    ((a0 >> 4) & 0x0F0F0F0F) | (((t >> 4) & 0x03030303) << 4),
-                    ((a1 >> 4) & 0x0F0F0F0F) | (((t >> 6) & 0x03030303) << 4)),
-        32);
+    uint32_t w[4];
+    quant::k3_scale_words(b + 96, w);
+    const typename V::B sc = V::sub8(V::from_u32(w[0], w[1], w[2], w[3]), 32);
     const float d = V::half(b + 108);
     V::template scales<0>(u.scale, sc, d), V::template scales<1>(u.scale + 8, sc, d);
   }
@@ -273,9 +271,9 @@ struct Q3_K {
 // bits of bytes 0-7. scale = d·sc, offset = −dmin·m.
 template <class V, class U>
 Q4T_ROWS_TARGET inline void k4_scales(U& u, const uint8_t* b) {
-  const uint32_t w0 = u32_at(b + 4), w1 = u32_at(b + 8), w2 = u32_at(b + 12);
-  const typename V::B s = V::from_u32(w0 & 0x3F3F3F3F, (w2 & 0x0F0F0F0F) | (((w0 >> 6) & 0x03030303) << 4),
-                                      w1 & 0x3F3F3F3F, ((w2 >> 4) & 0x0F0F0F0F) | (((w1 >> 6) & 0x03030303) << 4));
+  uint32_t w[4];
+  quant::k4_scale_min_words(b + 4, w);
+  const typename V::B s = V::from_u32(w[0], w[1], w[2], w[3]);
   V::template scales<0>(u.scale, s, V::half(b));
   V::template scales<1>(u.offset, s, -V::half(b + 2));
 }
@@ -380,16 +378,7 @@ struct IQ4_XS {
         V::store32(u.q + 64 * c + 32, V::lookup16(V::and8(V::shr(v, 4), 15), quant::kIQ4Levels.data()));
       }
     }
-    // The 8 low nibbles and the 8 bit pairs spread to one byte per sub-block.
-    uint64_t lo = u32_at(b + 4);
-    lo = (lo | lo << 16) & 0x0000FFFF0000FFFFull;
-    lo = (lo | lo << 8) & 0x00FF00FF00FF00FFull;
-    lo = (lo | lo << 4) & 0x0F0F0F0F0F0F0F0Full;
-    uint64_t hi = uint64_t(b[2]) | uint64_t(b[3]) << 8;
-    hi = (hi | hi << 24) & 0x000000FF000000FFull;
-    hi = (hi | hi << 12) & 0x000F000F000F000Full;
-    hi = (hi | hi << 6) & 0x0303030303030303ull;
-    const uint64_t ls = lo | hi << 4;
+    const uint64_t ls = quant::iq4_xs_scale_bytes(b);
     const typename V::B sc = V::sub8(V::from_u32(uint32_t(ls), uint32_t(ls >> 32), 0, 0), 32);
     V::template scales<0>(u.scale, sc, V::half(b));
   }

@@ -19,6 +19,7 @@
 #include "kernels/cpu/int_rows_x86.h"
 #include "kernels/formats.h"
 #include "kernels/quant/iq4.h"
+#include "kernels/quant/k_quants.h"
 
 #if !defined(Q4T_INT_TARGET) || !defined(Q4T_INT_VNNI) || !defined(Q4T_INT_NAME) || !defined(Q4T_INT_SET)
 #error "define Q4T_INT_TARGET, Q4T_INT_VNNI, Q4T_INT_NAME and Q4T_INT_SET before including int_rows_skeleton.h"
@@ -212,14 +213,9 @@ struct Q3_K {
     return V::or_(low, bit_to<C, 2>(V::load32(b)));
   }
   Q4T_INT_TARGET static void scales(Scales& s, const uint8_t* b) {
-    uint32_t a0, a1, t;
-    std::memcpy(&a0, b + 96, 4), std::memcpy(&a1, b + 100, 4), std::memcpy(&t, b + 104, 4);
-    const __m128i sc = _mm_sub_epi8(
-        _mm_setr_epi32(int((a0 & 0x0F0F0F0F) | ((t & 0x03030303) << 4)),
-                       int((a1 & 0x0F0F0F0F) | (((t >> 2) & 0x03030303) << 4)),
-                       int(((a0 >> 4) & 0x0F0F0F0F) | (((t >> 4) & 0x03030303) << 4)),
-                       int(((a1 >> 4) & 0x0F0F0F0F) | (((t >> 6) & 0x03030303) << 4))),
-        _mm_set1_epi8(32));
+    uint32_t w[4];
+    quant::k3_scale_words(b + 96, w);
+    const __m128i sc = _mm_sub_epi8(_mm_setr_epi32(int(w[0]), int(w[1]), int(w[2]), int(w[3])), _mm_set1_epi8(32));
     const __m256i v = _mm256_cvtepi8_epi16(sc);
     store16(s.sc, v), store16(s.mn, v);
     s.d = V::half(b + 108), s.dm = -4 * s.d;
@@ -229,10 +225,10 @@ struct Q3_K {
 // Q4_K's and Q5_K's eight 6-bit scales and mins (sub-blocks 0-3 in bytes 0-7; 4-7 in the nibbles of bytes 8-11
 // with their top 2 bits in the top bits of bytes 0-7); then d, −dmin.
 Q4T_INT_TARGET inline void k4_scales(Scales& s, const uint8_t* b) {
-  uint32_t w0, w1, w2;
-  std::memcpy(&w0, b + 4, 4), std::memcpy(&w1, b + 8, 4), std::memcpy(&w2, b + 12, 4);
-  store16(s.sc, pairs_u8(w0 & 0x3F3F3F3F, (w2 & 0x0F0F0F0F) | (((w0 >> 6) & 0x03030303) << 4)));
-  store16(s.mn, pairs_u8(w1 & 0x3F3F3F3F, ((w2 >> 4) & 0x0F0F0F0F) | (((w1 >> 6) & 0x03030303) << 4)));
+  uint32_t w[4];
+  quant::k4_scale_min_words(b + 4, w);
+  store16(s.sc, pairs_u8(w[0], w[1]));
+  store16(s.mn, pairs_u8(w[2], w[3]));
   s.d = V::half(b), s.dm = -V::half(b + 2);
 }
 
@@ -294,17 +290,8 @@ struct IQ4_XS {
     return V::lookup16(V::nibbles(b + 8 + 16 * C), quant::kIQ4Levels.data());
   }
   Q4T_INT_TARGET static void scales(Scales& s, const uint8_t* b) {
-    uint32_t lo4;
-    std::memcpy(&lo4, b + 4, 4);
-    uint64_t lo = lo4;  // the 8 low nibbles and the 8 bit pairs spread to one byte per sub-block
-    lo = (lo | lo << 16) & 0x0000FFFF0000FFFFull;
-    lo = (lo | lo << 8) & 0x00FF00FF00FF00FFull;
-    lo = (lo | lo << 4) & 0x0F0F0F0F0F0F0F0Full;
-    uint64_t hi = uint64_t(b[2]) | uint64_t(b[3]) << 8;
-    hi = (hi | hi << 24) & 0x000000FF000000FFull;
-    hi = (hi | hi << 12) & 0x000F000F000F000Full;
-    hi = (hi | hi << 6) & 0x0303030303030303ull;
-    store16(s.sc, pairs_i8(_mm_sub_epi8(_mm_set_epi64x(0, int64_t(lo | hi << 4)), _mm_set1_epi8(32))));
+    const int64_t ls = int64_t(quant::iq4_xs_scale_bytes(b));
+    store16(s.sc, pairs_i8(_mm_sub_epi8(_mm_set_epi64x(0, ls), _mm_set1_epi8(32))));
     s.d = V::half(b), s.dm = 0;
   }
 };

@@ -34,6 +34,20 @@ struct BlockIQ4_XS {
 };
 static_assert(sizeof(BlockIQ4_XS) == kIQ4_XSBlockBytes, "IQ4_XS block must be 136 bytes");
 
+// The eight ls = sc + 32 of an IQ4_XS block at b (its raw bytes), one byte each (byte s: sub-block s): the 8 low
+// nibbles and the 8 bit pairs spread out and joined, for the SIMD loops.
+inline uint64_t iq4_xs_scale_bytes(const uint8_t* b) {
+  uint64_t lo = uint64_t(b[4]) | uint64_t(b[5]) << 8 | uint64_t(b[6]) << 16 | uint64_t(b[7]) << 24;
+  lo = (lo | lo << 16) & 0x0000FFFF0000FFFFull;
+  lo = (lo | lo << 8) & 0x00FF00FF00FF00FFull;
+  lo = (lo | lo << 4) & 0x0F0F0F0F0F0F0F0Full;
+  uint64_t hi = uint64_t(b[2]) | uint64_t(b[3]) << 8;
+  hi = (hi | hi << 24) & 0x000000FF000000FFull;
+  hi = (hi | hi << 12) & 0x000F000F000F000Full;
+  hi = (hi | hi << 6) & 0x0303030303030303ull;
+  return lo | hi << 4;
+}
+
 // The scale of IQ4_XS sub-block s (0..7), in [−32, 31].
 inline int iq4_xs_scale(const BlockIQ4_XS& b, int s) {
   const int low = (b.scales_l[s / 2] >> (4 * (s % 2))) & 0xF;

@@ -90,6 +90,25 @@ inline int k3_scale(const uint8_t* scales, int s) {
   return (low | (high << 4)) - 32;
 }
 
+// The same unpackings for all sub-blocks at once, as little-endian words of one byte per sub-block (the SIMD
+// loops'): Q4_K's and Q5_K's 8 scales in w[0..1] and 8 mins in w[2..3]; Q3_K's 16 stored scales (sc + 32) in
+// w[0..3]. `scales` points at the 12 packed bytes.
+inline uint32_t k_scale_word(const uint8_t* p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+inline void k4_scale_min_words(const uint8_t* scales, uint32_t w[4]) {
+  const uint32_t w0 = k_scale_word(scales), w1 = k_scale_word(scales + 4), w2 = k_scale_word(scales + 8);
+  w[0] = w0 & 0x3F3F3F3F, w[1] = (w2 & 0x0F0F0F0F) | (((w0 >> 6) & 0x03030303) << 4);
+  w[2] = w1 & 0x3F3F3F3F, w[3] = ((w2 >> 4) & 0x0F0F0F0F) | (((w1 >> 6) & 0x03030303) << 4);
+}
+inline void k3_scale_words(const uint8_t* scales, uint32_t w[4]) {
+  const uint32_t a0 = k_scale_word(scales), a1 = k_scale_word(scales + 4), t = k_scale_word(scales + 8);
+  w[0] = (a0 & 0x0F0F0F0F) | ((t & 0x03030303) << 4);
+  w[1] = (a1 & 0x0F0F0F0F) | (((t >> 2) & 0x03030303) << 4);
+  w[2] = ((a0 >> 4) & 0x0F0F0F0F) | (((t >> 4) & 0x03030303) << 4);
+  w[3] = ((a1 >> 4) & 0x0F0F0F0F) | (((t >> 6) & 0x03030303) << 4);
+}
+
 // GGML's reference quantizers (what llama.cpp writes with no importance matrix): a weighted min/scale search per
 // sub-block for Q2_K (absolute-error fit), Q4_K and Q5_K; a signed scale search per 16 weights for Q3_K (with
 // GGML's level-by-level refinement) and Q6_K. n must be a multiple of 256; out receives n/256 blocks.
