@@ -2,8 +2,8 @@
 // 8-bit blocks exactly as llama.cpp's CPU matmuls round it (kernels/quant/act_round.h: Q8_0 blocks of 32 before
 // the formats of 32-weight blocks, Q8_K blocks of 256 before the 256-weight ones), then each weight row's integer
 // levels are multiplied with those bytes in 16- and 32-bit integer sums and every block's scales are applied once
-// (float sums across blocks). One x86 build (AVX2, also run on AVX-512 CPUs); none where the Q4_0 kernel set in
-// use is the portable one. F16 and BF16 have none.
+// (float sums across blocks). Two x86 builds of one skeleton (int_rows_skeleton.h): AVX2, and AVX-512 where the CPU
+// has BW, VL and VNNI; none where the Q4_0 kernel set in use is the portable one. F16 and BF16 have none.
 #pragma once
 #include <cstdint>
 
