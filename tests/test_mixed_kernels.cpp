@@ -95,35 +95,46 @@ vk::Device* MixedKernels::device_ = nullptr;
 class MixedFormats : public MixedKernels, public ::testing::WithParamInterface<Format> {};
 
 // Every format's decode (wunit.glsl through decode_f16.comp, into k-panels) gives the reference's f16 weights bit
-// for bit, over a window of rows that starts past row 0.
+// for bit, over windows of rows that start past row 0, with the default tile and the bench's others (rows per
+// workgroup that do not divide the rows, units that do not fill a tile; staged through shared memory or not).
 TEST_P(MixedFormats, DecodedWeightsEqualTheReferenceBitForBit) {
   const Format f = GetParam();
+  struct Tile {
+    uint32_t rows;
+    bool staged;
+  };
   for (int64_t n_in : widths(f)) {
-    const int64_t n_out = 9, row0 = 2, rows = 6;
+    const int64_t n_out = 41, row0 = 2;
     const auto w_host = random_weights(rng_, f, n_out, n_in);
     const auto wd = device_bytes(f, w_host);
-    vk::Buffer w(*device_, wd.size()), out(*device_, size_t(rows * n_in) * 2);
+    vk::Buffer w(*device_, wd.size());
     w.upload(wd);
-    vk::Sequence s(*device_);
-    s.begin();
-    kernels_->decode_f16(f, s, out, 0, w, rows, n_in, row0);
-    s.end();
-    s.run();
-    const auto halves = out.download_as<uint16_t>(size_t(rows * n_in));
-    int64_t wrong = 0;
-    std::string first;  // the first few differences, for the failure message
-    for (int64_t r = 0; r < rows; ++r) {
-      const auto want = ref::mixed_row(f, w_host.data(), row0 + r, n_in);
-      for (int64_t i = 0; i < n_in; ++i) {
-        // k-panels: panel i / 32 holds columns i / 32 · 32 .. of every row
-        const double got = quant::f16_to_f32(halves[size_t((i / 32 * rows + r) * 32 + i % 32)]);
-        if (got == want[size_t(i)]) continue;
-        if (++wrong <= 4)
-          first += " [row " + std::to_string(row0 + r) + ", " + std::to_string(i) + "]: " + std::to_string(got) +
-                   " want " + std::to_string(want[size_t(i)]);
+    for (const int64_t rows : {int64_t(6), int64_t(39)})
+      for (const Tile t : {Tile{0, true}, Tile{1, true}, Tile{8, true}, Tile{8, false}, Tile{128, false}}) {
+        vk::Buffer out(*device_, size_t(rows * n_in) * 2);
+        out.fill_zero();
+        vk::Sequence s(*device_);
+        s.begin();
+        kernels_->decode_f16(f, s, out, 0, w, rows, n_in, row0, t.rows, t.staged);
+        s.end();
+        s.run();
+        const auto halves = out.download_as<uint16_t>(size_t(rows * n_in));
+        int64_t wrong = 0;
+        std::string first;  // the first few differences, for the failure message
+        for (int64_t r = 0; r < rows; ++r) {
+          const auto want = ref::mixed_row(f, w_host.data(), row0 + r, n_in);
+          for (int64_t i = 0; i < n_in; ++i) {
+            // k-panels: panel i / 32 holds columns i / 32 · 32 .. of every row
+            const double got = quant::f16_to_f32(halves[size_t((i / 32 * rows + r) * 32 + i % 32)]);
+            if (got == want[size_t(i)]) continue;
+            if (++wrong <= 4)
+              first += " [row " + std::to_string(row0 + r) + ", " + std::to_string(i) + "]: " + std::to_string(got) +
+                       " want " + std::to_string(want[size_t(i)]);
+          }
+        }
+        EXPECT_EQ(wrong, 0) << format_name(f) << " n_in=" << n_in << " rows=" << rows << " tile rows=" << t.rows
+                            << (t.staged ? " staged" : " direct") << first;
       }
-    }
-    EXPECT_EQ(wrong, 0) << format_name(f) << " n_in=" << n_in << first;
   }
 }
 

@@ -5,6 +5,7 @@
 // so the numbers are from DRAM, not cache.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -54,8 +55,11 @@ Format format_of(Weights w) { return Format(uint32_t(w)); }
 // memory; no conversion, no decode), the practical ceiling of the mixed products. MixedGemm, MixedDx: a format's
 // mixed product with a named path and tile shape (kernel names <format>_mixed_gemm, <format>_decoded_dx, ...).
 // Lora: the six f32 products of a LoRA adapter (rank 16) on a frozen product of the shape, as lora_linear runs them
-// (lora_hs, lora_y, lora_dh, lora_db, lora_da, lora_dxa).
-enum class Op { Copy, Gemv, Gemm, Dx, CoopGemm, MixedGemm, MixedDx, Lora };
+// (lora_hs, lora_y, lora_dh, lora_db, lora_da, lora_dxa). Decode: W decoded to f16 k-panels alone, the first pass
+// of a mixed product that decodes W once (<format>_decode, or <format>_decode_r<R> / _d<R> with tiles of R rows,
+// staged through shared memory or stored directly), judged
+// against the copy of the bytes it reads and writes.
+enum class Op { Copy, Gemv, Gemm, Dx, CoopGemm, MixedGemm, MixedDx, Lora, Decode };
 
 // A kernel --kernels can name (dx and the routed gemm run at T = 1 and at --tokens, 512 by default; the mixed ones
 // at --tokens).
@@ -72,6 +76,7 @@ const std::vector<KernelInfo>& kernel_infos() {
     for (const FormatTraits& f : format_table())
       for (const auto& [suffix, op] : {std::pair{"_gemv", Op::Gemv}, {"_gemm", Op::Gemm}, {"_dx", Op::Dx}})
         v.push_back({std::string(f.name) + suffix, weights_of(f.format), op, f.format == Format::Q4_0});
+    for (const FormatTraits& f : format_table()) v.push_back({std::string(f.name) + "_decode", weights_of(f.format), Op::Decode, false});
     v.push_back({"f16_coop_gemm", weights_of(Format::F16), Op::CoopGemm, false});
     for (const char* l : {"lora_hs", "lora_y", "lora_dh", "lora_db", "lora_da", "lora_dxa"})
       v.push_back({l, Weights::None, Op::Lora, false});
@@ -96,7 +101,7 @@ struct Case {
   Weights weights = Weights::None;
   Op op = Op::Copy;
   bool decoded = false;   // MixedGemm / MixedDx: through a decoded f16 copy of W
-  std::string variant;    // CoopGemm / MixedGemm / MixedDx: the tile shape's suffix ("" the default)
+  std::string variant;    // CoopGemm / MixedGemm / MixedDx: the tile shape's suffix ("" the default); Decode: R
 };
 
 struct Result {
@@ -129,6 +134,17 @@ int64_t weight_row_bytes(Weights w, int64_t n_in) { return w == Weights::None ? 
 Case kernel_case(const std::string& name) {
   for (const KernelInfo& k : kernel_infos())
     if (name == k.name) return {name, 0, 0, 0, k.weights, k.op};
+  if (const auto d = name.rfind("_decode_"); d != std::string::npos && name.size() > d + 9) {
+    const char how = name[d + 8];  // r: staged through shared memory, d: stored directly
+    const std::string r = name.substr(d + 9);
+    const Weights w = weights_named(name.substr(0, d));
+    if (w != Weights::None && (how == 'r' || how == 'd') && r.size() <= 3 && std::all_of(r.begin(), r.end(), ::isdigit)) {
+      const unsigned rows = unsigned(std::stoul(r));
+      if (rows == 0 || rows > 128 || (rows & (rows - 1)) != 0)
+        throw std::invalid_argument("--kernels: " + name + ": the decode's rows per workgroup must be a power of two up to 128");
+      return {name, 0, 0, 0, w, Op::Decode, false, name.substr(d + 8)};
+    }
+  }
   for (const std::string& t : vk::LinearKernels::mixed_variants()) {
     if (!t.empty() && name == "f16_coop_gemm" + t)
       return {name, 0, 0, 0, weights_of(Format::F16), Op::CoopGemm, false, t};
@@ -145,7 +161,7 @@ Case kernel_case(const std::string& name) {
   for (const KernelInfo& k : kernel_infos()) known += std::string(known.empty() ? "" : ", ") + k.name;
   throw std::invalid_argument("--kernels: unknown kernel '" + name + "' (known: " + known +
                               ", <format>_mixed_gemm, <format>_mixed_dx, <format>_decoded_gemm, <format>_decoded_dx, "
-                              "and f16_coop_gemm or a mixed kernel with a tile suffix " + mixed_tile_suffixes() + ")");
+                              "<format>_decode_r<R>, <format>_decode_d<R> and f16_coop_gemm or a mixed kernel with a tile suffix " + mixed_tile_suffixes() + ")");
 }
 
 void check_shape(Weights w, int64_t n_out, int64_t n_in) {
@@ -200,15 +216,16 @@ std::vector<Case> make_cases(const BenchOptions& opt, bool coop) {
         cases.push_back([&] { Case many = c; many.T = opt.tokens; return many; }());
         continue;
       }
-      if (c.op == Op::Gemv || c.op == Op::Dx) cases.push_back([&] { Case one = c; one.T = 1; return one; }());
-      if (c.op != Op::Gemv) cases.push_back([&] { Case many = c; many.T = opt.tokens; return many; }());
+      if (c.op == Op::Gemv || c.op == Op::Dx || c.op == Op::Decode) cases.push_back([&] { Case one = c; one.T = 1; return one; }());
+      if (c.op != Op::Gemv && c.op != Op::Decode) cases.push_back([&] { Case many = c; many.T = opt.tokens; return many; }());
     }
   }
   return cases;
 }
 
-// Bytes a kernel must move at least: the weights once, activations in and out.
+// Bytes a kernel must move at least: the weights once, activations in and out (a decode: its f16 out).
 double min_bytes(const Case& c) {
+  if (c.op == Op::Decode) return double(c.n_out * weight_row_bytes(c.weights, c.n_in)) + 2.0 * double(c.n_out * c.n_in);
   return double(c.n_out * weight_row_bytes(c.weights, c.n_in)) + 4.0 * double(c.T) * double(c.n_in + c.n_out);
 }
 
@@ -376,6 +393,17 @@ Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, d
     finish(r, time_mixed(dev, k, c, budget_s), copy_gbps);
     return r;
   }
+  if (c.op == Op::Decode) {
+    const auto ws = device_weights(dev, c);
+    vk::Buffer w16(dev, size_t(c.n_out * c.n_in) * 2);
+    const uint32_t tile_rows = c.variant.empty() ? 0 : uint32_t(std::stoul(c.variant.substr(1)));
+    const bool staged = c.variant.empty() || c.variant[0] == 'r';
+    finish(r, time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int i) {
+             k.decode_f16(format_of(c.weights), seq, w16, 0, ws[size_t(i) % ws.size()], c.n_out, c.n_in, 0, tile_rows,
+                          staged);
+           }), copy_gbps);
+    return r;
+  }
   if (c.op == Op::Lora) {
     const LoraProduct lp = lora_product(c.kernel, c.T, c.n_out, c.n_in);
     const int64_t rank = kLoraRank, big = lp.rows * lp.cols, small = lp.cols * rank;
@@ -514,7 +542,7 @@ int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& ou
   std::vector<Case> cases = make_cases(opt, coop);
   if (dev.is_cpu())
     for (const Case& c : cases)
-      if (c.op == Op::CoopGemm || c.op == Op::MixedGemm || c.op == Op::MixedDx)
+      if (c.op == Op::CoopGemm || c.op == Op::MixedGemm || c.op == Op::MixedDx || c.op == Op::Decode)
         throw std::invalid_argument("--kernels: " + c.kernel + " runs on Vulkan devices only");
   // The roofline is always measured in the same run, first, even when --kernels leaves copy out.
   const bool copy_listed = !cases.empty() && cases.front().kernel == "copy";
@@ -576,8 +604,8 @@ Command add_bench(CLI::App& app) {
                   "<format>_gemv, <format>_gemm, <format>_dx for every other format (" + format_list() + "); "
                   "f16_coop_gemm (the plain f16 tensor-core GEMM: the ceiling each product at --tokens is compared "
                   "with); lora_hs, lora_y, lora_dh, lora_db, lora_da, lora_dxa (a rank-16 adapter's products); <format>_mixed_gemm, <format>_mixed_dx (each tile decoded in the GEMM) and "
-                  "<format>_decoded_gemm, <format>_decoded_dx (W decoded to f16 first), f16_coop_gemm and the "
-                  "<format>_mixed_* kernels with a tile suffix " + mixed_tile_suffixes() + " (Vulkan only)")
+                  "<format>_decoded_gemm, <format>_decoded_dx (W decoded to f16 first), <format>_decode (that decode "
+                  "alone; _r<R>, _d<R>: R rows per workgroup, staged through shared memory or not), f16_coop_gemm and the <format>_mixed_* kernels with a tile suffix " + mixed_tile_suffixes() + " (Vulkan only)")
       ->delimiter(',');
   cmd->add_option_function<std::string>(
          "--precision", [o](const std::string& v) { o->precision = parse_precision(v, "--precision"); },

@@ -148,9 +148,11 @@ class LinearKernels {
   static const std::vector<std::string>& mixed_variants();
   bool has_mixed_variant(Format f, bool dx, const std::string& variant) const;
   // Rows w_row0 .. w_row0 + rows of W [.., n_in] in format f decoded to f16 k-panels in dst from byte `offset` (a
-  // multiple of 16): the W operand (panels) of a product that decodes W once.
+  // multiple of 16): the W operand (panels) of a product that decodes W once. For the bench, `tile_rows` (a power
+  // of two up to 128; 0 the default) sets the rows of a workgroup's tile and `staged` whether the tile passes
+  // through shared memory (decode_f16.comp).
   MixedW decode_f16(Format f, Sequence& s, const Buffer& dst, size_t offset, const Buffer& w, int64_t rows, int64_t n_in,
-                    int64_t w_row0);
+                    int64_t w_row0, uint32_t tile_rows = 0, bool staged = true);
   // Whether the mixed products of format f decode W to f16 once per product (then run the F16 GEMM) rather than tile
   // by tile in the GEMM's main loop: for every format but the 16-bit floats (F16, BF16: a part of a unit is 8 of their weights, read as they stand) (docs/mixed-precision.md has the measurements).
   static bool decodes_once(Format f) { return f != Format::F16 && f != Format::BF16; }

@@ -24,6 +24,8 @@ struct ToF16Push {  // rows_to_f16.comp
 struct DecodePush {  // decode_f16.comp
   uint32_t rows, n_in, w_row0, out_base;
 };
+// decode_f16.comp's tile: rows by 128 / kDecodeTileRows units per workgroup (docs/mixed-precision.md).
+constexpr uint32_t kDecodeTileRows = 8;
 
 // The workgroup tiles of the mixed_gemm.comp variants (kernels/CMakeLists.txt): the tensor-core default (""), the
 // bench's other shapes, and the portable twins.
@@ -144,7 +146,8 @@ void LinearKernels::mixed_product(bool dx, Sequence& s, const Buffer& C, const F
 }
 
 LinearKernels::MixedW LinearKernels::decode_f16(Format f, Sequence& s, const Buffer& dst, size_t offset, const Buffer& w,
-                                                int64_t rows, int64_t n_in, int64_t w_row0) {
+                                                int64_t rows, int64_t n_in, int64_t w_row0, uint32_t tile_rows,
+                                                bool staged) {
   const std::string name = std::string("decode_f16_") + format_name(f);
   const char* k = name.c_str();
   if (offset % 16 != 0 || n_in % kBK != 0)
@@ -152,8 +155,12 @@ LinearKernels::MixedW LinearKernels::decode_f16(Format f, Sequence& s, const Buf
   check_min_size(k, "W", w.size(), size_t(device_weight_bytes(f, w_row0 + rows, n_in)));
   check_min_size(k, "the output", dst.size(), offset + size_t(rows * n_in) * 2);
   check_fits_u32(k, "the output", int64_t(offset / 4) + rows * n_in / 2);
+  if (tile_rows == 0) tile_rows = kDecodeTileRows;
+  if (tile_rows > 128 || (tile_rows & (tile_rows - 1)) != 0)
+    throw std::invalid_argument(name + ": the tile's rows must be a power of two up to 128");
   const DecodePush push{uint32_t(rows), uint32_t(n_in), uint32_t(w_row0), uint32_t(offset / 16)};
-  s.dispatch(pipeline(name, 2, sizeof(push)), {&dst, &w}, push, groups_1d(ceil_div(rows * (n_in / kBK), 128)));
+  const int64_t groups = int64_t(ceil_div(rows, tile_rows)) * ceil_div(n_in / kBK, 128 / tile_rows);
+  s.dispatch(pipeline(name, 2, sizeof(push), {tile_rows, staged ? 1u : 0u}), {&dst, &w}, push, groups_1d(groups));
   return {Format::F16, &dst, 0, true, uint32_t(offset / 16)};
 }
 
