@@ -142,39 +142,46 @@ TEST_P(MixedFormats, DecodedWeightsEqualTheReferenceBitForBit) {
 // to zero in f16 (1e-9), a zero row and ordinary ones, read from a column offset of wider rows. The halves times
 // the factors equal the reference's rounding exactly.
 TEST_F(MixedKernels, RowsToF16ScaleEachRowIntoRange) {
-  const int64_t rows = 6, K = 70, lda = 81, col0 = 5;
-  std::vector<float> x(size_t(rows * lda));
+  struct Shape {
+    int64_t K, lda, col0;  // rows read as vec4s where lda and col0 keep them on 16 bytes (the second)
+  };
+  const int64_t rows = 6;
   const float scales[rows] = {1.0f, 1e6f, 1e-9f, 0.0f, 3e4f, 1e-3f};
-  for (int64_t m = 0; m < rows; ++m) {
-    const auto r = random_floats(rng_, lda, scales[m]);
-    std::copy(r.begin(), r.end(), x.begin() + m * lda);
-  }
-  vk::Buffer in(*device_, x.size() * 4), out(*device_, vk::LinearKernels::f16_rows_bytes(rows, K) + 16);
-  in.upload(x);
-  vk::Sequence s(*device_);
-  s.begin();
-  const auto a = kernels_->to_f16(s, out, 16, in, rows, K, lda, col0);
-  s.end();
-  s.run();
-  const auto words = out.download_as<uint32_t>(out.size() / 4);
-  const auto want = ref::mixed_rows(x.data(), rows, K, lda, col0);
-  for (int64_t m = 0; m < rows; ++m) {
-    const float factor = std::bit_cast<float>(words[a.s_base + size_t(m)]);
-    int64_t wrong = 0;
-    const int64_t kp = (K + 31) / 32 * 32;  // k-panels of 32 columns: panel q holds columns 32q .. of every row
-    for (int64_t k = 0; k < kp; ++k) {
-      const size_t word_at = (size_t(a.base) + size_t(k / 32) * 4 * rows + 4 * size_t(m)) * 4 + size_t(k % 32) / 2;
-      const uint32_t word = words[word_at];
-      const double h = quant::f16_to_f32(uint16_t(k % 2 == 0 ? word & 0xFFFF : word >> 16));
-      if (k >= K) {
-        wrong += h != 0.0;  // the padding up to the GEMM's K step
-        continue;
+  for (const Shape sh : {Shape{70, 81, 5}, Shape{2600, 2612, 8}})
+    for (const uint32_t unroll : {1u, 4u, 16u}) {
+      std::vector<float> x(size_t(rows * sh.lda));
+      for (int64_t m = 0; m < rows; ++m) {
+        const auto r = random_floats(rng_, sh.lda, scales[m]);
+        std::copy(r.begin(), r.end(), x.begin() + m * sh.lda);
       }
-      wrong += h * factor != want[size_t(m * K + k)];
-      wrong += !std::isfinite(h) || (x[size_t(m * lda + col0 + k)] != 0 && h == 0);
+      x[size_t(sh.col0 + std::min<int64_t>(1500, sh.K - 3))] = 1000.0f;  // row 0's largest value, deep in the row
+      vk::Buffer in(*device_, x.size() * 4), out(*device_, vk::LinearKernels::f16_rows_bytes(rows, sh.K) + 16);
+      in.upload(x);
+      vk::Sequence s(*device_);
+      s.begin();
+      const auto a = kernels_->to_f16(s, out, 16, in, rows, sh.K, sh.lda, sh.col0, unroll);
+      s.end();
+      s.run();
+      const auto words = out.download_as<uint32_t>(out.size() / 4);
+      const auto want = ref::mixed_rows(x.data(), rows, sh.K, sh.lda, sh.col0);
+      for (int64_t m = 0; m < rows; ++m) {
+        const float factor = std::bit_cast<float>(words[a.s_base + size_t(m)]);
+        int64_t wrong = 0;
+        const int64_t kp = (sh.K + 31) / 32 * 32;  // k-panels of 32 columns: panel q holds columns 32q .. of every row
+        for (int64_t k = 0; k < kp; ++k) {
+          const size_t word_at = (size_t(a.base) + size_t(k / 32) * 4 * rows + 4 * size_t(m)) * 4 + size_t(k % 32) / 2;
+          const uint32_t word = words[word_at];
+          const double h = quant::f16_to_f32(uint16_t(k % 2 == 0 ? word & 0xFFFF : word >> 16));
+          if (k >= sh.K) {
+            wrong += h != 0.0;  // the padding up to the GEMM's K step
+            continue;
+          }
+          wrong += h * factor != want[size_t(m * sh.K + k)];
+          wrong += !std::isfinite(h) || (x[size_t(m * sh.lda + sh.col0 + k)] != 0 && h == 0);
+        }
+        EXPECT_EQ(wrong, 0) << "row " << m << " of scale " << scales[m] << ", K " << sh.K << ", unroll " << unroll;
+      }
     }
-    EXPECT_EQ(wrong, 0) << "row " << m << " of scale " << scales[m];
-  }
 }
 
 // Y = X·Wᵀ for every format on shapes whose tiles do not divide (T from the fewest tokens that take the mixed path,

@@ -58,8 +58,9 @@ Format format_of(Weights w) { return Format(uint32_t(w)); }
 // (lora_hs, lora_y, lora_dh, lora_db, lora_da, lora_dxa). Decode: W decoded to f16 k-panels alone, the first pass
 // of a mixed product that decodes W once (<format>_decode, or <format>_decode_r<R> / _d<R> with tiles of R rows,
 // staged through shared memory or stored directly), judged
-// against the copy of the bytes it reads and writes.
-enum class Op { Copy, Gemv, Gemm, Dx, CoopGemm, MixedGemm, MixedDx, Lora, Decode };
+// against the copy of the bytes it reads and writes. ToF16: rows_to_f16, the mixed products' other first pass (T
+// rows of n_in activations to f16 k-panels, each row scaled by a power of two), judged against the copy as well.
+enum class Op { Copy, Gemv, Gemm, Dx, CoopGemm, MixedGemm, MixedDx, Lora, Decode, ToF16 };
 
 // A kernel --kernels can name (dx and the routed gemm run at T = 1 and at --tokens, 512 by default; the mixed ones
 // at --tokens).
@@ -78,6 +79,7 @@ const std::vector<KernelInfo>& kernel_infos() {
         v.push_back({std::string(f.name) + suffix, weights_of(f.format), op, f.format == Format::Q4_0});
     for (const FormatTraits& f : format_table()) v.push_back({std::string(f.name) + "_decode", weights_of(f.format), Op::Decode, false});
     v.push_back({"f16_coop_gemm", weights_of(Format::F16), Op::CoopGemm, false});
+    v.push_back({"rows_to_f16", Weights::None, Op::ToF16, false});
     for (const char* l : {"lora_hs", "lora_y", "lora_dh", "lora_db", "lora_da", "lora_dxa"})
       v.push_back({l, Weights::None, Op::Lora, false});
     return v;
@@ -134,6 +136,12 @@ int64_t weight_row_bytes(Weights w, int64_t n_in) { return w == Weights::None ? 
 Case kernel_case(const std::string& name) {
   for (const KernelInfo& k : kernel_infos())
     if (name == k.name) return {name, 0, 0, 0, k.weights, k.op};
+  if (name.rfind("rows_to_f16_u", 0) == 0 && name.size() > 13 && name.size() <= 15 &&
+      std::all_of(name.begin() + 13, name.end(), ::isdigit)) {
+    const unsigned u = unsigned(std::stoul(name.substr(13)));
+    if (u == 0 || u > 16) throw std::invalid_argument("--kernels: " + name + ": the loads in flight must be 1 to 16");
+    return {name, 0, 0, 0, Weights::None, Op::ToF16, false, name.substr(13)};
+  }
   if (const auto d = name.rfind("_decode_"); d != std::string::npos && name.size() > d + 9) {
     const char how = name[d + 8];  // r: staged through shared memory, d: stored directly
     const std::string r = name.substr(d + 9);
@@ -161,7 +169,7 @@ Case kernel_case(const std::string& name) {
   for (const KernelInfo& k : kernel_infos()) known += std::string(known.empty() ? "" : ", ") + k.name;
   throw std::invalid_argument("--kernels: unknown kernel '" + name + "' (known: " + known +
                               ", <format>_mixed_gemm, <format>_mixed_dx, <format>_decoded_gemm, <format>_decoded_dx, "
-                              "<format>_decode_r<R>, <format>_decode_d<R> and f16_coop_gemm or a mixed kernel with a tile suffix " + mixed_tile_suffixes() + ")");
+                              "<format>_decode_r<R>, <format>_decode_d<R>, rows_to_f16_u<U> and f16_coop_gemm or a mixed kernel with a tile suffix " + mixed_tile_suffixes() + ")");
 }
 
 void check_shape(Weights w, int64_t n_out, int64_t n_in) {
@@ -212,7 +220,7 @@ std::vector<Case> make_cases(const BenchOptions& opt, bool coop) {
       check_shape(c.weights, n_out, n_in);
       c.n_out = n_out;
       c.n_in = n_in;
-      if (c.op == Op::Lora) {
+      if (c.op == Op::Lora || c.op == Op::ToF16) {
         cases.push_back([&] { Case many = c; many.T = opt.tokens; return many; }());
         continue;
       }
@@ -226,6 +234,7 @@ std::vector<Case> make_cases(const BenchOptions& opt, bool coop) {
 // Bytes a kernel must move at least: the weights once, activations in and out (a decode: its f16 out).
 double min_bytes(const Case& c) {
   if (c.op == Op::Decode) return double(c.n_out * weight_row_bytes(c.weights, c.n_in)) + 2.0 * double(c.n_out * c.n_in);
+  if (c.op == Op::ToF16) return 6.0 * double(c.T * c.n_in);
   return double(c.n_out * weight_row_bytes(c.weights, c.n_in)) + 4.0 * double(c.T) * double(c.n_in + c.n_out);
 }
 
@@ -242,11 +251,11 @@ void finish(Result& r, double seconds, double copy_gbps) {
   r.has_gbps = true;
   // Memory-bound kernels (one token) are judged against the copy; GEMMs (T > 1) are compute-bound and report
   // TFLOPS instead.
-  if (r.c.T == 1 && copy_gbps > 0) {
+  if ((r.c.T == 1 || r.c.op == Op::ToF16) && copy_gbps > 0) {
     r.roofline_frac = r.gbps / copy_gbps;
     r.has_roofline = true;
   }
-  if (r.c.T > 1) {
+  if (r.c.T > 1 && r.c.op != Op::ToF16) {
     r.tflops = 2.0 * double(r.c.T) * double(r.c.n_out) * double(r.c.n_in) / seconds / 1e12;
     r.has_tflops = true;
   }
@@ -391,6 +400,14 @@ Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, d
   }
   if (c.op == Op::CoopGemm || c.op == Op::MixedGemm || c.op == Op::MixedDx) {
     finish(r, time_mixed(dev, k, c, budget_s), copy_gbps);
+    return r;
+  }
+  if (c.op == Op::ToF16) {
+    vk::Buffer in(dev, size_t(c.T * c.n_in) * 4), out(dev, vk::LinearKernels::f16_rows_bytes(c.T, c.n_in));
+    in.upload(random_acts(c.T * c.n_in));
+    finish(r, time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int) {
+             k.to_f16(seq, out, 0, in, c.T, c.n_in, c.n_in, 0, c.variant.empty() ? 0 : uint32_t(std::stoul(c.variant)));
+           }), copy_gbps);
     return r;
   }
   if (c.op == Op::Decode) {
@@ -542,7 +559,7 @@ int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& ou
   std::vector<Case> cases = make_cases(opt, coop);
   if (dev.is_cpu())
     for (const Case& c : cases)
-      if (c.op == Op::CoopGemm || c.op == Op::MixedGemm || c.op == Op::MixedDx || c.op == Op::Decode)
+      if (c.op == Op::CoopGemm || c.op == Op::MixedGemm || c.op == Op::MixedDx || c.op == Op::Decode || c.op == Op::ToF16)
         throw std::invalid_argument("--kernels: " + c.kernel + " runs on Vulkan devices only");
   // The roofline is always measured in the same run, first, even when --kernels leaves copy out.
   const bool copy_listed = !cases.empty() && cases.front().kernel == "copy";
@@ -605,7 +622,8 @@ Command add_bench(CLI::App& app) {
                   "f16_coop_gemm (the plain f16 tensor-core GEMM: the ceiling each product at --tokens is compared "
                   "with); lora_hs, lora_y, lora_dh, lora_db, lora_da, lora_dxa (a rank-16 adapter's products); <format>_mixed_gemm, <format>_mixed_dx (each tile decoded in the GEMM) and "
                   "<format>_decoded_gemm, <format>_decoded_dx (W decoded to f16 first), <format>_decode (that decode "
-                  "alone; _r<R>, _d<R>: R rows per workgroup, staged through shared memory or not), f16_coop_gemm and the <format>_mixed_* kernels with a tile suffix " + mixed_tile_suffixes() + " (Vulkan only)")
+                  "alone; _r<R>, _d<R>: R rows per workgroup, staged through shared memory or not), rows_to_f16[_u<U>] (--tokens rows "
+                  "of N_IN activations to f16, the products' other first pass; U loads in flight), f16_coop_gemm and the <format>_mixed_* kernels with a tile suffix " + mixed_tile_suffixes() + " (Vulkan only)")
       ->delimiter(',');
   cmd->add_option_function<std::string>(
          "--precision", [o](const std::string& v) { o->precision = parse_precision(v, "--precision"); },

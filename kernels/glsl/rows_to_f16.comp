@@ -7,11 +7,13 @@
 // 11 significant bits from 2^-14 up. An all-zero row keeps e = 0, and so does a row holding Inf; Inf and NaN
 // pass through the conversion, so the product carries them on to the loss's checks. The GEMM multiplies its f32
 // sums by s[m], exactly.
-// One workgroup per row (x, then y past 65535 rows).
+// One workgroup per row (x, then y past 65535 rows); each invocation issues UNROLL loads before it waits for one
+// (docs/mixed-precision.md, "The f16 rows").
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 128) in;
+layout(constant_id = 0) const uint UNROLL = 4u;
 layout(std430, binding = 0) writeonly buffer O4 { uvec4 o4[]; };
 layout(std430, binding = 0) writeonly buffer OF { float of[]; };
 layout(std430, binding = 1) readonly buffer I1 { float x[]; };
@@ -42,9 +44,10 @@ void main() {
   const uint t = gl_LocalInvocationID.x, base = row * p.lda + p.col0;
   const bool aligned = (base & 3u) == 0u;
   float amax = 0.0;
-  for (uint k = 4u * t; k < p.K; k += 4u * 128u) {
-    const vec4 v = abs(load4(base, k, aligned));
-    amax = max(amax, max(max(v.x, v.y), max(v.z, v.w)));
+  for (uint k0 = 4u * t; k0 < p.K; k0 += 512u * UNROLL) {
+    vec4 v[UNROLL];
+    [[unroll]] for (uint i = 0u; i < UNROLL; ++i) v[i] = abs(load4(base, k0 + 512u * i, aligned));
+    [[unroll]] for (uint i = 0u; i < UNROLL; ++i) amax = max(amax, max(max(v[i].x, v[i].y), max(v[i].z, v[i].w)));
   }
   part[t] = subgroupMax(amax);
   barrier();
@@ -62,10 +65,19 @@ void main() {
     e = clamp(15 - x2, -126, 126);
   }
   const float sc = ldexp(1.0, e);
-  for (uint g = t; g < 4u * p.panels; g += 128u) {
-    const vec4 a = load4(base, 8u * g, aligned) * sc, b = load4(base, 8u * g + 4u, aligned) * sc;
-    o4[p.out_base + 4u * (g / 4u) * p.M + 4u * row + g % 4u] =
-        uvec4(packHalf2x16(a.xy), packHalf2x16(a.zw), packHalf2x16(b.xy), packHalf2x16(b.zw));
+  for (uint g0 = t; g0 < 4u * p.panels; g0 += 128u * UNROLL) {
+    vec4 a[UNROLL], b[UNROLL];
+    [[unroll]] for (uint i = 0u; i < UNROLL; ++i) {
+      a[i] = load4(base, 8u * (g0 + 128u * i), aligned);
+      b[i] = load4(base, 8u * (g0 + 128u * i) + 4u, aligned);
+    }
+    [[unroll]] for (uint i = 0u; i < UNROLL; ++i) {
+      const uint g = g0 + 128u * i;
+      if (g >= 4u * p.panels) break;
+      const vec4 as = a[i] * sc, bs = b[i] * sc;
+      o4[p.out_base + 4u * (g / 4u) * p.M + 4u * row + g % 4u] =
+          uvec4(packHalf2x16(as.xy), packHalf2x16(as.zw), packHalf2x16(bs.xy), packHalf2x16(bs.zw));
+    }
   }
   if (t == 0u) of[p.s_base + row] = ldexp(1.0, -e);
 }

@@ -124,8 +124,9 @@ class LinearKernels {
   // Bytes of such rows and their factors.
   static size_t f16_rows_bytes(int64_t rows, int64_t K);
   // src's rows [rows, col0 : col0 + K) (rows of lda floats) into dst from byte `offset` (a multiple of 16).
+  // `unroll` (the loads an invocation issues together; 0 the default) is for the bench.
   F16Rows to_f16(Sequence& s, const Buffer& dst, size_t offset, const Buffer& src, int64_t rows, int64_t K, int64_t lda,
-                 int64_t col0);
+                 int64_t col0, uint32_t unroll = 0);
   // The W operand of a mixed product: a frozen W [.., n_in] in `format` read from row `row0` on (Q6_K in the device
   // layout), or (`panels`) f16 k-panels as decode_f16 writes them, rows from 0, from uvec4 `base` of `buf`.
   struct MixedW {

@@ -2,6 +2,7 @@
 // (rows_to_f16.comp), the shared GEMM of every format (mixed_gemm.comp, variants mixed_gemm_<format> and
 // mixed_dx_<format>, their portable twins *_fma) and the decode of a weight to f16 rows (decode_f16_<format>).
 #include <algorithm>
+#include <bit>
 #include <stdexcept>
 
 #include "kernels/shapes.h"
@@ -26,6 +27,9 @@ struct DecodePush {  // decode_f16.comp
 };
 // decode_f16.comp's tile: rows by 128 / kDecodeTileRows units per workgroup (docs/mixed-precision.md).
 constexpr uint32_t kDecodeTileRows = 8;
+// rows_to_f16.comp's loads in flight per invocation: about one per 1024 values of a row, a power of two up to 8
+// (docs/mixed-precision.md, "The f16 rows").
+uint32_t to_f16_unroll(int64_t K) { return std::bit_floor(uint32_t(std::clamp<int64_t>(K / 1024, 1, 8))); }
 
 // The workgroup tiles of the mixed_gemm.comp variants (kernels/CMakeLists.txt): the tensor-core default (""), the
 // bench's other shapes, and the portable twins.
@@ -76,7 +80,7 @@ size_t LinearKernels::f16_rows_bytes(int64_t rows, int64_t K) {
 }
 
 LinearKernels::F16Rows LinearKernels::to_f16(Sequence& s, const Buffer& dst, size_t offset, const Buffer& src,
-                                             int64_t rows, int64_t K, int64_t lda, int64_t col0) {
+                                             int64_t rows, int64_t K, int64_t lda, int64_t col0, uint32_t unroll) {
   const char* k = "rows_to_f16";
   if (offset % 16 != 0) throw std::invalid_argument("rows_to_f16: the offset must be a multiple of 16 bytes");
   check_gemm(k, rows, K, 1);
@@ -92,7 +96,9 @@ LinearKernels::F16Rows LinearKernels::to_f16(Sequence& s, const Buffer& dst, siz
   a.K = K;
   const ToF16Push push{uint32_t(rows), uint32_t(K), uint32_t(lda), uint32_t(col0), a.base,
                        uint32_t(padded_k(K) / kBK), a.s_base};
-  s.dispatch(pipeline("rows_to_f16", 2, sizeof(push)), {&dst, &src}, push, groups_1d(rows));
+  if (unroll == 0) unroll = to_f16_unroll(K);
+  if (unroll > 16) throw std::invalid_argument("rows_to_f16: unroll " + std::to_string(unroll) + " is over 16");
+  s.dispatch(pipeline("rows_to_f16", 2, sizeof(push), {unroll}), {&dst, &src}, push, groups_1d(rows));
   return a;
 }
 
