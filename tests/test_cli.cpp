@@ -231,7 +231,7 @@ TEST(Cli, BenchTrainRejectsAnUnknownShapeAndBadCounts) {
 TEST(Cli, PrecisionMixedOnTheCpuSaysWhatItDoesOrIsOneClearErrorAndDevicesSayTheDefault) {
   const bool cpu_mixed = q4t::cpu::has_mixed(q4t::Format::Q4_0);
   const auto out_dir = std::filesystem::temp_directory_path() / ("q4t-cli-mixed-" + std::to_string(getpid()));
-  for (const std::string cmd : {"train --device cpu --precision mixed --steps 1 --out " + out_dir.string(),
+  for (const std::string& cmd : {"train --device cpu --precision mixed --steps 1 --out " + out_dir.string(),
                                 std::string("gradcheck --device cpu --precision mixed")}) {
     CmdResult r = run(cmd);
     // The first command of a fresh machine may make the demo model first and say so on a line of its own.
