@@ -120,14 +120,16 @@ uint32_t row_groups(int64_t T, const FlashLayout& f) {
 }
 
 // The tensor-core passes (attention_coop_*.comp, attention_flash.glsl's layout with SPLIT = 1): where the device
-// has cooperative matrices, for head dims that are multiples of 16 (up to 128 in the forward, 64 in the backward,
-// whose shared tiles hold twice the rows) and at least kCoopAttentionMinTokens tokens (fewer would leave most of
-// a 64-row tile empty). Tiles of kFlashTile rows of the other side; workgroups of kFlashWorkgroup invocations,
-// 16 rows per subgroup of 32.
+// has cooperative matrices, for head dims that are multiples of 16 (up to 128 in the forward and in the mixed
+// backward, whose tiles are f16 alone; 64 in the f32 backward, whose shared tiles hold hi and lo parts of twice
+// the rows) and at least kCoopAttentionMinTokens tokens (fewer would leave most of a 64-row tile empty). Tiles of
+// kFlashTile rows of the other side (kCoopMixedBackwardTile in the mixed backward); workgroups of
+// kFlashWorkgroup invocations, 16 rows per subgroup of 32.
 constexpr int64_t kCoopAttentionMinTokens = 32;
 // Soft-capped scores (gemma2) take the FP32 passes.
 bool coop_attention(const OpContext& c, const Dims& n, bool backward) {
-  return c.be.device().coop_matrix() && n.D % 16 == 0 && n.D <= (backward ? 64 : 128) &&
+  const bool f32_backward = backward && c.be.precision() != Precision::Mixed;
+  return c.be.device().coop_matrix() && n.D % 16 == 0 && n.D <= (f32_backward ? 64 : 128) &&
          n.T >= kCoopAttentionMinTokens && softcap_of(c) == 0;
 }
 // A tensor-core pass's shader: its mixed-precision variant (one f16 product per step) under --precision mixed.
@@ -137,8 +139,15 @@ std::string coop_pass(const OpContext& c, const char* pass) {
 
 // The backward's scale of dO (attention_coop.glsl: dout_scale) comes from kDoutMaxGroups partial maxima.
 constexpr uint32_t kDoutMaxGroups = 64;
-std::vector<uint32_t> coop_spec(const Dims& n) {
-  return {1, uint32_t(n.D), kFlashTile, kFlashWorkgroup, kDoutMaxGroups};
+// The mixed backward passes (attention_coop_dq_mixed.comp, _dkv_mixed.comp) keep P and dS in registers and stage
+// f16 tiles alone, which leaves room for tiles of kCoopMixedBackwardTile keys or queries.
+constexpr uint32_t kCoopMixedBackwardTile = 64;
+static_assert(kCoopMixedBackwardTile <= kFlashWorkgroup, "a tile's per-row values are staged one per invocation");
+std::vector<uint32_t> coop_spec(const Dims& n, uint32_t tile = kFlashTile) {
+  return {1, uint32_t(n.D), tile, kFlashWorkgroup, kDoutMaxGroups};
+}
+uint32_t backward_tile(const OpContext& c) {
+  return c.be.precision() == Precision::Mixed ? kCoopMixedBackwardTile : kFlashTile;
 }
 uint32_t coop_row_groups(int64_t T) {
   const int64_t rows = kFlashWorkgroup / 32 * 16;
@@ -334,7 +343,7 @@ void attention_backward_flash(OpContext& c) {
   const Tensor& dq = c.needs_grad(0) ? c.in_grad(0) : c.node.saved.at(2);
   const uint32_t bindings = 10;
   c.seq->dispatch(c.be.pipeline(coop ? coop_pass(c, "attention_coop_dq") : "attention_flash_dq", bindings, sizeof(pq),
-                                coop ? coop_spec(n) : flash_spec(fq)),
+                                coop ? coop_spec(n, backward_tile(c)) : flash_spec(fq)),
                   {&dq.buffer(), &delta.buffer(), &c.in(0).buffer(), &c.in(1).buffer(), &c.in(2).buffer(),
                    &c.node.value.buffer(), &c.node.grad.buffer(), &lse.buffer(), &segment_buffer(c), dout_max},
                   pq, {coop ? coop_row_groups(n.T) : row_groups(n.T, fq), uint32_t(n.H), 1});
@@ -346,7 +355,7 @@ void attention_backward_flash(OpContext& c) {
   const Tensor& dv = c.needs_grad(2) ? c.in_grad(2) : c.in_grad(1);
   const uint32_t key_groups = coop ? coop_row_groups(n.T) : row_groups(n.T, fk);
   const auto& pipe = c.be.pipeline(coop ? coop_pass(c, "attention_coop_dkv") : "attention_flash_dkv", bindings, sizeof(FlashPush),
-                                   coop ? coop_spec(n) : flash_spec(fk));
+                                   coop ? coop_spec(n, backward_tile(c)) : flash_spec(fk));
   if (!split_dkv(c, n)) {
     const FlashPush pk = flash_push(c, want);
     c.seq->dispatch(pipe,
@@ -443,8 +452,8 @@ void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back(attention_case(45, 4, 2, 40, " (dims split over invocations)"));
   out.push_back(segmented_attention_case(segments_of({30, 25, 15}), 2, 1, 72, " (tiles skipped by segment)"));
   // The tensor-core passes where the device has them (D a multiple of 16, T >= 32): a last row tile of 6 rows
-  // and a last key tile of 6 keys, dK/dV per query head (G = 2); D = 128 (the forward only); segments, tiles
-  // skipped; one query head per kv head (G = 1: the dK/dV pass adds into dK and dV itself).
+  // and a last key tile of 6 keys, dK/dV per query head (G = 2); D = 128 (the forward, and the mixed backward);
+  // segments, tiles skipped; one query head per kv head (G = 1: the dK/dV pass adds into dK and dV itself).
   out.push_back(attention_case(70, 4, 2, 16, " (tensor cores)"));
   out.push_back(attention_case(40, 2, 1, 128, " (tensor-core forward)"));
   out.push_back(segmented_attention_case(segments_of({40, 33, 27}), 2, 1, 32, " (tensor cores)"));

@@ -3,8 +3,9 @@
 // attention_flash.glsl, whose layout they use with SPLIT = 1: DPL is the head dim D (a multiple of 16), TILE the BC
 // rows of the other side staged per step, WG the invocations (WG / 32 subgroups of 16 rows each). Numerics near
 // f32: every matrix input as f16 hi + lo (split8_in_order), every product as hi·hi + hi·lo + lo·hi into f32; the
-// *_mixed variants (MIXED) take one f16 rounded to nearest and one product, as mixed_gemm.comp. Values must stay
-// within f16's range (|x| < 65504). Accuracy as measured: docs/kernels.md, "Tensor-core attention".
+// *_mixed passes (MIXED: the forward a variant, the backward's sources of their own that keep P and dS in
+// registers) take one f16 rounded to nearest and one product, as mixed_gemm.comp. Values must stay within f16's
+// range (|x| < 65504). Accuracy as measured: docs/kernels.md, "Tensor-core attention".
 // The including shader binds its buffers, defines SEG_IDS, includes this, then declares `shared uvec4 tiles[]`
 // (the helpers that touch it are macros). Row-wise work (masks, softmax) runs on 16 x BC blocks in a subgroup's
 // own part of tiles, two lanes per row, each with HALF = BC / 2 columns.
@@ -65,6 +66,17 @@ float dout_scale() {
     SPLIT8(a_, b_, h_, l_);                                                                     \
     tiles[(hi) + row_ * KS + g_] = h_;                                                          \
     tiles[(lo) + row_ * KS + g_] = l_;                                                          \
+  }
+
+// The same rows as f16 alone (rounded to nearest) into tiles[at ..]: the mixed passes' staging.
+#define STAGE_F16(buf, at, r0, n, stride, col0, scale)                                                      \
+  for (uint e_ = gl_LocalInvocationIndex; e_ < (n) * (D / 8u); e_ += WG) {                                   \
+    const uint row_ = e_ / (D / 8u), g_ = e_ % (D / 8u), src_ = (r0) + row_;                                  \
+    const uint base_ = (min(src_, u.T - 1u) * (stride) + (col0)) / 4u + 2u * g_;                              \
+    const bool ok_ = src_ < u.T;                                                                              \
+    const vec4 a_ = ok_ ? (scale) * buf[base_] : vec4(0.0), b_ = ok_ ? (scale) * buf[base_ + 1u] : vec4(0.0); \
+    tiles[(at) + row_ * KS + g_] =                                                                            \
+        uvec4(packHalf2x16(a_.xy), packHalf2x16(a_.zw), packHalf2x16(b_.xy), packHalf2x16(b_.zw));            \
   }
 
 // v = this lane's HALF columns (half kh) of row r of the 16 x BC f32 block at `at`.
