@@ -261,17 +261,27 @@ TEST(Cli, PrecisionMixedOnTheCpuSaysWhatItDoesOrIsOneClearErrorAndDevicesSayTheD
 // GEMM as each product's ceiling where the device has tensor cores; the mixed kernels need a Vulkan device.
 TEST(Cli, BenchRunsTheMixedProductsOnVulkanOnly) {
   const auto [r, j] = run_json("bench --device vulkan --precision mixed --tokens 40 --seconds 0.01 "
-                                "--kernels q4_0_gemm,q4_k_mixed_dx,q8_0_decoded_gemm,lora_hs --shapes 70x256");
+                                "--kernels q4_0_gemm,q4_k_mixed_dx,q8_0_decoded_gemm,lora_hs,q4_k_decode,"
+                                "q6_k_decode_d4,rows_to_f16_u2 --shapes 70x256");
   ASSERT_EQ(r.code, 0) << r.out;
   std::set<std::string> kernels;
   for (const auto& row : j) {
-    kernels.insert(row["kernel"].get<std::string>());
-    if (row["T"] == 40 && row["kernel"] != "lora_hs") EXPECT_GT(row["tflops"].get<double>(), 0.0) << row.dump();
+    const std::string k = row["kernel"].get<std::string>();
+    kernels.insert(k);
+    const bool first_pass = k == "q4_k_decode" || k == "q6_k_decode_d4" || k == "rows_to_f16_u2";
+    if (row["T"] == 40 && k != "lora_hs" && !first_pass) EXPECT_GT(row["tflops"].get<double>(), 0.0) << row.dump();
+    // The decode and the f16 rows are judged against the copy, whatever their tokens.
+    if (first_pass) EXPECT_GT(row["roofline_frac"].get<double>(), 0.0) << row.dump();
   }
-  for (const char* k : {"copy", "q4_0_gemm", "q4_k_mixed_dx", "q8_0_decoded_gemm", "lora_hs"})
+  for (const char* k : {"copy", "q4_0_gemm", "q4_k_mixed_dx", "q8_0_decoded_gemm", "lora_hs", "q4_k_decode",
+                        "q6_k_decode_d4", "rows_to_f16_u2"})
     EXPECT_TRUE(kernels.count(k)) << k << " missing: " << r.out;
-  expect_refused("bench --device cpu --kernels f16_coop_gemm", "f16_coop_gemm runs on Vulkan devices only");
+  for (const char* k : {"f16_coop_gemm", "q4_0_decode", "rows_to_f16"})
+    expect_refused(std::string("bench --device cpu --kernels ") + k, std::string(k) + " runs on Vulkan devices only");
   expect_refused("bench --device cpu --kernels q4_0_fused_gemm", "unknown kernel 'q4_0_fused_gemm'");
+  expect_refused("bench --device vulkan --kernels q4_0_decode_r3",
+                 "q4_0_decode_r3: the decode's rows per workgroup must be a power of two up to 128");
+  expect_refused("bench --device vulkan --kernels rows_to_f16_u17", "rows_to_f16_u17: the loads in flight must be 1 to 16");
 }
 
 // bench train --type makes the random model's weights of each mix; a Q4_K_M matrix whose rows are not whole
