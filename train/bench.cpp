@@ -57,9 +57,9 @@ Format format_of(Weights w) { return Format(uint32_t(w)); }
 // Lora: the six f32 products of a LoRA adapter (rank 16) on a frozen product of the shape, as lora_linear runs them
 // (lora_hs, lora_y, lora_dh, lora_db, lora_da, lora_dxa). Decode: W decoded to f16 k-panels alone, the first pass
 // of a mixed product that decodes W once (<format>_decode, or <format>_decode_r<R> / _d<R> with tiles of R rows,
-// staged through shared memory or stored directly), judged
-// against the copy of the bytes it reads and writes. ToF16: rows_to_f16, the mixed products' other first pass (T
-// rows of n_in activations to f16 k-panels, each row scaled by a power of two), judged against the copy as well.
+// staged through shared memory or stored directly), judged against the copy of the bytes it reads and writes.
+// ToF16: rows_to_f16, the mixed products' other first pass (T rows of n_in activations to f16 k-panels, each row
+// scaled by a power of two), judged against the copy as well.
 enum class Op { Copy, Gemv, Gemm, Dx, CoopGemm, MixedGemm, MixedDx, Lora, Decode, ToF16 };
 
 // A kernel --kernels can name (dx and the routed gemm run at T = 1 and at --tokens, 512 by default; the mixed ones
@@ -77,7 +77,8 @@ const std::vector<KernelInfo>& kernel_infos() {
     for (const FormatTraits& f : format_table())
       for (const auto& [suffix, op] : {std::pair{"_gemv", Op::Gemv}, {"_gemm", Op::Gemm}, {"_dx", Op::Dx}})
         v.push_back({std::string(f.name) + suffix, weights_of(f.format), op, f.format == Format::Q4_0});
-    for (const FormatTraits& f : format_table()) v.push_back({std::string(f.name) + "_decode", weights_of(f.format), Op::Decode, false});
+    for (const FormatTraits& f : format_table())
+      v.push_back({std::string(f.name) + "_decode", weights_of(f.format), Op::Decode, false});
     v.push_back({"f16_coop_gemm", weights_of(Format::F16), Op::CoopGemm, false});
     v.push_back({"rows_to_f16", Weights::None, Op::ToF16, false});
     for (const char* l : {"lora_hs", "lora_y", "lora_dh", "lora_db", "lora_da", "lora_dxa"})
@@ -103,7 +104,8 @@ struct Case {
   Weights weights = Weights::None;
   Op op = Op::Copy;
   bool decoded = false;   // MixedGemm / MixedDx: through a decoded f16 copy of W
-  std::string variant;    // CoopGemm / MixedGemm / MixedDx: the tile shape's suffix ("" the default); Decode: R
+  // CoopGemm / MixedGemm / MixedDx: the tile shape's suffix ("" the default); Decode: "r<R>" or "d<R>"; ToF16: U.
+  std::string variant;
 };
 
 struct Result {
@@ -146,10 +148,12 @@ Case kernel_case(const std::string& name) {
     const char how = name[d + 8];  // r: staged through shared memory, d: stored directly
     const std::string r = name.substr(d + 9);
     const Weights w = weights_named(name.substr(0, d));
-    if (w != Weights::None && (how == 'r' || how == 'd') && r.size() <= 3 && std::all_of(r.begin(), r.end(), ::isdigit)) {
+    const bool digits = r.size() <= 3 && std::all_of(r.begin(), r.end(), ::isdigit);
+    if (w != Weights::None && (how == 'r' || how == 'd') && digits) {
       const unsigned rows = unsigned(std::stoul(r));
       if (rows == 0 || rows > 128 || (rows & (rows - 1)) != 0)
-        throw std::invalid_argument("--kernels: " + name + ": the decode's rows per workgroup must be a power of two up to 128");
+        throw std::invalid_argument("--kernels: " + name +
+                                    ": the decode's rows per workgroup must be a power of two up to 128");
       return {name, 0, 0, 0, w, Op::Decode, false, name.substr(d + 8)};
     }
   }
@@ -169,7 +173,8 @@ Case kernel_case(const std::string& name) {
   for (const KernelInfo& k : kernel_infos()) known += std::string(known.empty() ? "" : ", ") + k.name;
   throw std::invalid_argument("--kernels: unknown kernel '" + name + "' (known: " + known +
                               ", <format>_mixed_gemm, <format>_mixed_dx, <format>_decoded_gemm, <format>_decoded_dx, "
-                              "<format>_decode_r<R>, <format>_decode_d<R>, rows_to_f16_u<U> and f16_coop_gemm or a mixed kernel with a tile suffix " + mixed_tile_suffixes() + ")");
+                              "<format>_decode_r<R>, <format>_decode_d<R>, rows_to_f16_u<U> and f16_coop_gemm or "
+                              "a mixed kernel with a tile suffix " + mixed_tile_suffixes() + ")");
 }
 
 void check_shape(Weights w, int64_t n_out, int64_t n_in) {
@@ -224,8 +229,9 @@ std::vector<Case> make_cases(const BenchOptions& opt, bool coop) {
         cases.push_back([&] { Case many = c; many.T = opt.tokens; return many; }());
         continue;
       }
-      if (c.op == Op::Gemv || c.op == Op::Dx || c.op == Op::Decode) cases.push_back([&] { Case one = c; one.T = 1; return one; }());
-      if (c.op != Op::Gemv && c.op != Op::Decode) cases.push_back([&] { Case many = c; many.T = opt.tokens; return many; }());
+      const bool one_token = c.op == Op::Gemv || c.op == Op::Decode, both = c.op == Op::Dx;
+      if (one_token || both) cases.push_back([&] { Case one = c; one.T = 1; return one; }());
+      if (!one_token) cases.push_back([&] { Case many = c; many.T = opt.tokens; return many; }());
     }
   }
   return cases;
@@ -233,7 +239,8 @@ std::vector<Case> make_cases(const BenchOptions& opt, bool coop) {
 
 // Bytes a kernel must move at least: the weights once, activations in and out (a decode: its f16 out).
 double min_bytes(const Case& c) {
-  if (c.op == Op::Decode) return double(c.n_out * weight_row_bytes(c.weights, c.n_in)) + 2.0 * double(c.n_out * c.n_in);
+  if (c.op == Op::Decode)
+    return double(c.n_out * weight_row_bytes(c.weights, c.n_in)) + 2.0 * double(c.n_out * c.n_in);
   if (c.op == Op::ToF16) return 6.0 * double(c.T * c.n_in);
   return double(c.n_out * weight_row_bytes(c.weights, c.n_in)) + 4.0 * double(c.T) * double(c.n_in + c.n_out);
 }
@@ -406,7 +413,8 @@ Result bench_vulkan_case(vk::Device& dev, vk::LinearKernels& k, const Case& c, d
     vk::Buffer in(dev, size_t(c.T * c.n_in) * 4), out(dev, vk::LinearKernels::f16_rows_bytes(c.T, c.n_in));
     in.upload(random_acts(c.T * c.n_in));
     finish(r, time_vulkan(dev, budget_s, [&](vk::Sequence& seq, int) {
-             k.to_f16(seq, out, 0, in, c.T, c.n_in, c.n_in, 0, c.variant.empty() ? 0 : uint32_t(std::stoul(c.variant)));
+             k.to_f16(seq, out, 0, in, c.T, c.n_in, c.n_in, 0,
+                      c.variant.empty() ? 0 : uint32_t(std::stoul(c.variant)));
            }), copy_gbps);
     return r;
   }
@@ -559,7 +567,8 @@ int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& ou
   std::vector<Case> cases = make_cases(opt, coop);
   if (dev.is_cpu())
     for (const Case& c : cases)
-      if (c.op == Op::CoopGemm || c.op == Op::MixedGemm || c.op == Op::MixedDx || c.op == Op::Decode || c.op == Op::ToF16)
+      if (c.op == Op::CoopGemm || c.op == Op::MixedGemm || c.op == Op::MixedDx || c.op == Op::Decode ||
+          c.op == Op::ToF16)
         throw std::invalid_argument("--kernels: " + c.kernel + " runs on Vulkan devices only");
   // The roofline is always measured in the same run, first, even when --kernels leaves copy out.
   const bool copy_listed = !cases.empty() && cases.front().kernel == "copy";
@@ -622,8 +631,10 @@ Command add_bench(CLI::App& app) {
                   "f16_coop_gemm (the plain f16 tensor-core GEMM: the ceiling each product at --tokens is compared "
                   "with); lora_hs, lora_y, lora_dh, lora_db, lora_da, lora_dxa (a rank-16 adapter's products); <format>_mixed_gemm, <format>_mixed_dx (each tile decoded in the GEMM) and "
                   "<format>_decoded_gemm, <format>_decoded_dx (W decoded to f16 first), <format>_decode (that decode "
-                  "alone; _r<R>, _d<R>: R rows per workgroup, staged through shared memory or not), rows_to_f16[_u<U>] (--tokens rows "
-                  "of N_IN activations to f16, the products' other first pass; U loads in flight), f16_coop_gemm and the <format>_mixed_* kernels with a tile suffix " + mixed_tile_suffixes() + " (Vulkan only)")
+                  "alone; _r<R>, _d<R>: R rows per workgroup, staged through shared memory or not), "
+                  "rows_to_f16[_u<U>] (--tokens rows of N_IN activations to f16, the products' other first pass; U "
+                  "loads in flight), f16_coop_gemm and the <format>_mixed_* kernels with a tile suffix " +
+                  mixed_tile_suffixes() + " (Vulkan only)")
       ->delimiter(',');
   cmd->add_option_function<std::string>(
          "--precision", [o](const std::string& v) { o->precision = parse_precision(v, "--precision"); },

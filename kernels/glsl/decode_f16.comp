@@ -9,7 +9,7 @@
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 layout(local_size_x = 128) in;
-layout(constant_id = 0) const uint TILE_ROWS = 128u;  // a power of two, 1 .. 128
+layout(constant_id = 0) const uint TILE_ROWS = 8u;  // a power of two, 1 .. 128 (mixed_kernels.cpp sets it)
 layout(constant_id = 1) const bool STAGED = true;
 layout(std430, binding = 0) writeonly buffer O4 { uvec4 o4[]; };
 layout(std430, binding = 1) readonly buffer W1 { uint wq1[]; };
