@@ -44,15 +44,15 @@ vk::Device* LoraKernels::device_ = nullptr;
 
 const int64_t kRanks[] = {1, 5, 16, 64};
 
-// hs = s·X·Aᵀ (B [r, K]) and dh = s·dY·B (B [K, r]), X read with a row stride wider than K, K split over
-// workgroups (with the scratch) or summed by one (without).
+// hs = s·X·Aᵀ (B [r, K]) and dh = s·dY·B (B [K, r]), X read with a row stride at or above K (on 16 bytes or not),
+// K split over workgroups (with the scratch) or summed by one (without).
 TEST_F(LoraKernels, RowsMatchTheReferenceSplitOrNot) {
   vk::LinearKernels k(*device_);
   for (int64_t r : kRanks)
     for (const auto& [M, K] : {std::pair<int64_t, int64_t>{1, 7}, {37, 300}, {300, 1000}, {100, 5000}})
       for (bool b_kr : {false, true})
         for (bool acc : {false, true}) {
-          const int64_t ldx = K + 3;
+          const int64_t ldx = acc ? (K + 3) / 4 * 4 : K + 3;  // rows on 16 bytes (vec4 loads) or not
           const auto x = random_floats(rng_, M * ldx), b = random_floats(rng_, r * K), c0 = random_floats(rng_, M * r);
           std::vector<float> xk(size_t(M * K));  // X without its padding, for the reference
           for (int64_t m = 0; m < M; ++m)
@@ -73,14 +73,15 @@ TEST_F(LoraKernels, RowsMatchTheReferenceSplitOrNot) {
 }
 
 // dB = dYᵀ·hs ([N, r]) and dA = dhᵀ·X ([r, N]) over T tokens, the tokens split over workgroups (with the scratch)
-// or summed by one (without), X read with a row stride wider than N.
+// or summed by one (without), X read with a row stride at or above N (on 16 bytes or not).
 TEST_F(LoraKernels, ColumnSumsMatchTheReferenceSplitOrNot) {
   vk::LinearKernels k(*device_);
   for (int64_t r : kRanks)
     for (const auto& [T, N] : {std::pair<int64_t, int64_t>{1, 9}, {100, 257}, {5000, 300}})
       for (bool out_rn : {false, true})
         for (bool split : {false, true}) {
-          const int64_t ldx = N + 5;
+          const int64_t ldx = split ? (N + 3) / 4 * 4 : N + 5;  // rows on 16 bytes (vec4 loads) or not
+          const double alpha = split ? 0.5 : 1.0;
           const auto x = random_floats(rng_, T * ldx), h = random_floats(rng_, T * r), c0 = random_floats(rng_, N * r);
           std::vector<float> xn(size_t(T * N));
           for (int64_t t = 0; t < T; ++t)
@@ -89,11 +90,11 @@ TEST_F(LoraKernels, ColumnSumsMatchTheReferenceSplitOrNot) {
           const size_t bytes = vk::LinearKernels::lora_cols_scratch_bytes(T, N, r);
           vk::Buffer scratch(*device_, std::max<size_t>(bytes, 4));
           run([&](vk::Sequence& s) {
-            k.lora_cols(s, bc, bx, bh, T, N, ldx, r, out_rn, true, 1.0f, split && bytes ? &scratch : nullptr);
+            k.lora_cols(s, bc, bx, bh, T, N, ldx, r, out_rn, true, float(alpha), split && bytes ? &scratch : nullptr);
           });
           // out_rn: C[j][n] = Σ_t H[t][j]·X[t][n] = (Hᵀ·X) [r, N]; else C[n][j] = (Xᵀ·H) [N, r].
-          const auto want = out_rn ? ref::gemm_tn(h.data(), xn.data(), c0.data(), r, N, T)
-                                   : ref::gemm_tn(xn.data(), h.data(), c0.data(), N, r, T);
+          const auto want = out_rn ? ref::gemm_tn(h.data(), xn.data(), c0.data(), r, N, T, alpha)
+                                   : ref::gemm_tn(xn.data(), h.data(), c0.data(), N, r, T, alpha);
           EXPECT_LE(ref::max_rel_error(bc.download_as<float>(size_t(N * r)).data(), want), kBound)
               << "r=" << r << " T=" << T << " N=" << N << " out_rn=" << out_rn << " split=" << (split && bytes);
         }

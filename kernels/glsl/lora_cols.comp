@@ -2,8 +2,8 @@
 // The adapter matrices' gradients, sums over the tokens: Σ_t X[t][n]·H[t][j] for n < N, j < R, into
 // C[n][j] (dB = dyᵀ·hs) or, OUT_RN, C[j][n] (dA = dhᵀ·xa), times α. Bound by reading X once: each invocation a
 // column n (neighbours read neighbouring values) with R sums, the R values of H of TC tokens staged in shared
-// memory at a time. Workgroup y sums the tokens [y·t_chunk, +t_chunk) only: with several, each writes its slice
-// c + y·N·R (without accumulating) for a second pass to add in order (q4_0_dx_reduce.comp).
+// memory at a time. Workgroup y sums the tokens [y·t_chunk, +t_chunk) only: with several, each writes α·its slice
+// at c + y·N·R (without accumulating) for a second pass to add in order (q4_0_dx_reduce.comp).
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 256) in;
 layout(constant_id = 0) const uint R = 16u;          // the rank
@@ -42,6 +42,6 @@ void main() {
   const uint base = p.sliced != 0u ? gl_WorkGroupID.y * p.N * R : 0u;
   [[unroll]] for (uint j = 0u; j < R; ++j) {
     const uint i = base + (OUT_RN ? j * p.N + n : n * R + j);
-    c[i] = p.sliced != 0u ? acc[j] : (p.accumulate != 0u ? c[i] : 0.0) + p.alpha * acc[j];
+    c[i] = (p.sliced == 0u && p.accumulate != 0u ? c[i] : 0.0) + p.alpha * acc[j];
   }
 }
