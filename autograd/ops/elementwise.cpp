@@ -104,9 +104,11 @@ void ew_backward_cpu(OpContext& c, EwOp op, double factor) {
 
 void ew_dispatch(OpContext& c, const Tensor& y, const Tensor& a, const Tensor* b, EwOp op, float s) {
   const Tensor& bb = b ? *b : a;
-  EwPush push{uint32_t(y.numel()), uint32_t(bb.numel()), op, s};
-  const auto& p = c.be.pipeline("elementwise", 3, sizeof(push));
-  c.seq->dispatch(p, {&y.buffer(), &a.buffer(), &bb.buffer()}, push, groups_for(y.numel(), 256));
+  // Whole vec4s where both lengths allow (elementwise.comp's VEC4): 4 values per invocation.
+  const int64_t w = y.numel() % 4 == 0 && bb.numel() % 4 == 0 ? 4 : 1;
+  EwPush push{uint32_t(y.numel() / w), uint32_t(bb.numel() / w), op, s};
+  const auto& p = c.be.pipeline("elementwise", 3, sizeof(push), {w == 4 ? 1u : 0u});
+  c.seq->dispatch(p, {&y.buffer(), &a.buffer(), &bb.buffer()}, push, groups_for(y.numel() / w, 256));
 }
 
 void ew_forward_vk(OpContext& c, EwOp op, double factor) {
@@ -200,6 +202,13 @@ void add_cases(std::vector<GradcheckCase>& out) {
                  }});
   out.push_back({"add (row broadcast)", [](Graph& g, std::mt19937& r) {
                    return add(random_param(g, r, {5, 7}, "a"), random_param(g, r, {7}, "b"));
+                 }});
+  // Lengths that are whole vec4s (the Vulkan kernels' 4-wide path), the others above and below.
+  out.push_back({"add 6x10", [](Graph& g, std::mt19937& r) {
+                   return add(random_param(g, r, {6, 10}, "a"), random_param(g, r, {6, 10}, "b"));
+                 }});
+  out.push_back({"add (row broadcast) 3x8", [](Graph& g, std::mt19937& r) {
+                   return add(random_param(g, r, {3, 8}, "a"), random_param(g, r, {8}, "b"));
                  }});
   out.push_back({"mul", [](Graph& g, std::mt19937& r) {
                    return mul(random_param(g, r, {3, 65}, "a"), random_param(g, r, {3, 65}, "b"));

@@ -321,10 +321,11 @@ void act_run(OpContext& c, Activation act, ActStep step, const Tensor& out, cons
     if (c.be.real() == DType::F64) return act_cpu<double>(act, cap, step, out, a, b, dy);
     return act_cpu<float>(act, cap, step, out, a, b, dy);
   }
-  const ActPush push{uint32_t(a.numel()), step, act, float(cap)};
-  const auto& p = c.be.pipeline("activation", 4, sizeof(push));
+  const int64_t w = a.numel() % 4 == 0 ? 4 : 1;  // whole vec4s (activation.comp's VEC4) where the length allows
+  const ActPush push{uint32_t(a.numel() / w), step, act, float(cap)};
+  const auto& p = c.be.pipeline("activation", 4, sizeof(push), {w == 4 ? 1u : 0u});
   c.seq->dispatch(p, {&out.buffer(), &a.buffer(), &(b ? *b : a).buffer(), &(dy ? *dy : a).buffer()}, push,
-                  groups_for(a.numel(), 256));
+                  groups_for(a.numel() / w, 256));
 }
 
 template <Activation A>
@@ -532,6 +533,10 @@ void add_cases(std::vector<GradcheckCase>& out) {
   out.push_back({"swiglu 5x7", [](Graph& g, std::mt19937& r) {
                    Var gate = random_param(g, r, {5, 7}, "gate", -4, 4);
                    return swiglu(gate, random_param(g, r, {5, 7}, "up"));
+                 }});
+  out.push_back({"swiglu 4x12", [](Graph& g, std::mt19937& r) {  // whole vec4s (the Vulkan kernel's 4-wide path)
+                   Var gate = random_param(g, r, {4, 12}, "gate", -4, 4);
+                   return swiglu(gate, random_param(g, r, {4, 12}, "up"));
                  }});
   out.push_back(dropout_case(5, 33, 0.3, "0.3"));
   out.push_back(dropout_case(7, 129, 0.3, "0.3"));
