@@ -146,6 +146,15 @@ static_assert(kCoopMixedBackwardTile <= kFlashWorkgroup, "a tile's per-row value
 std::vector<uint32_t> coop_spec(const Dims& n, uint32_t tile = kFlashTile) {
   return {1, uint32_t(n.D), tile, kFlashWorkgroup, kDoutMaxGroups};
 }
+// The mixed forward's f16-only tiles (attention_coop_fwd.comp, MIXED) hold kCoopMixedForwardTile keys for head dims
+// up to 64 in 37 KiB of shared memory: half the key steps of kFlashTile, each with its barriers and softmax pass.
+constexpr uint32_t kCoopMixedForwardTile = 64;
+constexpr uint32_t kCoopMixedForwardBytes = 40 * 1024;
+uint32_t forward_tile(const OpContext& c, const Dims& n) {
+  const bool wide = c.be.precision() == Precision::Mixed && n.D <= 64 &&
+                    c.be.device().properties().limits.maxComputeSharedMemorySize >= kCoopMixedForwardBytes;
+  return wide ? kCoopMixedForwardTile : kFlashTile;
+}
 uint32_t backward_tile(const OpContext& c) {
   return c.be.precision() == Precision::Mixed ? kCoopMixedBackwardTile : kFlashTile;
 }
@@ -319,7 +328,7 @@ void attention_forward_flash(OpContext& c) {
   const bool coop = coop_attention(c, n, false);
   const FlashLayout f = flash_layout(n.D, kFlashForward, c.be.device().subgroup_size());
   c.seq->dispatch(c.be.pipeline(coop ? coop_pass(c, "attention_coop_fwd") : "attention_flash_fwd", 6, sizeof(push),
-                                coop ? coop_spec(n) : flash_spec(f)),
+                                coop ? coop_spec(n, forward_tile(c, n)) : flash_spec(f)),
                   {&c.node.value.buffer(), &c.node.saved.at(0).buffer(), &c.in(0).buffer(), &c.in(1).buffer(),
                    &c.in(2).buffer(), &segment_buffer(c)},
                   push, {coop ? coop_row_groups(n.T) : row_groups(n.T, f), uint32_t(n.H), 1});

@@ -20,8 +20,16 @@ layout(std430, binding = 5) readonly restrict buffer Seg { int seg[]; };
 // A subgroup's area: S, then P hi and P lo over it.
 const uint SP = 16u * SS > 32u * PS ? 16u * SS : 32u * PS;
 // The tiles: k hi, k lo, v hi, v lo (before the loop: q hi, q lo over them; 2·BR rows fit in 4·BC), then the
-// subgroups' areas.
+// subgroups' areas. MIXED: k and v as f16 alone (q over them; BR rows fit in 2·BC), so the same shared memory
+// holds key tiles of twice the rows (autograd/ops/attention.cpp picks TILE); the lo names alias the hi tiles,
+// whose loads the one-product MMA3 never uses.
+#ifdef MIXED
+const uint KH = 0u, KL = KH, VH = BC * KS, VL = VH, SP0 = 2u * BC * KS;
+#define STAGE_TILE(buf, hi, lo, r0, n, stride, col0, scale) STAGE_F16(buf, hi, r0, n, stride, col0, scale)
+#else
 const uint KH = 0u, KL = BC * KS, VH = 2u * BC * KS, VL = 3u * BC * KS, SP0 = 4u * BC * KS;
+#define STAGE_TILE STAGE_ROWS
+#endif
 shared uvec4 tiles[SP0 + NSG * SP];
 shared float rowf[BR];  // per row: the rescale factor of the step, then 1 / (P_SCALE·l)
 
@@ -36,7 +44,7 @@ void main() {
   const uint area = SP0 + sg * SP, ph = area, pl = area + 16u * PS;
 
   // s·q into registers, through the k and v tiles' space.
-  STAGE_ROWS(q4, KH, KH + BR * KS, i0, BR, qs, h * D, u.s)
+  STAGE_TILE(q4, KH, KH + BR * KS, i0, BR, qs, h * D, u.s)
   if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0);
   barrier();
   F16_MAT qh[DF], ql[DF];
@@ -54,8 +62,8 @@ void main() {
     barrier();  // every subgroup is done with the previous tiles (and with q's)
     if (u.segmented != 0u && gl_LocalInvocationIndex < min(BC, u.T - j0))
       tile_seg[gl_LocalInvocationIndex] = seg[j0 + gl_LocalInvocationIndex];
-    STAGE_ROWS(k4, KH, KL, j0, BC, kvs, hk * D, 1.0)
-    STAGE_ROWS(v4, VH, VL, j0, BC, kvs, hk * D, 1.0)
+    STAGE_TILE(k4, KH, KL, j0, BC, kvs, hk * D, 1.0)
+    STAGE_TILE(v4, VH, VL, j0, BC, kvs, hk * D, 1.0)
     barrier();
 
     // S = s·q·kᵀ for the subgroup's 16 rows, BC / 16 matrices of 16 keys.

@@ -98,9 +98,12 @@ void seg_range(uint first, uint n) {
 // [range[0], range[1]] (from seg_range). The answers come a window of WG tiles at a time, one bit each, so
 // that a tile that cannot meet costs no barrier of its own: in a packed batch most of a row's earlier tiles
 // belong to other examples (with a barrier and an id range per tile, skipping them took much of the time).
-// Called in uniform control flow, segmented only; WG is a multiple of 32.
+// The window's ids are read by all invocations, neighbours at neighbouring ids, SCAN_LOADS loads in flight
+// each; an id in the range sets its tile's bit. Called in uniform control flow, segmented only; WG is a
+// multiple of 32.
 shared uint meet_bits[WG / 32u];
 uint meet_window = 0xFFFFFFFFu;  // the window (t / WG) meet_bits holds; the same in every invocation
+const uint SCAN_LOADS = 8u;
 
 bool tile_meets(uint t) {
   const uint w = t / WG, lid = gl_LocalInvocationIndex;
@@ -109,15 +112,17 @@ bool tile_meets(uint t) {
     barrier();  // every invocation has read the last window's bits (and range is written)
     if (lid < WG / 32u) meet_bits[lid] = 0u;
     barrier();
-    const uint r0 = (w * WG + lid) * TILE;
-    if (r0 < u.T) {
-      int lo = 0x7FFFFFFF, hi = -0x7FFFFFFF;
-      for (uint e = r0; e < min(r0 + TILE, u.T); ++e) {
-        const int v = SEG_IDS[e];
-        lo = min(lo, v);
-        hi = max(hi, v);
+    const uint first = w * WG * TILE, n = first < u.T ? min(WG * TILE, u.T - first) : 0u;
+    for (uint e0 = 0u; e0 < n; e0 += SCAN_LOADS * WG) {
+      int v[SCAN_LOADS];
+      for (uint k = 0u; k < SCAN_LOADS; ++k) {
+        const uint e = e0 + k * WG + lid;
+        v[k] = e < n ? SEG_IDS[first + e] : 0;
       }
-      if (hi >= range[0] && lo <= range[1]) atomicOr(meet_bits[lid / 32u], 1u << (lid % 32u));
+      for (uint k = 0u; k < SCAN_LOADS; ++k) {
+        const uint e = e0 + k * WG + lid, tl = e / TILE;
+        if (e < n && v[k] >= range[0] && v[k] <= range[1]) atomicOr(meet_bits[tl / 32u], 1u << (tl % 32u));
+      }
     }
     barrier();
   }
