@@ -49,6 +49,7 @@ void main() {
   STAGE_ROWS(k4, 0u, BR * KS, j0, BR, kvs, hk * D, 1.0)
   STAGE_ROWS(v4, 2u * BR * KS, 3u * BR * KS, j0, BR, kvs, hk * D, 1.0)
   if (u.segmented != 0u) seg_range(j0, min(BR, u.T - j0));
+  meet_lo = j0;  // the query tiles asked about
   barrier();
   F16_MAT kh16[DF], kl16[DF], vh16[DF], vl16[DF];
   [[unroll]] for (uint f = 0u; f < DF; ++f) {

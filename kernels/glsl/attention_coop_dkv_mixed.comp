@@ -68,6 +68,7 @@ void main() {
     kseg_sh[lid] = u.segmented != 0u ? intBitsToFloat(seg[min(j0 + lid, u.T - 1u)]) : 0.0;
   }
   if (u.segmented != 0u) seg_range(j0, min(BR, u.T - j0));
+  meet_lo = j0;  // the query tiles asked about
   barrier();
   F16_MAT kh16[DF], vh16[DF];
   [[unroll]] for (uint f = 0u; f < DF; ++f) {

@@ -52,6 +52,7 @@ void main() {
   STAGE_ROWS(q4, 0u, BR * KS, i0, BR, qs, h * D, u.s)
   STAGE_ROWS(do4, 2u * BR * KS, 3u * BR * KS, i0, BR, qs, h * D, gamma)
   if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0);
+  meet_hi = i_last;  // the key tiles asked about
   barrier();
   F16_MAT qh[DF], ql[DF], doh[DF], dol[DF];
   [[unroll]] for (uint f = 0u; f < DF; ++f) {

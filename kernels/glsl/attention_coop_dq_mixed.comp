@@ -59,6 +59,7 @@ void main() {
   STAGE_F16(q4, 0u, i0, BR, qs, h * D, u.s)
   STAGE_F16(do4, BR * KS, i0, BR, qs, h * D, gamma)
   if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0);
+  meet_hi = i_last;  // the key tiles asked about
   barrier();
   F16_MAT qh[DF], doh[DF];
   [[unroll]] for (uint f = 0u; f < DF; ++f) {

@@ -46,6 +46,7 @@ void main() {
   // s·q into registers, through the k and v tiles' space.
   STAGE_TILE(q4, KH, KH + BR * KS, i0, BR, qs, h * D, u.s)
   if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0);
+  meet_hi = i_last;  // the key tiles asked about
   barrier();
   F16_MAT qh[DF], ql[DF];
   [[unroll]] for (uint f = 0u; f < DF; ++f) {

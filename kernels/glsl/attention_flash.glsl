@@ -98,12 +98,14 @@ void seg_range(uint first, uint n) {
 // [range[0], range[1]] (from seg_range). The answers come a window of WG tiles at a time, one bit each, so
 // that a tile that cannot meet costs no barrier of its own: in a packed batch most of a row's earlier tiles
 // belong to other examples (with a barrier and an id range per tile, skipping them took much of the time).
-// The window's ids are read by all invocations, neighbours at neighbouring ids, SCAN_LOADS loads in flight
-// each; an id in the range sets its tile's bit. Called in uniform control flow, segmented only; WG is a
-// multiple of 32.
+// The window's ids that the caller can reach (meet_lo .. meet_hi) are read by all invocations, neighbours at
+// neighbouring ids, SCAN_LOADS loads in flight each; an id in the range sets its tile's bit. Called in uniform
+// control flow, segmented only; WG is a multiple of 32.
 shared uint meet_bits[WG / 32u];
 uint meet_window = 0xFFFFFFFFu;  // the window (t / WG) meet_bits holds; the same in every invocation
-const uint SCAN_LOADS = 8u;
+const uint SCAN_LOADS = 16u;
+// The tokens the caller's loop can ask about (keys 0 .. i_last, or queries j0 ..): ids outside are not read.
+uint meet_lo = 0u, meet_hi = 0xFFFFFFFEu;
 
 bool tile_meets(uint t) {
   const uint w = t / WG, lid = gl_LocalInvocationIndex;
@@ -112,8 +114,9 @@ bool tile_meets(uint t) {
     barrier();  // every invocation has read the last window's bits (and range is written)
     if (lid < WG / 32u) meet_bits[lid] = 0u;
     barrier();
-    const uint first = w * WG * TILE, n = first < u.T ? min(WG * TILE, u.T - first) : 0u;
-    for (uint e0 = 0u; e0 < n; e0 += SCAN_LOADS * WG) {
+    const uint first = w * WG * TILE, end = min(first + WG * TILE, u.T), last = min(end, meet_hi + 1u);
+    const uint n = last > first ? last - first : 0u, e_first = meet_lo > first ? meet_lo - first : 0u;
+    for (uint e0 = e_first; e0 < n; e0 += SCAN_LOADS * WG) {
       int v[SCAN_LOADS];
       for (uint k = 0u; k < SCAN_LOADS; ++k) {
         const uint e = e0 + k * WG + lid;

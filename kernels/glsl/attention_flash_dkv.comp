@@ -41,6 +41,7 @@ void main() {
   }
   const int my_seg = u.segmented != 0u ? seg[jc] : 0;
   if (u.segmented != 0u) seg_range(j0, min(ROWS, u.T - j0));
+  meet_lo = j0;  // the query tiles asked about
 
   const bool split = (u.flags & 4u) != 0u;
   for (uint g = split ? gl_WorkGroupID.z : 0u; g < (split ? gl_WorkGroupID.z + 1u : G); ++g) {

@@ -45,6 +45,7 @@ void main() {
   const float lse_i = lse[h * u.T + ic];
   const int my_seg = u.segmented != 0u ? seg[ic] : 0;
   if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0);
+  meet_hi = i_last;  // the key tiles asked about
 
   for (uint j0 = 0u; j0 <= i_last; j0 += TILE) {
     if (before_window(j0, TILE, i0)) continue;  // uniform: no row of the workgroup sees the tile

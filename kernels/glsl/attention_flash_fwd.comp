@@ -32,6 +32,7 @@ void main() {
   }
   const int my_seg = u.segmented != 0u ? seg[ic] : 0;
   if (u.segmented != 0u) seg_range(i0, i_last + 1u - i0);
+  meet_hi = i_last;  // the key tiles asked about
   float m = -1.0 / 0.0, l = 0.0;
 
   for (uint j0 = 0u; j0 <= i_last; j0 += TILE) {
