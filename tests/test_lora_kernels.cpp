@@ -44,15 +44,15 @@ vk::Device* LoraKernels::device_ = nullptr;
 
 const int64_t kRanks[] = {1, 5, 16, 64};
 
-// hs = s·X·Aᵀ (B [r, K]) and dh = s·dY·B (B [K, r]), X read with a row stride at or above K (on 16 bytes or not),
-// K split over workgroups (with the scratch) or summed by one (without).
+// hs = s·X·Aᵀ (B [r, K]) and dh = s·dY·B (B [K, r]), X read with a row stride of K rounded up to 4 or wider, K
+// split over workgroups (with the scratch) or summed by one (without).
 TEST_F(LoraKernels, RowsMatchTheReferenceSplitOrNot) {
   vk::LinearKernels k(*device_);
   for (int64_t r : kRanks)
     for (const auto& [M, K] : {std::pair<int64_t, int64_t>{1, 7}, {37, 300}, {300, 1000}, {100, 5000}})
       for (bool b_kr : {false, true})
         for (bool acc : {false, true}) {
-          const int64_t ldx = acc ? (K + 3) / 4 * 4 : K + 3;  // rows on 16 bytes (vec4 loads) or not
+          const int64_t ldx = acc ? (K + 3) / 4 * 4 : K + 3;  // rows on 16 bytes or not
           const auto x = random_floats(rng_, M * ldx), b = random_floats(rng_, r * K), c0 = random_floats(rng_, M * r);
           std::vector<float> xk(size_t(M * K));  // X without its padding, for the reference
           for (int64_t m = 0; m < M; ++m)
@@ -73,14 +73,14 @@ TEST_F(LoraKernels, RowsMatchTheReferenceSplitOrNot) {
 }
 
 // dB = dYᵀ·hs ([N, r]) and dA = dhᵀ·X ([r, N]) over T tokens, the tokens split over workgroups (with the scratch)
-// or summed by one (without), X read with a row stride at or above N (on 16 bytes or not).
+// or summed by one (without), X read with a row stride of N rounded up to 4 or wider.
 TEST_F(LoraKernels, ColumnSumsMatchTheReferenceSplitOrNot) {
   vk::LinearKernels k(*device_);
   for (int64_t r : kRanks)
     for (const auto& [T, N] : {std::pair<int64_t, int64_t>{1, 9}, {100, 257}, {5000, 300}})
       for (bool out_rn : {false, true})
         for (bool split : {false, true}) {
-          const int64_t ldx = split ? (N + 3) / 4 * 4 : N + 5;  // rows on 16 bytes (vec4 loads) or not
+          const int64_t ldx = split ? (N + 3) / 4 * 4 : N + 5;  // rows on 16 bytes or not
           const double alpha = split ? 0.5 : 1.0;
           const auto x = random_floats(rng_, T * ldx), h = random_floats(rng_, T * r), c0 = random_floats(rng_, N * r);
           std::vector<float> xn(size_t(T * N));

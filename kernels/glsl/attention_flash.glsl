@@ -105,6 +105,7 @@ shared uint meet_bits[WG / 32u];
 uint meet_window = 0xFFFFFFFFu;  // the window (t / WG) meet_bits holds; the same in every invocation
 const uint SCAN_LOADS = 16u;
 // The tokens the caller's loop can ask about (keys 0 .. i_last, or queries j0 ..): ids outside are not read.
+// meet_hi's default is one below the largest uint, so that meet_hi + 1 does not wrap.
 uint meet_lo = 0u, meet_hi = 0xFFFFFFFEu;
 
 bool tile_meets(uint t) {
