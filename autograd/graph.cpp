@@ -417,37 +417,46 @@ void Graph::run_pass(bool backward, int out, const Tensor* seed, bool keep_param
   Recorded& have = backward ? bwd_recorded_[kind] : fwd_recorded_;
   if (!seq || !(have == want)) {
     marks.clear();
-    seq = std::make_unique<vk::Sequence>(be_.device(), profiling_ ? uint32_t(steps->size() + 1) : 0);
+    constexpr uint32_t kCommandTimestamps = 1u << 18;  // room for every command (or level) of a pass
+    const bool marks_on = profiling_ && timing_ != vk::Sequence::Timing::Levels;
+    seq = std::make_unique<vk::Sequence>(
+        be_.device(), profiling_ ? uint32_t(steps->size() + 1) +
+                                       (timing_ != vk::Sequence::Timing::Off ? kCommandTimestamps : 0u) : 0u);
+    seq->set_timing(timing_);
     seq->begin();
     if (backward) begin_backward(seq.get());
-    if (profiling_) seq->timestamp();
+    if (marks_on) marks.push_back({-1, false, seq->timestamp()});  // where the first op's time starts
     if (sink) sink->record_begin();
     const std::vector<std::vector<int>> ready = sink ? params_final_after(*steps) : std::vector<std::vector<int>>{};
     for (size_t i = 0; i < steps->size(); ++i) {
       const Step& st = (*steps)[i];
       run_step(st, seq.get());
       if (sink && !ready[i].empty()) sink->record_ready(*seq, ready[i]);
-      if (profiling_) {
-        seq->timestamp();
-        marks.push_back({st.id, st.kind != StepKind::Backward});
-      }
+      if (marks_on) marks.push_back({st.id, st.kind != StepKind::Backward, seq->timestamp()});
     }
     if (sink) sink->record_ready(*seq, ready.back());
     seq->end();
     have = want;
   }
   run_recorded(*seq, sink);
-  for (size_t k = 0; k < marks.size(); ++k) {
+  for (size_t k = 1; k < marks.size(); ++k) {
     OpTime& t = op_times_[nodes_[size_t(marks[k].id)].op->name];
-    (marks[k].forward ? t.forward_ns : t.backward_ns) += seq->elapsed_ns(uint32_t(k), uint32_t(k + 1));
+    (marks[k].forward ? t.forward_ns : t.backward_ns) += seq->elapsed_ns(marks[k - 1].slot, marks[k].slot);
   }
+  if (timing_ != vk::Sequence::Timing::Off)
+    for (const auto& [name, ns] : seq->command_times()) {
+      KernelTime& t = kernel_times_[name];
+      t.ns += ns, ++t.runs;
+    }
 }
 
-void Graph::set_profiling(bool on) {
+void Graph::set_profiling(bool on, vk::Sequence::Timing timing) {
   if (on && !be_.is_cpu() && !be_.device().timestamps_supported())
     throw GraphError("profiling: " + be_.device().name() + " has no timestamp queries");
   profiling_ = on;
+  timing_ = on ? timing : vk::Sequence::Timing::Off;
   op_times_.clear();
+  kernel_times_.clear();
   fwd_seq_.reset();
   fwd_recorded_ = {};
   reset_backward_recordings();

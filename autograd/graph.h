@@ -145,9 +145,18 @@ class Graph {
   struct OpTime {
     double forward_ns = 0, backward_ns = 0;
   };
-  void set_profiling(bool on);
+  // timing (vk::Sequence::Timing): Off, the op times alone; Commands, also every dispatch and transfer timed alone
+  // (the passes run slower, each command after the one before it), summed per pipeline name in kernel_times();
+  // Levels, no op times (the ops' commands are ordered into levels as without profiling), each level of the
+  // recorded passes timed, summed per level name (its kernels) in kernel_times().
+  void set_profiling(bool on, vk::Sequence::Timing timing = vk::Sequence::Timing::Off);
   const std::map<std::string, OpTime>& op_times() const { return op_times_; }
-  void clear_op_times() { op_times_.clear(); }
+  struct KernelTime {
+    double ns = 0;
+    int64_t runs = 0;
+  };
+  const std::map<std::string, KernelTime>& kernel_times() const { return kernel_times_; }
+  void clear_op_times() { op_times_.clear(), kernel_times_.clear(); }
 
   // Data parallel on Vulkan: what takes the parameters' gradients as they become final during a backward, to send
   // them on while the backward goes on (ag::FlatGrads).
@@ -216,15 +225,18 @@ class Graph {
   static constexpr int kBackwardKinds = 4;
   std::unique_ptr<vk::Sequence> fwd_seq_, bwd_seq_[kBackwardKinds];
   Recorded fwd_recorded_, bwd_recorded_[kBackwardKinds];
-  // Profiling: the node run between timestamps k and k + 1 of each recorded pass.
+  // Profiling: the node run between the timestamp of the mark before and its own (the first mark: the start).
   bool profiling_ = false;
+  vk::Sequence::Timing timing_ = vk::Sequence::Timing::Off;
   GradSink* sink_ = nullptr;
   struct Mark {
     int id = -1;
     bool forward = true;
+    uint32_t slot = 0;
   };
   std::vector<Mark> fwd_marks_, bwd_marks_[kBackwardKinds];
   std::map<std::string, OpTime> op_times_;
+  std::map<std::string, KernelTime> kernel_times_;
   Tensor ones_;  // the default seed of a scalar output
   Tensor seed_;  // Vulkan: the seed is copied here, so the recorded pass never points at a caller's buffer
   // Memory planning.

@@ -214,6 +214,26 @@ TEST(Cli, BenchTrainTimesEachBatchSizeAndWritesJson) {
   EXPECT_EQ(kept["loss"], j[0]["loss"]);
 }
 
+// The GPU profiles of bench train: per op and per kernel (each command timed alone), or per level (the kernels
+// that run side by side between two barriers), each table ending in its sum.
+TEST(Cli, BenchTrainProfilesByOpKernelAndLevelOnVulkan) {
+  const std::string train = "bench train --device vulkan --shape small --seq-len 16 --batch-sizes 1 --steps 1 "
+                            "--warmup 0 --lora-rank 4 ";
+  const CmdResult kernels = run(train + "--profile --profile-kernels");
+  ASSERT_EQ(kernels.code, 0) << kernels.out;
+  for (const char* says : {"lora_linear", "kernel (each command alone)", "\n    lora_rows ", "\n    rms_norm_forward ",
+                           "(sum)"})
+    EXPECT_NE(kernels.out.find(says), std::string::npos) << says << "\n" << kernels.out;
+  const CmdResult levels = run(train + "--profile-levels");
+  ASSERT_EQ(levels.code, 0) << levels.out;
+  EXPECT_NE(levels.out.find("level (its kernels, side by side)"), std::string::npos) << levels.out;
+  EXPECT_NE(levels.out.find("(sum)"), std::string::npos) << levels.out;
+  EXPECT_NE(levels.out.find("lora_rows"), std::string::npos) << levels.out;
+  EXPECT_EQ(levels.out.find("lora_linear"), std::string::npos) << "no op times under --profile-levels\n" << levels.out;
+  expect_refused(train + "--profile-kernels", "--profile-kernels requires --profile");
+  expect_refused(train + "--profile --profile-levels", "--profile excludes --profile-levels");
+}
+
 TEST(Cli, BenchTrainRejectsAnUnknownShapeAndBadCounts) {
   const std::pair<const char*, const char*> cases[] = {
       {"--shape tiny", "--shape: unknown shape 'tiny' (known: small, tinyllama-1.1b, llama-7b)"},

@@ -106,6 +106,31 @@ std::string format_profile(const std::map<std::string, ag::Graph::OpTime>& times
   return s + buf;
 }
 
+// GPU ms per step by kernel (pipeline), largest first, each command timed alone: their sum is more than a step
+// without the timing, where commands of one level run side by side.
+// Levels: GPU ms per step by level (the kernels that run side by side between two barriers, by name), the levels'
+// time from the end of the level before; the largest kLevelRows.
+std::string format_kernels(const std::map<std::string, ag::Graph::KernelTime>& times, int64_t steps, bool levels,
+                           double seconds) {
+  constexpr size_t kLevelRows = 60;
+  std::vector<std::pair<std::string, ag::Graph::KernelTime>> rows(times.begin(), times.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+  double sum_ns = 0, runs = 0;
+  for (const auto& row : rows) sum_ns += row.second.ns, runs += double(row.second.runs);
+  std::string s = levels ? "    level (its kernels, side by side)        ms   runs/step   of the sum\n"
+                         : "    kernel (each command alone)               ms   runs/step   of the sum\n";
+  char buf[400];
+  for (size_t i = 0; i < rows.size() && (!levels || i < kLevelRows); ++i) {
+    const auto& [name, t] = rows[i];
+    std::snprintf(buf, sizeof buf, "    %-38s %9.2f  %9.1f  %6.1f%%\n", name.c_str(), t.ns * 1e-6 / double(steps),
+                  double(t.runs) / double(steps), 100.0 * t.ns / sum_ns);
+    s += buf;
+  }
+  std::snprintf(buf, sizeof buf, "    %-38s %9.2f  %9.1f   (the step: %.2f ms)\n", "(sum)",
+                sum_ns * 1e-6 / double(steps), runs / double(steps), 1e3 * seconds / double(steps));
+  return s + buf;
+}
+
 struct Result {
   int64_t batch_size = 0;
   double seconds = 0, tokens_per_s = 0, ms_per_step = 0, loss = 0;
@@ -160,7 +185,10 @@ Result time_steps(const model::Model& model, const DeviceChoice& dev, const Benc
     return sl.loss;
   };
   const bool profile = opt.profile && !dev.is_cpu();
-  if (profile) lg.graph().set_profiling(true);
+  const bool levels = opt.profile_levels && !dev.is_cpu();
+  using Timing = vk::Sequence::Timing;
+  if (profile || levels)
+    lg.graph().set_profiling(true, levels ? Timing::Levels : opt.profile_kernels ? Timing::Commands : Timing::Off);
   for (int64_t i = 0; i < opt.warmup; ++i) step();
   lg.graph().clear_op_times();
   optimizer_s = 0;
@@ -170,6 +198,8 @@ Result time_steps(const model::Model& model, const DeviceChoice& dev, const Benc
   for (int64_t i = 0; i < opt.steps; ++i) r.loss = step();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (profile) profile_table = format_profile(lg.graph().op_times(), opt.steps, r.seconds, optimizer_s);
+  if ((profile && opt.profile_kernels) || levels)
+    profile_table += format_kernels(lg.graph().kernel_times(), opt.steps, levels, r.seconds);
   return r;
 }
 
@@ -282,7 +312,16 @@ Command add_bench_train(CLI::App& bench) {
   cmd->add_option("--steps", o->steps, "timed steps per batch size")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "untimed steps before them")->capture_default_str();
   cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank on all seven targets (alpha = 2 * rank)")->capture_default_str();
-  cmd->add_flag("--profile", o->profile, "Vulkan: also print the GPU time per op (forward and backward) of the timed steps");
+  CLI::Option* profile = cmd->add_flag(
+      "--profile", o->profile, "Vulkan: also print the GPU time per op (forward and backward) of the timed steps");
+  cmd->add_flag("--profile-kernels", o->profile_kernels,
+                "Vulkan, with --profile: also the GPU time per kernel, each dispatch and transfer timed alone (the "
+                "steps run slower: no two commands overlap)")
+      ->needs(profile);
+  cmd->add_flag("--profile-levels", o->profile_levels,
+                "Vulkan: print the GPU time per level of the recorded passes (the kernels that run side by side "
+                "between two barriers, as without profiling), by the level's kernels, the 60 largest")
+      ->excludes(profile);
   cmd->add_flag("--grad-checkpoint", o->grad_checkpoint,
                 "keep each layer's output, attention inputs and output and residual from the forward and "
                 "recompute the ffn's activations in the backward");

@@ -149,6 +149,8 @@ struct BenchTrainOptions {
   int64_t steps = 5, warmup = 2;  // timed steps, and untimed ones before them
   int64_t lora_rank = 16;
   bool profile = false;   // Vulkan: GPU time per op of the graph's passes
+  bool profile_kernels = false;  // Vulkan: also the GPU time of each kernel, every command timed alone
+  bool profile_levels = false;   // Vulkan: the GPU time of each level of the passes, by its kernels
   bool grad_checkpoint = false;  // as TrainOptions::grad_checkpoint
   int64_t keep_ffn_layers = 0;   // with grad_checkpoint: the last N layers keep their ffn gate and up outputs
   double grad_bucket_mb = 4;     // under mpirun: as TrainOptions::grad_bucket_mb

@@ -55,11 +55,14 @@ void Sequence::begin() {
   tracks_.clear();
   emitted_ = false;
   independent_ = false;
+  timed_.clear();
+  group_names_.clear();
   vkResetCommandBuffer(cb_, 0);
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   check(vkBeginCommandBuffer(cb_, &bi), "vkBeginCommandBuffer");
   if (queries_) vkCmdResetQueryPool(cb_, queries_, 0, max_timestamps_);
   recording_ = true;
+  if (timing_ == Timing::Levels) timestamp();  // where the first level's time starts
 }
 
 VkDescriptorSet Sequence::allocate_set(VkDescriptorSetLayout layout) {
@@ -120,6 +123,7 @@ void Sequence::dispatch(const Pipeline& p, std::initializer_list<const Buffer*> 
   Command c{Command::Dispatch, p.handle(), p.layout(), set,
             std::vector<uint8_t>(static_cast<const uint8_t*>(push), static_cast<const uint8_t*>(push) + push_bytes),
             groups, VK_NULL_HANDLE, VK_NULL_HANDLE, 0, 0};
+  c.name = &p.name();
   std::vector<std::pair<Range, bool>> accesses;
   accesses.reserve(buffers.size());
   uint32_t binding = 0;
@@ -129,6 +133,7 @@ void Sequence::dispatch(const Pipeline& p, std::initializer_list<const Buffer*> 
 }
 
 void Sequence::add(Command c, std::vector<std::pair<Range, bool>> accesses) {
+  std::string name = timing_ == Timing::Commands ? name_of(c) : std::string();
   if (independent_) {
     c.node = uint32_t(nodes_.size() - 1);
     auto& acc = nodes_.back().accesses;
@@ -139,6 +144,43 @@ void Sequence::add(Command c, std::vector<std::pair<Range, bool>> accesses) {
     place_node(nodes_.back());
   }
   pending_commands_.push_back(std::move(c));
+  if (timing_ != Timing::Commands) return;
+  if (!independent_) return time_command(std::move(name));
+  group_names_ += (group_names_.empty() ? "" : "+") + name;
+}
+
+std::string Sequence::name_of(const Command& c) {
+  static const char* const kKinds[] = {"", "(fill)", "(copy)", "(signal)"};
+  return c.name ? *c.name : kKinds[c.kind];
+}
+
+// "namexcount+..." of the commands order[begin, end), names sorted (a count only above 1).
+std::string Sequence::level_name(const std::vector<uint32_t>& order, size_t begin, size_t end) const {
+  std::vector<std::string> names;
+  for (size_t k = begin; k < end; ++k) names.push_back(name_of(pending_commands_[order[k]]));
+  std::sort(names.begin(), names.end());
+  std::string out;
+  for (size_t i = 0; i < names.size();) {
+    size_t j = i;
+    while (j < names.size() && names[j] == names[i]) ++j;
+    out += (out.empty() ? "" : "+") + names[i] + (j - i > 1 ? "x" + std::to_string(j - i) : "");
+    i = j;
+  }
+  return out;
+}
+
+void Sequence::time_command(std::string name) { timed_.push_back({timestamp(), std::move(name)}); }
+
+std::vector<std::pair<std::string, double>> Sequence::command_times() const {
+  std::vector<uint64_t> t(n_timestamps_);
+  if (n_timestamps_ > 0)
+    check(vkGetQueryPoolResults(dev_.handle(), queries_, 0, n_timestamps_, t.size() * sizeof(uint64_t), t.data(),
+                                sizeof(uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
+          "vkGetQueryPoolResults");
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [slot, name] : timed_)
+    if (slot > 0) out.push_back({name, double(t[slot] - t[slot - 1]) * dev_.timestamp_period_ns()});
+  return out;
 }
 
 // A node's level: one past every level that wrote bytes it reads, or read or wrote bytes it writes. Then the
@@ -177,8 +219,19 @@ void Sequence::flush() {
   for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
   const auto level = [&](uint32_t i) { return nodes_[pending_commands_[i].node].level; };
   std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return level(a) < level(b); });
+  size_t level_begin = 0;  // Timing::Levels: the first command of the current level
+  const auto end_level = [&](size_t k) {
+    if (timing_ != Timing::Levels || k == level_begin) return;
+    std::string name = level_name(order, level_begin, k);
+    vkCmdWriteTimestamp(cb_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, n_timestamps_);
+    timed_.push_back({n_timestamps_++, std::move(name)});
+    level_begin = k;
+  };
   for (size_t k = 0; k < order.size(); ++k) {
     const Command& c = pending_commands_[order[k]];
+    if (k > 0 && level(order[k]) != level(order[k - 1])) end_level(k);
+    if (timing_ == Timing::Levels && n_timestamps_ + 1 >= max_timestamps_)
+      throw std::logic_error("Sequence: more than " + std::to_string(max_timestamps_) + " timestamps");
     if (k == 0 ? emitted_ : level(order[k]) != level(order[k - 1])) barrier();
     if (c.kind == Command::Dispatch) {
       vkCmdBindPipeline(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, c.pipeline);
@@ -200,6 +253,7 @@ void Sequence::flush() {
       vkCmdSetEvent(cb_, c.event, VK_PIPELINE_STAGE_TRANSFER_BIT);
     }
   }
+  end_level(order.size());
   emitted_ = true;
   pending_commands_.clear();
   nodes_.clear();
@@ -249,6 +303,8 @@ void Sequence::end_independent() {
   if (!independent_) throw std::logic_error("Sequence::end_independent without begin_independent()");
   independent_ = false;
   place_node(nodes_.back());
+  if (timing_ == Timing::Commands && !group_names_.empty()) time_command(std::move(group_names_));
+  group_names_.clear();
 }
 
 uint32_t Sequence::timestamp() {

@@ -14,6 +14,8 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/vulkan/buffer.h"
@@ -53,6 +55,13 @@ class Sequence {
   // Writes a timestamp after all previous work; returns its slot. Commands are ordered into levels between
   // timestamps only: what follows one waits for everything before it. Not inside an independent group.
   uint32_t timestamp();
+  // Profiling (set before begin(); the sequence needs room for the timestamps, max_timestamps):
+  //   Commands: a timestamp after each command outside an independent group, and after each group, so that every
+  //             command runs alone between two timestamps (the sequence runs slower);
+  //   Levels:   a timestamp after each level, so that the levels run as without profiling and each is timed
+  //             from the end of the one before (its barrier included).
+  enum class Timing { Off, Commands, Levels };
+  void set_timing(Timing t) { timing_ = t; }
   void end();
 
   void submit();
@@ -60,6 +69,9 @@ class Sequence {
   void run() { submit(); wait(); }
   // Nanoseconds between timestamp slots a and b of the last run.
   double elapsed_ns(uint32_t a, uint32_t b) const;
+  // With timing: each timed command's name (its pipeline's, or the kind of transfer; a group's names joined by
+  // '+'), or each level's (its commands' names, sorted, with their counts), and its nanoseconds in the last run.
+  std::vector<std::pair<std::string, double>> command_times() const;
   uint32_t dispatch_count() const { return n_dispatches_; }
   uint32_t barrier_count() const { return n_barriers_; }  // of the last recording, known after end()
 
@@ -82,6 +94,7 @@ class Sequence {
     uint32_t node;  // the independent group it belongs to, or its own index
     size_t dst_offset = 0;
     VkEvent event = VK_NULL_HANDLE;
+    const std::string* name = nullptr;  // the pipeline's (dispatches), for command timing
   };
   struct Node {
     std::vector<std::pair<Range, bool>> accesses;  // {bytes, written}
@@ -89,6 +102,7 @@ class Sequence {
   };
   static Range range_of(const Buffer& b);
   void add(Command c, std::vector<std::pair<Range, bool>> accesses);
+  void time_command(std::string name);
   void place_node(Node& n);
   void flush();
   void barrier();
@@ -113,6 +127,11 @@ class Sequence {
   std::vector<VkDescriptorPool> pools_;
   size_t pool_in_use_ = 0;
   bool recording_ = false, pending_ = false;
+  Timing timing_ = Timing::Off;
+  std::vector<std::pair<uint32_t, std::string>> timed_;  // {the timestamp after it, name}
+  static std::string name_of(const Command& c);
+  std::string level_name(const std::vector<uint32_t>& order, size_t begin, size_t end) const;
+  std::string group_names_;                              // of the open independent group
 };
 
 }  // namespace q4t::vk
