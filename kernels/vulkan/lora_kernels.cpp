@@ -33,7 +33,7 @@ std::pair<int64_t, int64_t> cols_split(int64_t T, int64_t N) {  // {chunks, toke
 // where its row groups alone would leave a large GPU idle: about kRowsTargetGroups workgroups, slices of at least
 // kRowsMinSlice (a multiple of its K step of 32).
 int64_t rows_per_group(int64_t r) { return 256 / ((r + 3) / 4); }
-constexpr int64_t kRowsTargetGroups = 264;
+constexpr int64_t kRowsTargetGroups = 528;
 constexpr int64_t kRowsMinSlice = 256;
 
 std::pair<int64_t, int64_t> rows_split(int64_t M, int64_t K, int64_t r) {  // {slices, K per slice}
