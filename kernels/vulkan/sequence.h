@@ -103,6 +103,8 @@ class Sequence {
   static Range range_of(const Buffer& b);
   void add(Command c, std::vector<std::pair<Range, bool>> accesses);
   void time_command(std::string name);
+  static std::string name_of(const Command& c);
+  std::string level_name(const std::vector<uint32_t>& order, size_t begin, size_t end) const;
   void place_node(Node& n);
   void flush();
   void barrier();
@@ -129,9 +131,7 @@ class Sequence {
   bool recording_ = false, pending_ = false;
   Timing timing_ = Timing::Off;
   std::vector<std::pair<uint32_t, std::string>> timed_;  // {the timestamp after it, name}
-  static std::string name_of(const Command& c);
-  std::string level_name(const std::vector<uint32_t>& order, size_t begin, size_t end) const;
-  std::string group_names_;                              // of the open independent group
+  std::string group_names_;                              // Timing::Commands: of the open independent group
 };
 
 }  // namespace q4t::vk
