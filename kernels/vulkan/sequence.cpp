@@ -222,16 +222,12 @@ void Sequence::flush() {
   size_t level_begin = 0;  // Timing::Levels: the first command of the current level
   const auto end_level = [&](size_t k) {
     if (timing_ != Timing::Levels || k == level_begin) return;
-    std::string name = level_name(order, level_begin, k);
-    vkCmdWriteTimestamp(cb_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, n_timestamps_);
-    timed_.push_back({n_timestamps_++, std::move(name)});
+    timed_.push_back({write_timestamp(), level_name(order, level_begin, k)});
     level_begin = k;
   };
   for (size_t k = 0; k < order.size(); ++k) {
     const Command& c = pending_commands_[order[k]];
     if (k > 0 && level(order[k]) != level(order[k - 1])) end_level(k);
-    if (timing_ == Timing::Levels && n_timestamps_ + 1 >= max_timestamps_)
-      throw std::logic_error("Sequence: more than " + std::to_string(max_timestamps_) + " timestamps");
     if (k == 0 ? emitted_ : level(order[k]) != level(order[k - 1])) barrier();
     if (c.kind == Command::Dispatch) {
       vkCmdBindPipeline(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, c.pipeline);
@@ -310,9 +306,14 @@ void Sequence::end_independent() {
 uint32_t Sequence::timestamp() {
   if (!recording_) throw std::logic_error("Sequence::timestamp outside begin()/end()");
   if (independent_) throw std::logic_error("Sequence::timestamp inside an independent group");
+  flush();
+  return write_timestamp();
+}
+
+// A timestamp after the commands already in the command buffer, in the next free slot.
+uint32_t Sequence::write_timestamp() {
   if (n_timestamps_ >= max_timestamps_)
     throw std::logic_error("Sequence: more than " + std::to_string(max_timestamps_) + " timestamps");
-  flush();
   vkCmdWriteTimestamp(cb_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries_, n_timestamps_);
   return n_timestamps_++;
 }

@@ -103,6 +103,7 @@ class Sequence {
   static Range range_of(const Buffer& b);
   void add(Command c, std::vector<std::pair<Range, bool>> accesses);
   void time_command(std::string name);
+  uint32_t write_timestamp();
   static std::string name_of(const Command& c);
   std::string level_name(const std::vector<uint32_t>& order, size_t begin, size_t end) const;
   void place_node(Node& n);
