@@ -5,7 +5,8 @@
 # own --vn output, so the words are uint32_t-aligned) and a depfile, so editing an included .glsl header
 # rebuilds the shaders that include it. A variant compiles a source of SOURCES' folder under another name with
 # preprocessor definitions (-D), so one GLSL file serves several formats or tile shapes; a source that has
-# variants is compiled only as its variants, never under its own name. A generated
+# variants is compiled only as its variants, never under its own name. A variant defining COOP_KHR is written with
+# GL_NV_cooperative_matrix and rewritten for VK_KHR_cooperative_matrix by q4t_coop_khr. A generated
 # shaders_index.cpp maps each name to its words.
 function(q4t_add_shaders)
   cmake_parse_arguments(ARG "" "TARGET" "SOURCES;VARIANTS" ${ARGN})
@@ -46,14 +47,28 @@ function(q4t_add_shaders)
       endforeach()
     endif()
     set(header ${out_dir}/${name}.spv.h)
-    add_custom_command(
-      OUTPUT ${header}
-      COMMAND ${GLSLANG_VALIDATOR} --target-env vulkan1.1 -Os --quiet ${dflags}
-              --depfile ${out_dir}/${name}.d --vn spv_${name} -o ${header} ${abs}
-      DEPENDS ${abs}
-      DEPFILE ${out_dir}/${name}.d
-      COMMENT "glslang ${name}"
-      VERBATIM)
+    if(dflags MATCHES "-DCOOP_KHR")
+      # Written with GL_NV_cooperative_matrix, run on VK_KHR_cooperative_matrix: the SPIR-V goes through
+      # q4t_coop_khr (kernels/spirv/coop_khr.h), which writes the header.
+      add_custom_command(
+        OUTPUT ${header} ${out_dir}/${name}.spv
+        COMMAND ${GLSLANG_VALIDATOR} --target-env vulkan1.1 -Os --quiet ${dflags}
+                --depfile ${out_dir}/${name}.d -o ${out_dir}/${name}.spv ${abs}
+        COMMAND q4t_coop_khr ${out_dir}/${name}.spv ${header} ${name}
+        DEPENDS ${abs} q4t_coop_khr
+        DEPFILE ${out_dir}/${name}.d
+        COMMENT "glslang ${name} (KHR cooperative matrices)"
+        VERBATIM)
+    else()
+      add_custom_command(
+        OUTPUT ${header}
+        COMMAND ${GLSLANG_VALIDATOR} --target-env vulkan1.1 -Os --quiet ${dflags}
+                --depfile ${out_dir}/${name}.d --vn spv_${name} -o ${header} ${abs}
+        DEPENDS ${abs}
+        DEPFILE ${out_dir}/${name}.d
+        COMMENT "glslang ${name}"
+        VERBATIM)
+    endif()
     list(APPEND headers ${header})
     string(APPEND index_includes "#include \"${name}.spv.h\"\n")
     string(APPEND index_entries "    {\"${name}\", {spv_${name}, sizeof(spv_${name}) / sizeof(uint32_t)}},\n")

@@ -585,8 +585,10 @@ int run_bench(const DeviceChoice& dev, const BenchOptions& opt, std::ostream& ou
     }
   }
   if (!dev.is_cpu()) {
-    out << (dev.vulkan->coop_matrix() ? " (Q4_0 GEMM on tensor cores: VK_NV_cooperative_matrix)"
-                                      : " (no cooperative matrices: every GEMM on FP32 FMAs)");
+    out << (!dev.vulkan->coop_matrix()      ? " (no cooperative matrices: every GEMM on FP32 FMAs)"
+            : dev.vulkan->coop_matrix_khr() ? " (GEMMs on tensor cores: VK_NV_cooperative_matrix, the mixed ones "
+                                              "VK_KHR_cooperative_matrix)"
+                                            : " (GEMMs on tensor cores: VK_NV_cooperative_matrix)");
     if (dev.vulkan->integer_dot())
       out << " (GEMVs of 2^25 weights and more on 8-bit integer dot products, activations in "
           << (opt.precision == Precision::Mixed ? "16" : "24") << "-bit limbs)";

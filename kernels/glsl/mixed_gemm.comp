@@ -14,6 +14,7 @@
 // COOP: the products on cooperative matrices (VK_NV_cooperative_matrix, 16x16x16, subgroups of 32). Without it,
 // the same tiles feed FP32 FMAs (each invocation a few rows and columns): the portable twin, so that every
 // device computes the same function, and lavapipe tests the staging and decoding that the tensor cores read.
+// COOP_KHR (with COOP): the same products on VK_KHR_cooperative_matrix, through the rewrite of the SPIR-V.
 #ifdef COOP
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -160,11 +161,20 @@ uint valid0, valid1;
 #ifdef COOP
 #define F32_MAT fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
 #define F16_MAT fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#ifdef COOP_KHR
+// Run on VK_KHR_cooperative_matrix, whose types carry their use: B's rows as a specialization constant (16, never
+// set) give B a type of its own, which the rewrite of this SPIR-V needs (kernels/spirv/coop_khr.h).
+layout(constant_id = 0) const uint B_ROWS = 16;
+#define F16_B_MAT fcoopmatNV<16, gl_ScopeSubgroup, B_ROWS, 16>
+#else
+#define F16_B_MAT F16_MAT
+#endif
 F32_MAT acc[FRAGS_M][FRAGS_N];
 
 void multiply(uint stage, uint wm, uint wn) {
   [[unroll]] for (uint kk = 0u; kk < BK / 16u; ++kk) {
-    F16_MAT a[FRAGS_M], b[FRAGS_N];
+    F16_MAT a[FRAGS_M];
+    F16_B_MAT b[FRAGS_N];
     [[unroll]] for (uint i = 0u; i < FRAGS_M; ++i)
       coopMatLoadNV(a[i], sm, stage * A_STAGE + (wm * 16u * FRAGS_M + 16u * i) * AS + 2u * kk, AS, false);
     [[unroll]] for (uint j = 0u; j < FRAGS_N; ++j)

@@ -197,6 +197,48 @@ bool coop_matrix_supported(VkInstance inst, VkPhysicalDevice pd) {
   return shape && coop_f.cooperativeMatrix && f16_f.shaderFloat16 && vmm_f.vulkanMemoryModel;
 }
 
+// VK_KHR_cooperative_matrix (Vulkan 1.3.255; Debian 12's headers are 1.3.239): its registered structure types and
+// the structures' layouts as the specification gives them. Component types and scopes have NV's values.
+constexpr const char* kCoopKhrExtension = "VK_KHR_cooperative_matrix";
+constexpr auto kCoopKhrFeaturesType = VkStructureType(1000506000);
+constexpr auto kCoopKhrPropertiesType = VkStructureType(1000506001);
+struct CoopKhrFeatures {
+  VkStructureType sType;
+  void* pNext;
+  VkBool32 cooperativeMatrix;
+  VkBool32 cooperativeMatrixRobustBufferAccess;
+};
+struct CoopKhrProperties {
+  VkStructureType sType;
+  void* pNext;
+  uint32_t MSize, NSize, KSize;
+  VkComponentTypeNV AType, BType, CType, ResultType;
+  VkBool32 saturatingAccumulation;
+  VkScopeNV scope;
+};
+using CoopKhrPropertiesFn = VkResult(VKAPI_PTR*)(VkPhysicalDevice, uint32_t*, CoopKhrProperties*);
+
+// Whether the device also has VK_KHR_cooperative_matrix with the same 16x16x16 f16 x f16 + f32 subgroup shape (the
+// *_khr kernels, kernels/spirv/coop_khr.h). The environment variable Q4T_COOP_NV_ONLY keeps the NV kernels.
+bool coop_khr_supported(VkInstance inst, VkPhysicalDevice pd) {
+  if (std::getenv("Q4T_COOP_NV_ONLY") || !has_extension(device_extensions(pd), kCoopKhrExtension)) return false;
+  CoopKhrFeatures f{kCoopKhrFeaturesType};
+  query_features(pd, f);
+  auto props_fn = reinterpret_cast<CoopKhrPropertiesFn>(
+      vkGetInstanceProcAddr(inst, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"));
+  if (!f.cooperativeMatrix || !props_fn) return false;
+  uint32_t n = 0;
+  props_fn(pd, &n, nullptr);
+  std::vector<CoopKhrProperties> cm(n, CoopKhrProperties{kCoopKhrPropertiesType});
+  props_fn(pd, &n, cm.data());
+  for (const auto& c : cm)
+    if (c.MSize == 16 && c.NSize == 16 && c.KSize == 16 && c.AType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+        c.BType == VK_COMPONENT_TYPE_FLOAT16_NV && c.CType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+        c.ResultType == VK_COMPONENT_TYPE_FLOAT32_NV && c.scope == VK_SCOPE_SUBGROUP_NV)
+      return true;
+  return false;
+}
+
 // Device `index` of `devs`, or with index < 0 the best by type (type_rank; the first of equals).
 VkPhysicalDevice pick_physical_device(const std::vector<VkPhysicalDevice>& devs, int index) {
   if (devs.empty()) throw DeviceError(kNoDevice);
@@ -286,6 +328,7 @@ void Device::probe_optional_features() {
   const auto exts = device_extensions(physical_);
   // Tensor cores: every extension and feature the *_coop.comp kernels use, and the one matrix shape they use.
   coop_matrix_ = coop_matrix_supported(instance_, physical_);
+  coop_khr_ = coop_matrix_ && coop_khr_supported(instance_, physical_);
   // 8-bit integer dot products (the *_gemv_dot.comp kernels): the extension and its one feature.
   if (has_extension(exts, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
     VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dot_f{
@@ -339,6 +382,12 @@ void Device::create_logical_device() {
     dci.pNext = &coop_f;
     enabled = {VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME, VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME,
                VK_KHR_VULKAN_MEMORY_MODEL_EXTENSION_NAME};
+  }
+  CoopKhrFeatures coop_khr_f{kCoopKhrFeaturesType, nullptr, VK_TRUE, VK_FALSE};
+  if (coop_khr_) {
+    coop_khr_f.pNext = const_cast<void*>(dci.pNext);
+    dci.pNext = &coop_khr_f;
+    enabled.push_back(kCoopKhrExtension);
   }
   if (float16_ && !coop_matrix_) {
     half_f.pNext = const_cast<void*>(dci.pNext);

@@ -66,6 +66,9 @@ class Device {
   // Tensor-core matrix products (VK_NV_cooperative_matrix with 16x16x16 f16 x f16 + f32 on subgroups of 32,
   // f16 arithmetic and the Vulkan memory model), enabled at open when the device has them all.
   bool coop_matrix() const { return coop_matrix_; }
+  // With coop_matrix(): the device also has VK_KHR_cooperative_matrix with that shape, and the mixed GEMMs run
+  // their _khr twins (kernels/spirv/coop_khr.h). Off with the environment variable Q4T_COOP_NV_ONLY set.
+  bool coop_matrix_khr() const { return coop_khr_; }
   // Whether shaders may use SPV_KHR_integer_dot_product (VK_KHR_shader_integer_dot_product is enabled).
   bool integer_dot() const { return integer_dot_; }
   // Whether shaders may use f16 arithmetic (shaderFloat16, enabled at open when the device has it).
@@ -109,7 +112,7 @@ class Device {
   // The steps of open, in order, on instance_ and physical_.
   void create_messenger();         // validation messages into messages_
   void read_properties();          // throws DeviceError where the device lacks what every kernel needs
-  void probe_optional_features();  // coop_matrix_, integer_dot_, float16_, pipeline_stats_
+  void probe_optional_features();  // coop_matrix_, coop_khr_, integer_dot_, float16_, pipeline_stats_
   void create_logical_device();    // with those features enabled; its queue, command pool and pipeline cache
   friend VkBool32 VKAPI_PTR debug_callback(VkDebugUtilsMessageSeverityFlagBitsEXT,
                                            VkDebugUtilsMessageTypeFlagsEXT,
@@ -128,6 +131,7 @@ class Device {
   uint32_t subgroup_size_ = 0;
   bool timestamps_ = false;
   bool coop_matrix_ = false;
+  bool coop_khr_ = false;
   bool integer_dot_ = false;
   bool float16_ = false;
   bool pipeline_stats_ = false;

@@ -132,7 +132,8 @@ void LinearKernels::mixed_product(bool dx, Sequence& s, const Buffer& C, const F
   check_min_size(k, "C", C.size(), size_t(M * N) * 4);
   check_fits_u32(k, "C", M * N);
   const MixedTile t = mixed_tile(variant);
-  const std::string shader = name + (dev_.coop_matrix() ? variant : "_fma");
+  std::string shader = name + (dev_.coop_matrix() ? variant : "_fma");
+  if (dev_.coop_matrix_khr() && shader_table().count(shader + "_khr")) shader += "_khr";
   const auto& p = pipeline(shader, 3, sizeof(MixedPush));
   MixedPush push{uint32_t(M), uint32_t(N), uint32_t(K), uint32_t(a.rows), a.base, a.s_base, uint32_t(N),
                  accumulate ? 1u : 0u, 0, uint32_t(w.row0), uint32_t(n_in), w.base};
