@@ -146,10 +146,10 @@ Words function_level_lengths(std::vector<Words>& ins) {
     code.insert(code.end(), {w[1], w[2]});
     code.insert(code.end(), w.begin() + 4, w.end());
   }
-  for (const Words& w : kept) {
+  for (const Words& w : kept) {  // array lengths and constituents of composite constants, from word 3 on
     const uint32_t op = opcode(w);
-    const size_t first = op == OpTypeArray ? 3 : (op == OpConstantComposite || op == OpSpecConstantComposite) ? 3 : 0;
-    for (size_t k = first; first && k < w.size(); ++k)
+    if (op != OpTypeArray && op != OpConstantComposite && op != OpSpecConstantComposite) continue;
+    for (size_t k = 3; k < w.size(); ++k)
       if (moved.count(w[k]))
         throw std::runtime_error("a matrix length (%" + std::to_string(w[k]) + ") sizes a type or a constant");
   }

@@ -37,7 +37,10 @@ int main(int argc, char** argv) {
     std::ofstream o(tmp, std::ios::binary);
     o << text;
     o.close();
-    if (!o || std::rename(tmp.c_str(), argv[2]) != 0) throw std::runtime_error(std::string("cannot write ") + argv[2]);
+    if (!o || std::rename(tmp.c_str(), argv[2]) != 0) {
+      std::remove(tmp.c_str());
+      throw std::runtime_error(std::string("cannot write ") + argv[2]);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "q4t_coop_khr: %s: %s\n", argv[1], e.what());
     return 1;
