@@ -47,13 +47,13 @@ function(q4t_add_shaders)
       endforeach()
     endif()
     set(header ${out_dir}/${name}.spv.h)
+    set(glslang ${GLSLANG_VALIDATOR} --target-env vulkan1.1 -Os --quiet ${dflags} --depfile ${out_dir}/${name}.d)
     if(dflags MATCHES "-DCOOP_KHR")
       # Written with GL_NV_cooperative_matrix, run on VK_KHR_cooperative_matrix: the SPIR-V goes through
       # q4t_coop_khr (kernels/spirv/coop_khr.h), which writes the header.
       add_custom_command(
         OUTPUT ${header} ${out_dir}/${name}.spv
-        COMMAND ${GLSLANG_VALIDATOR} --target-env vulkan1.1 -Os --quiet ${dflags}
-                --depfile ${out_dir}/${name}.d -o ${out_dir}/${name}.spv ${abs}
+        COMMAND ${glslang} -o ${out_dir}/${name}.spv ${abs}
         COMMAND q4t_coop_khr ${out_dir}/${name}.spv ${header} ${name}
         DEPENDS ${abs} q4t_coop_khr
         DEPFILE ${out_dir}/${name}.d
@@ -62,8 +62,7 @@ function(q4t_add_shaders)
     else()
       add_custom_command(
         OUTPUT ${header}
-        COMMAND ${GLSLANG_VALIDATOR} --target-env vulkan1.1 -Os --quiet ${dflags}
-                --depfile ${out_dir}/${name}.d --vn spv_${name} -o ${header} ${abs}
+        COMMAND ${glslang} --vn spv_${name} -o ${header} ${abs}
         DEPENDS ${abs}
         DEPFILE ${out_dir}/${name}.d
         COMMENT "glslang ${name}"

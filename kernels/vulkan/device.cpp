@@ -220,8 +220,8 @@ using CoopKhrPropertiesFn = VkResult(VKAPI_PTR*)(VkPhysicalDevice, uint32_t*, Co
 
 // Whether the device also has VK_KHR_cooperative_matrix with the same 16x16x16 f16 x f16 + f32 subgroup shape (the
 // *_khr kernels, kernels/spirv/coop_khr.h). The environment variable Q4T_COOP_NV_ONLY keeps the NV kernels.
-bool coop_khr_supported(VkInstance inst, VkPhysicalDevice pd) {
-  if (std::getenv("Q4T_COOP_NV_ONLY") || !has_extension(device_extensions(pd), kCoopKhrExtension)) return false;
+bool coop_khr_supported(VkInstance inst, VkPhysicalDevice pd, const std::vector<VkExtensionProperties>& exts) {
+  if (std::getenv("Q4T_COOP_NV_ONLY") || !has_extension(exts, kCoopKhrExtension)) return false;
   CoopKhrFeatures f{kCoopKhrFeaturesType};
   query_features(pd, f);
   auto props_fn = reinterpret_cast<CoopKhrPropertiesFn>(
@@ -328,7 +328,7 @@ void Device::probe_optional_features() {
   const auto exts = device_extensions(physical_);
   // Tensor cores: every extension and feature the *_coop.comp kernels use, and the one matrix shape they use.
   coop_matrix_ = coop_matrix_supported(instance_, physical_);
-  coop_khr_ = coop_matrix_ && coop_khr_supported(instance_, physical_);
+  coop_khr_ = coop_matrix_ && coop_khr_supported(instance_, physical_, exts);
   // 8-bit integer dot products (the *_gemv_dot.comp kernels): the extension and its one feature.
   if (has_extension(exts, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
     VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dot_f{
